@@ -1,0 +1,128 @@
+// Layer configuration: shape, precision, caller options and tuned knobs (DESIGN §5).
+//
+// A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
+// mode, determinism, timeouts, SwiGLU clamp, scale rounding) are caller-owned: with_knobs() adjusts
+// any tuned knob that conflicts with them and never changes them.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace epmoe {
+
+struct LayerShape {
+  std::int64_t hidden = 0;               // H: model dimension
+  std::int64_t intermediate = 0;         // I: expert FFN dimension (w13 has 2I rows)
+  std::int64_t num_experts = 0;          // E: experts in the whole layer
+  std::int64_t top_k = 0;                // K: experts per token
+  std::int64_t max_tokens_per_rank = 0;  // largest T any forward() may pass
+};
+
+enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4 };  // weights, wire and GEMM inputs
+enum class Combine : std::uint8_t { staged, in_kernel_reduce };
+enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };
+enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 E8M0 scale rule
+
+const char* to_string(Precision p);
+const char* to_string(Combine c);
+const char* to_string(TokenBack t);
+const char* to_string(ScaleRounding s);
+// Parse a name printed by to_string; throws Error(invalid_argument) naming `what` otherwise.
+Precision parse_precision(const std::string& name, const char* what = "precision");
+Combine parse_combine(const std::string& name, const char* what = "combine");
+
+// Caller-owned choices. Nothing here is ever changed by tuning.
+struct LayerOptions {
+  Combine combine = Combine::staged;
+  bool deterministic = false;              // requires Combine::staged
+  std::uint32_t timeout_ms = 10'000;       // every cross-rank wait; 0 = wait forever
+  float swiglu_limit = 0.0f;               // clamp of gpt-oss style SwiGLU; 0 = no clamp
+  ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
+};
+
+// Token buckets: the knob set is chosen per launch from T, so decode and prefill steps of one layer
+// each get their own tuning.
+enum class TokenBucket : std::uint8_t { decode, small, medium, prefill };
+inline constexpr int kNumTokenBuckets = 4;
+// decode: T <= 16, small: T <= 128, medium: T <= 1024, prefill: larger.
+TokenBucket token_bucket(std::int64_t tokens);
+const char* to_string(TokenBucket b);
+
+// Tuned knobs. Each has a documented range (see kKnobSpace); a knob file may set any of them.
+struct Knobs {
+  TokenBack token_back = TokenBack::epilogue_warps;
+  std::int32_t block_m = 64;         // expert GEMM tile rows: 64 or 128
+  std::int32_t block_n = 128;        // expert GEMM tile columns: 64, 128 or 256
+  std::int32_t stages = 4;           // shared-memory pipeline depth: 2..8
+  std::int32_t dispatch_warps = 4;   // warps per CTA that push rows over NVLink: 1..16
+  std::int32_t num_sms = 0;          // SMs the layer may occupy; 0 = all
+  bool megakernel = false;           // one persistent launch per forward
+
+  bool operator==(const Knobs&) const = default;
+};
+
+// The ranges a knob may take; the property test walks all of them.
+struct KnobSpace {
+  std::array<std::int32_t, 2> block_m{64, 128};
+  std::array<std::int32_t, 3> block_n{64, 128, 256};
+  std::int32_t min_stages = 2, max_stages = 8;
+  std::int32_t min_dispatch_warps = 1, max_dispatch_warps = 16;
+};
+inline constexpr KnobSpace kKnobSpace{};
+
+// Shared memory one CTA may use on sm_90 (227 KiB); stages are reduced to fit.
+inline constexpr std::int64_t kMaxSharedMemoryBytes = 227 * 1024;
+
+class LayerConfig {
+ public:
+  const LayerShape& shape() const { return shape_; }
+  Precision precision() const { return precision_; }
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const LayerOptions& options() const { return options_; }
+  std::int64_t local_experts() const { return shape_.num_experts / world_; }
+  int expert_owner(std::int64_t expert) const {
+    return static_cast<int>(expert / local_experts());
+  }
+
+  // The knobs a launch with `tokens` rows uses (bucket picked from T, never from max_tokens).
+  const Knobs& knobs_for(std::int64_t tokens) const;
+  const Knobs& knobs(TokenBucket bucket) const { return knobs_[static_cast<int>(bucket)]; }
+
+  // Bytes of the symmetric window one rank registers for this layer (same on every rank).
+  std::size_t workspace_bytes() const;
+
+  // A stable one-line description, compared across ranks at layer creation.
+  std::string describe() const;
+
+ private:
+  friend LayerConfig make_config(const LayerShape&, Precision, int, int, const LayerOptions&);
+  friend LayerConfig with_knobs(const LayerConfig&, const Knobs&, std::optional<TokenBucket>);
+  LayerConfig() = default;
+
+  LayerShape shape_{};
+  Precision precision_ = Precision::bf16;
+  int rank_ = 0;
+  int world_ = 1;
+  LayerOptions options_{};
+  std::array<Knobs, kNumTokenBuckets> knobs_{};
+};
+
+// Validates everything; throws Error(invalid_argument) naming field, value and rule. Knobs come
+// from the built-in default table (default_knobs).
+LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, int world,
+                        const LayerOptions& options = {});
+
+// Applies tuned knobs (to one bucket, or to all when `bucket` is empty). Knobs outside kKnobSpace
+// are rejected; knobs inside it are adjusted, never rejected, where they conflict with a
+// caller-owned field or with the hardware (e.g. stages reduced to fit shared memory).
+LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
+                       std::optional<TokenBucket> bucket = std::nullopt);
+
+// The built-in default knob table, keyed by (precision, world, H, I, E, K, bucket).
+Knobs default_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket);
+
+}  // namespace epmoe
