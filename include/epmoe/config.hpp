@@ -21,6 +21,17 @@ struct LayerShape {
   std::int64_t max_tokens_per_rank = 0;  // largest T any forward() may pass
 };
 
+// Limits make_config checks (docs/tuning.md says why each exists). Code that sizes arrays per peer
+// or packs slots into metadata may rely on them.
+inline constexpr std::int64_t kShapeAlignment = 64;  // hidden, intermediate: multiples of this
+inline constexpr std::int64_t kMaxHidden = 65536;
+inline constexpr std::int64_t kMaxIntermediate = 65536;
+inline constexpr std::int64_t kMaxExperts = 1024;
+inline constexpr std::int64_t kMaxTopK = 16;  // top-k slot index fits in 4 bits of metadata
+inline constexpr std::int64_t kMaxTokensPerRank = std::int64_t{1} << 20;
+inline constexpr int kMaxWorld = 64;                       // ranks of one NVLink domain
+inline constexpr std::uint32_t kMaxTimeoutMs = 3'600'000;  // one hour; 0 = wait forever
+
 enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4 };  // weights, wire and GEMM inputs
 enum class Combine : std::uint8_t { staged, in_kernel_reduce };
 enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };

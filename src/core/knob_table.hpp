@@ -1,0 +1,58 @@
+// Private helpers of the knob table and with_knobs (DESIGN §5): the shared-memory estimate, the
+// adjustment of in-space knobs to caller-owned fields and hardware, and the real model shapes the
+// default table has explicit entries for.
+#pragma once
+
+#include <epmoe/config.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace epmoe::core {
+
+// K extent of one pipeline stage of the expert GEMMs (elements along the reduction dimension).
+inline constexpr std::int64_t kKTile = 64;
+
+// Estimated shared memory of one CTA of the expert GEMM for `knobs` (see knob_table.cpp for the
+// formula). An estimate for choosing stages; kernels check their exact footprint themselves.
+std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std::int32_t block_n,
+                                 std::int32_t stages);
+inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs) {
+  return shared_memory_bytes(precision, knobs.block_m, knobs.block_n, knobs.stages);
+}
+
+// The deepest pipeline in [min_stages, max_stages] whose footprint fits kMaxSharedMemoryBytes.
+std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
+
+// True when every knob is inside kKnobSpace (num_sms: >= 0).
+bool in_knob_space(const Knobs& knobs) noexcept;
+
+// Throws Error(invalid_argument) naming the first knob outside kKnobSpace ("knobs.stages=9: must
+// be in [2, 8]").
+void check_knob_space(const Knobs& knobs);
+
+// Adjusts in-space knobs where they conflict with caller-owned fields or with the hardware; never
+// throws for in-space knobs and changes nothing that does not conflict:
+//   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
+//   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
+//   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
+// `notes` (may be null) receives one line per change, for `epmoe tune` and logs.
+Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
+                   const LayerOptions& options, std::vector<std::string>* notes = nullptr);
+
+// The real MoE layer shapes the default table has explicit entries for (max_tokens_per_rank is a
+// typical serving value; the table does not depend on it).
+struct KnownModel {
+  const char* name;
+  LayerShape shape;
+};
+inline constexpr std::array<KnownModel, 4> kKnownModels{{
+    {"qwen3-30b-a3b", {2048, 768, 128, 8, 8192}},
+    {"deepseek-v3", {7168, 2048, 256, 8, 8192}},
+    {"gpt-oss-120b", {2880, 2880, 128, 4, 8192}},
+    {"mixtral-8x7b", {4096, 14336, 8, 2, 8192}},
+}};
+
+}  // namespace epmoe::core

@@ -1,0 +1,563 @@
+// LayerConfig: every rejection names field, value and rule; with_knobs adjusts conflicts instead of
+// failing; buckets are picked per launch; describe() is stable and rank-free (DESIGN §5).
+#include <epmoe/config.hpp>
+#include <epmoe/errors.hpp>
+
+#include "core/knob_table.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace epmoe {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr LayerShape kQwen{2048, 768, 128, 8, 4096};
+
+// Runs `f`, expects Error(invalid_argument), returns its message ("" and a failure otherwise).
+std::string rejection(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected Error(invalid_argument), nothing was thrown";
+  return "";
+}
+
+std::string shape_rejection(LayerShape shape, int world = 4) {
+  return rejection([&] { make_config(shape, Precision::bf16, 0, world); });
+}
+
+std::string options_rejection(const LayerOptions& options) {
+  return rejection([&] { make_config(kQwen, Precision::bf16, 0, 4, options); });
+}
+
+std::string knobs_rejection(const Knobs& knobs) {
+  const LayerConfig config = make_config(kQwen, Precision::bf16, 0, 4);
+  return rejection([&] { with_knobs(config, knobs); });
+}
+
+// ---- make_config accepts ------------------------------------------------------------------------
+
+TEST(MakeConfig, AcceptsEveryRealModelAtEveryWorldAndPrecision) {
+  for (const core::KnownModel& model : core::kKnownModels) {
+    for (int world : {1, 2, 4, 8}) {
+      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+        EXPECT_NO_THROW(make_config(model.shape, p, world - 1, world)) << model.name;
+      }
+    }
+  }
+}
+
+TEST(MakeConfig, AcceptsEveryBoundaryValue) {
+  EXPECT_NO_THROW(make_config({64, 64, 1, 1, 1}, Precision::nvfp4, 0, 1));
+  EXPECT_NO_THROW(
+      make_config({kMaxHidden, kMaxIntermediate, kMaxExperts, kMaxTopK, kMaxTokensPerRank},
+                  Precision::mxfp8, kMaxWorld - 1, kMaxWorld));
+  EXPECT_NO_THROW(make_config({2048, 768, 16, 16, 128}, Precision::bf16, 0, 16));
+  LayerOptions o;
+  o.timeout_ms = 0;
+  EXPECT_NO_THROW(make_config(kQwen, Precision::bf16, 0, 4, o));
+  o.timeout_ms = kMaxTimeoutMs;
+  o.swiglu_limit = 7.0f;
+  o.deterministic = true;
+  o.mxfp8_scale_rounding = ScaleRounding::ocp_floor;
+  EXPECT_NO_THROW(make_config(kQwen, Precision::bf16, 0, 4, o));
+}
+
+TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
+  LayerOptions o;
+  o.combine = Combine::in_kernel_reduce;
+  o.timeout_ms = 1234;
+  o.swiglu_limit = 7.0f;
+  o.mxfp8_scale_rounding = ScaleRounding::ocp_floor;
+  const LayerConfig c = make_config(kQwen, Precision::mxfp8, 3, 8, o);
+  EXPECT_EQ(c.shape().hidden, 2048);
+  EXPECT_EQ(c.shape().intermediate, 768);
+  EXPECT_EQ(c.shape().num_experts, 128);
+  EXPECT_EQ(c.shape().top_k, 8);
+  EXPECT_EQ(c.shape().max_tokens_per_rank, 4096);
+  EXPECT_EQ(c.precision(), Precision::mxfp8);
+  EXPECT_EQ(c.rank(), 3);
+  EXPECT_EQ(c.world(), 8);
+  EXPECT_EQ(c.options().combine, Combine::in_kernel_reduce);
+  EXPECT_FALSE(c.options().deterministic);
+  EXPECT_EQ(c.options().timeout_ms, 1234u);
+  EXPECT_EQ(c.options().swiglu_limit, 7.0f);
+  EXPECT_EQ(c.options().mxfp8_scale_rounding, ScaleRounding::ocp_floor);
+  EXPECT_EQ(c.local_experts(), 16);
+  EXPECT_EQ(c.expert_owner(127), 7);
+}
+
+TEST(MakeConfig, KnobsAreTheDefaultTableEntryOfEachBucketUnderDefaultOptions) {
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+    const LayerConfig c = make_config(kQwen, p, 0, 8);
+    for (int b = 0; b < kNumTokenBuckets; ++b) {
+      const auto bucket = static_cast<TokenBucket>(b);
+      EXPECT_EQ(c.knobs(bucket), default_knobs(p, 8, kQwen, bucket)) << to_string(bucket);
+    }
+  }
+}
+
+TEST(MakeConfig, InKernelReduceTurnsADefaultDispatchWarpsTokenBackIntoEpilogueWarps) {
+  // Precondition: the table ships rows home with the dispatch warps here (else the test is void).
+  ASSERT_EQ(default_knobs(Precision::bf16, 8, kQwen, TokenBucket::prefill).token_back,
+            TokenBack::dispatch_warps);
+  LayerOptions o;
+  o.combine = Combine::in_kernel_reduce;
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 8, o);
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    EXPECT_EQ(c.knobs(static_cast<TokenBucket>(b)).token_back, TokenBack::epilogue_warps);
+  }
+}
+
+// ---- make_config rejects: field, value and rule in the message
+// -----------------------------------
+
+TEST(MakeConfigRejects, HiddenNotAMultipleOf64) {
+  EXPECT_EQ(shape_rejection({2050, 768, 128, 8, 4096}), "hidden=2050: must be a multiple of 64");
+}
+
+TEST(MakeConfigRejects, HiddenNotPositive) {
+  EXPECT_EQ(shape_rejection({0, 768, 128, 8, 4096}), "hidden=0: must be > 0");
+  EXPECT_EQ(shape_rejection({-64, 768, 128, 8, 4096}), "hidden=-64: must be > 0");
+}
+
+TEST(MakeConfigRejects, HiddenAboveMaximum) {
+  EXPECT_EQ(shape_rejection({kMaxHidden + 64, 768, 128, 8, 4096}),
+            "hidden=65600: must be at most 65536");
+}
+
+TEST(MakeConfigRejects, IntermediateNotAMultipleOf64) {
+  EXPECT_EQ(shape_rejection({2048, 770, 128, 8, 4096}),
+            "intermediate=770: must be a multiple of 64");
+}
+
+TEST(MakeConfigRejects, IntermediateNotPositive) {
+  EXPECT_EQ(shape_rejection({2048, 0, 128, 8, 4096}), "intermediate=0: must be > 0");
+}
+
+TEST(MakeConfigRejects, IntermediateAboveMaximum) {
+  EXPECT_EQ(shape_rejection({2048, kMaxIntermediate + 64, 128, 8, 4096}),
+            "intermediate=65600: must be at most 65536");
+}
+
+TEST(MakeConfigRejects, NumExpertsBelowOne) {
+  EXPECT_EQ(shape_rejection({2048, 768, 0, 1, 4096}), "num_experts=0: must be >= 1");
+}
+
+TEST(MakeConfigRejects, NumExpertsNotAMultipleOfWorld) {
+  EXPECT_EQ(shape_rejection({2048, 768, 10, 2, 4096}, 4),
+            "num_experts=10: must be a multiple of world=4");
+  EXPECT_EQ(shape_rejection({2048, 768, 4, 2, 4096}, 8),
+            "num_experts=4: must be a multiple of world=8");
+}
+
+TEST(MakeConfigRejects, NumExpertsAboveMaximum) {
+  EXPECT_EQ(shape_rejection({2048, 768, kMaxExperts + 4, 8, 4096}),
+            "num_experts=1028: must be at most 1024");
+}
+
+TEST(MakeConfigRejects, TopKBelowOne) {
+  const std::string msg = shape_rejection({2048, 768, 128, 0, 4096});
+  EXPECT_THAT(msg, HasSubstr("top_k=0: must be in [1, "));
+}
+
+TEST(MakeConfigRejects, TopKAboveNumExperts) {
+  EXPECT_EQ(shape_rejection({2048, 768, 4, 5, 4096}),
+            "top_k=5: must be in [1, min(num_experts=4, 16)=4]");
+}
+
+TEST(MakeConfigRejects, TopKAbove16) {
+  EXPECT_EQ(shape_rejection({2048, 768, 128, 17, 4096}),
+            "top_k=17: must be in [1, min(num_experts=128, 16)=16]");
+}
+
+TEST(MakeConfigRejects, MaxTokensPerRankOutsideRange) {
+  EXPECT_EQ(shape_rejection({2048, 768, 128, 8, 0}),
+            "max_tokens_per_rank=0: must be in [1, 1048576]");
+  EXPECT_EQ(shape_rejection({2048, 768, 128, 8, kMaxTokensPerRank + 1}),
+            "max_tokens_per_rank=1048577: must be in [1, 1048576]");
+}
+
+TEST(MakeConfigRejects, WorldOutsideOneTo64) {
+  EXPECT_EQ(rejection([] { make_config(kQwen, Precision::bf16, 0, 0); }),
+            "world=0: must be in [1, 64]");
+  EXPECT_EQ(rejection([] {
+              make_config({2048, 768, 128, 8, 4096}, Precision::bf16, 0, 65);
+            }),
+            "world=65: must be in [1, 64]");
+}
+
+TEST(MakeConfigRejects, RankOutsideWorld) {
+  EXPECT_EQ(rejection([] { make_config(kQwen, Precision::bf16, -1, 4); }),
+            "rank=-1: must be in [0, world=4)");
+  EXPECT_EQ(rejection([] { make_config(kQwen, Precision::bf16, 4, 4); }),
+            "rank=4: must be in [0, world=4)");
+}
+
+TEST(MakeConfigRejects, DeterministicWithInKernelReduce) {
+  LayerOptions o;
+  o.deterministic = true;
+  o.combine = Combine::in_kernel_reduce;
+  EXPECT_EQ(options_rejection(o),
+            "deterministic=true: requires combine=staged, got in_kernel_reduce");
+}
+
+TEST(MakeConfigRejects, SwigluLimitNegative) {
+  LayerOptions o;
+  o.swiglu_limit = -1.5f;
+  EXPECT_EQ(options_rejection(o), "swiglu_limit=-1.5: must be finite and >= 0 (0 = no clamp)");
+}
+
+TEST(MakeConfigRejects, SwigluLimitNotFinite) {
+  LayerOptions o;
+  o.swiglu_limit = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(options_rejection(o), HasSubstr("swiglu_limit=nan: must be finite"));
+  o.swiglu_limit = std::numeric_limits<float>::infinity();
+  EXPECT_THAT(options_rejection(o), HasSubstr("swiglu_limit=inf: must be finite"));
+}
+
+TEST(MakeConfigRejects, TimeoutAboveOneHour) {
+  LayerOptions o;
+  o.timeout_ms = kMaxTimeoutMs + 1;
+  EXPECT_EQ(options_rejection(o),
+            "timeout_ms=3600001: must be at most 3600000 (1 hour; 0 = wait forever)");
+}
+
+TEST(MakeConfigRejects, EnumValuesOutsideTheirNames) {
+  EXPECT_EQ(rejection([] { make_config(kQwen, static_cast<Precision>(7), 0, 4); }),
+            "precision=7: must be bf16, mxfp8 or nvfp4");
+  LayerOptions o;
+  o.combine = static_cast<Combine>(5);
+  EXPECT_EQ(options_rejection(o), "combine=5: must be staged or in_kernel_reduce");
+  o = {};
+  o.mxfp8_scale_rounding = static_cast<ScaleRounding>(9);
+  EXPECT_EQ(options_rejection(o), "mxfp8_scale_rounding=9: must be rceil or ocp_floor");
+}
+
+// ---- with_knobs rejects knobs outside kKnobSpace, naming the knob
+// --------------------------------
+
+TEST(WithKnobsRejects, BlockMOutsideKnobSpace) {
+  Knobs k;
+  k.block_m = 96;
+  EXPECT_EQ(knobs_rejection(k), "knobs.block_m=96: must be 64 or 128");
+}
+
+TEST(WithKnobsRejects, BlockNOutsideKnobSpace) {
+  Knobs k;
+  k.block_n = 512;
+  EXPECT_EQ(knobs_rejection(k), "knobs.block_n=512: must be 64, 128 or 256");
+}
+
+TEST(WithKnobsRejects, StagesOutsideTwoToEight) {
+  Knobs k;
+  k.stages = 9;
+  EXPECT_EQ(knobs_rejection(k), "knobs.stages=9: must be in [2, 8]");
+  k.stages = 1;
+  EXPECT_EQ(knobs_rejection(k), "knobs.stages=1: must be in [2, 8]");
+}
+
+TEST(WithKnobsRejects, DispatchWarpsOutsideOneToSixteen) {
+  Knobs k;
+  k.dispatch_warps = 0;
+  EXPECT_EQ(knobs_rejection(k), "knobs.dispatch_warps=0: must be in [1, 16]");
+  k.dispatch_warps = 17;
+  EXPECT_EQ(knobs_rejection(k), "knobs.dispatch_warps=17: must be in [1, 16]");
+}
+
+TEST(WithKnobsRejects, NegativeNumSms) {
+  Knobs k;
+  k.num_sms = -1;
+  EXPECT_EQ(knobs_rejection(k), "knobs.num_sms=-1: must be >= 0 (0 = all SMs)");
+}
+
+TEST(WithKnobsRejects, TokenBackOutsideItsNames) {
+  Knobs k;
+  k.token_back = static_cast<TokenBack>(3);
+  EXPECT_EQ(knobs_rejection(k), "knobs.token_back=3: must be epilogue_warps or dispatch_warps");
+}
+
+TEST(WithKnobsRejects, BucketOutsideItsNames) {
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  EXPECT_EQ(rejection([&] { with_knobs(c, Knobs{}, static_cast<TokenBucket>(4)); }),
+            "bucket=4: must be decode, small, medium or prefill");
+}
+
+// ---- with_knobs adjusts conflicts it did not create ---------------------------------------------
+
+TEST(WithKnobs, DispatchWarpsTokenBackBecomesEpilogueWarpsUnderInKernelReduce) {
+  LayerOptions o;
+  o.combine = Combine::in_kernel_reduce;
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, o);
+  Knobs k;
+  k.token_back = TokenBack::dispatch_warps;
+  const LayerConfig t = with_knobs(c, k);
+  Knobs expected = k;
+  expected.token_back = TokenBack::epilogue_warps;
+  EXPECT_EQ(t.knobs(TokenBucket::decode), expected);
+  EXPECT_EQ(t.options().combine, Combine::in_kernel_reduce);
+}
+
+TEST(WithKnobs, DispatchWarpsTokenBackIsKeptUnderStagedCombine) {
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  Knobs k;
+  k.token_back = TokenBack::dispatch_warps;
+  EXPECT_EQ(with_knobs(c, k).knobs(TokenBucket::medium), k);
+}
+
+TEST(WithKnobs, StagesAreReducedUntilSharedMemoryFits) {
+  Knobs k;
+  k.block_m = 128;
+  k.block_n = 256;
+  k.stages = 8;
+  // bf16: 3 × (384 × 128 + 16) + 65536 = 213040 fits 232448; 4 stages would be 262208.
+  EXPECT_EQ(
+      with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill).stages,
+      3);
+  // mxfp8: 6 × (384 × 66 + 16) + 65536 = 217696.
+  EXPECT_EQ(
+      with_knobs(make_config(kQwen, Precision::mxfp8, 0, 4), k).knobs(TokenBucket::prefill).stages,
+      6);
+  // nvfp4: 8 stages fit (176256).
+  EXPECT_EQ(
+      with_knobs(make_config(kQwen, Precision::nvfp4, 0, 4), k).knobs(TokenBucket::prefill).stages,
+      8);
+  // A pipeline that already fits is never deepened or otherwise touched.
+  k.stages = 2;
+  EXPECT_EQ(with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill),
+            k);
+}
+
+TEST(WithKnobs, BlockNWiderThanTwiceIntermediateIsHalved) {
+  const LayerConfig tiny = make_config({256, 64, 8, 2, 64}, Precision::bf16, 0, 2);
+  Knobs k;
+  k.block_n = 256;
+  EXPECT_EQ(with_knobs(tiny, k).knobs(TokenBucket::decode).block_n, 128);  // 2I = 128
+  const LayerConfig wider = make_config({256, 128, 8, 2, 64}, Precision::bf16, 0, 2);
+  EXPECT_EQ(with_knobs(wider, k).knobs(TokenBucket::decode).block_n, 256);  // 2I = 256
+}
+
+TEST(WithKnobs, KeepsMegakernelWithDeterministicAndNumSmsAboveTheDevice) {
+  LayerOptions o;
+  o.deterministic = true;
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, o);
+  Knobs k;
+  k.megakernel = true;
+  k.num_sms = 1000;
+  k.block_m = 128;  // more rows than a decode expert needs: allowed
+  EXPECT_EQ(with_knobs(c, k, TokenBucket::decode).knobs(TokenBucket::decode), k);
+}
+
+TEST(WithKnobs, OneBucketChangesOnlyThatBucket) {
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  Knobs k;
+  k.num_sms = 77;
+  const LayerConfig t = with_knobs(c, k, TokenBucket::small);
+  EXPECT_EQ(t.knobs(TokenBucket::small), k);
+  EXPECT_EQ(t.knobs(TokenBucket::decode), c.knobs(TokenBucket::decode));
+  EXPECT_EQ(t.knobs(TokenBucket::medium), c.knobs(TokenBucket::medium));
+  EXPECT_EQ(t.knobs(TokenBucket::prefill), c.knobs(TokenBucket::prefill));
+}
+
+TEST(WithKnobs, NoBucketAppliesToEveryBucketAndLeavesTheInputUntouched) {
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  const std::string before = c.describe();
+  Knobs k;
+  k.num_sms = 77;
+  const LayerConfig t = with_knobs(c, k);
+  for (int b = 0; b < kNumTokenBuckets; ++b) EXPECT_EQ(t.knobs(static_cast<TokenBucket>(b)), k);
+  EXPECT_EQ(c.describe(), before);
+}
+
+TEST(KnobSharedMemoryEstimate, MatchesTheDocumentedFormula) {
+  // stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
+  //   + block_m × block_n × 2 (bf16 epilogue tile)
+  EXPECT_EQ(core::shared_memory_bytes(Precision::bf16, 64, 128, 4),
+            4 * (192 * 128 + 16) + 64 * 128 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::mxfp8, 128, 256, 6),
+            6 * (384 * 66 + 16) + 128 * 256 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::nvfp4, 128, 64, 8),
+            8 * (192 * 36 + 16) + 128 * 64 * 2);
+  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 128, 256), 3);
+  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 64, 64), 8);
+}
+
+// ---- buckets -----------------------------------------------------------------------------------
+
+TEST(ConfigTokenBucket, BoundariesAre16And128And1024WithZeroInDecode) {
+  EXPECT_EQ(token_bucket(0), TokenBucket::decode);
+  EXPECT_EQ(token_bucket(1), TokenBucket::decode);
+  EXPECT_EQ(token_bucket(16), TokenBucket::decode);
+  EXPECT_EQ(token_bucket(17), TokenBucket::small);
+  EXPECT_EQ(token_bucket(128), TokenBucket::small);
+  EXPECT_EQ(token_bucket(129), TokenBucket::medium);
+  EXPECT_EQ(token_bucket(1024), TokenBucket::medium);
+  EXPECT_EQ(token_bucket(1025), TokenBucket::prefill);
+  EXPECT_EQ(token_bucket(kMaxTokensPerRank), TokenBucket::prefill);
+}
+
+TEST(ConfigTokenBucket, NegativeTokenCountIsRejected) {
+  EXPECT_EQ(rejection([] { token_bucket(-1); }), "tokens=-1: must be >= 0");
+}
+
+TEST(KnobsFor, PicksTheBucketOfEachLaunchNotOfMaxTokens) {
+  LayerConfig c = make_config({2048, 768, 128, 8, 8192}, Precision::bf16, 0, 4);
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    Knobs k;
+    k.num_sms = 10 + b;  // tell the buckets apart
+    c = with_knobs(c, k, static_cast<TokenBucket>(b));
+  }
+  EXPECT_EQ(c.knobs_for(0).num_sms, 10);
+  EXPECT_EQ(c.knobs_for(16).num_sms, 10);
+  EXPECT_EQ(c.knobs_for(17).num_sms, 11);
+  EXPECT_EQ(c.knobs_for(129).num_sms, 12);
+  EXPECT_EQ(c.knobs_for(1025).num_sms, 13);
+  EXPECT_EQ(c.knobs_for(8192).num_sms, 13);
+}
+
+// ---- names -------------------------------------------------------------------------------------
+
+TEST(ConfigNames, ToStringAndParseRoundTrip) {
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+    EXPECT_EQ(parse_precision(to_string(p)), p);
+  }
+  for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) {
+    EXPECT_EQ(parse_combine(to_string(c)), c);
+  }
+  EXPECT_STREQ(to_string(TokenBack::dispatch_warps), "dispatch_warps");
+  EXPECT_STREQ(to_string(TokenBack::epilogue_warps), "epilogue_warps");
+  EXPECT_STREQ(to_string(ScaleRounding::rceil), "rceil");
+  EXPECT_STREQ(to_string(ScaleRounding::ocp_floor), "ocp_floor");
+  EXPECT_STREQ(to_string(TokenBucket::decode), "decode");
+  EXPECT_STREQ(to_string(TokenBucket::prefill), "prefill");
+  EXPECT_STREQ(to_string(static_cast<Precision>(9)), "unknown");
+}
+
+TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
+  EXPECT_EQ(rejection([] { parse_precision("fp16"); }),
+            "precision=fp16: must be one of bf16, mxfp8, nvfp4");
+  EXPECT_EQ(rejection([] { parse_precision("BF16", "--precision"); }),
+            "--precision=BF16: must be one of bf16, mxfp8, nvfp4");
+  EXPECT_EQ(rejection([] { parse_combine("reduce"); }),
+            "combine=reduce: must be one of staged, in_kernel_reduce");
+}
+
+// ---- describe ----------------------------------------------------------------------------------
+
+TEST(ConfigDescribe, IsOneLineNamingEveryField) {
+  const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();
+  EXPECT_EQ(d.find('\n'), std::string::npos);
+  for (const char* field : {"hidden=2048",
+                            "intermediate=768",
+                            "num_experts=128",
+                            "top_k=8",
+                            "max_tokens_per_rank=4096",
+                            "precision=mxfp8",
+                            "world=4",
+                            "combine=staged",
+                            "deterministic=false",
+                            "timeout_ms=10000",
+                            "swiglu_limit=0",
+                            "mxfp8_scale_rounding=rceil",
+                            "knobs.decode={",
+                            "knobs.small={",
+                            "knobs.medium={",
+                            "knobs.prefill={",
+                            "block_m=",
+                            "block_n=",
+                            "stages=",
+                            "dispatch_warps=",
+                            "token_back=",
+                            "num_sms=",
+                            "megakernel="}) {
+    EXPECT_THAT(d, HasSubstr(field));
+  }
+  EXPECT_THAT(d, Not(HasSubstr(" rank=")));
+}
+
+TEST(ConfigDescribe, IsTheSameOnEveryRank) {
+  const std::string d0 = make_config(kQwen, Precision::nvfp4, 0, 8).describe();
+  for (int r = 1; r < 8; ++r) EXPECT_EQ(make_config(kQwen, Precision::nvfp4, r, 8).describe(), d0);
+}
+
+TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
+  const LayerConfig base = make_config(kQwen, Precision::bf16, 0, 4);
+  std::vector<LayerConfig> variants;
+  auto shape = [&](auto edit) {
+    LayerShape s = kQwen;
+    edit(s);
+    variants.push_back(make_config(s, Precision::bf16, 0, 4));
+  };
+  shape([](LayerShape& s) { s.hidden = 4096; });
+  shape([](LayerShape& s) { s.intermediate = 1024; });
+  shape([](LayerShape& s) { s.num_experts = 64; });
+  shape([](LayerShape& s) { s.top_k = 4; });
+  shape([](LayerShape& s) { s.max_tokens_per_rank = 4097; });
+  variants.push_back(make_config(kQwen, Precision::mxfp8, 0, 4));
+  variants.push_back(make_config(kQwen, Precision::bf16, 0, 2));
+  auto option = [&](auto edit) {
+    LayerOptions o;
+    edit(o);
+    variants.push_back(make_config(kQwen, Precision::bf16, 0, 4, o));
+  };
+  option([](LayerOptions& o) { o.combine = Combine::in_kernel_reduce; });
+  option([](LayerOptions& o) { o.deterministic = true; });
+  option([](LayerOptions& o) { o.timeout_ms = 10'001; });
+  option([](LayerOptions& o) { o.swiglu_limit = 7.0f; });
+  option([](LayerOptions& o) { o.mxfp8_scale_rounding = ScaleRounding::ocp_floor; });
+  auto knob = [&](auto edit) {
+    Knobs k = base.knobs(TokenBucket::medium);
+    edit(k);
+    variants.push_back(with_knobs(base, k, TokenBucket::medium));
+  };
+  knob([](Knobs& k) {
+    k.token_back = k.token_back == TokenBack::epilogue_warps ? TokenBack::dispatch_warps
+                                                             : TokenBack::epilogue_warps;
+  });
+  knob([](Knobs& k) { k.block_m = k.block_m == 64 ? 128 : 64; });
+  knob([](Knobs& k) { k.block_n = k.block_n == 64 ? 128 : 64; });
+  knob([](Knobs& k) { k.stages = 2; });
+  knob([](Knobs& k) { k.dispatch_warps = k.dispatch_warps == 1 ? 2 : 1; });
+  knob([](Knobs& k) { k.num_sms = 99; });
+  knob([](Knobs& k) { k.megakernel = !k.megakernel; });
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_NE(variants[i].describe(), base.describe()) << "variant " << i;
+  }
+}
+
+TEST(ConfigDescribe, HasAStableFormat) {
+  LayerOptions o;
+  o.swiglu_limit = 7.5f;
+  Knobs k;  // explicit knobs so the text does not depend on the default table
+  k.block_m = 128;
+  k.block_n = 64;
+  k.stages = 5;
+  k.dispatch_warps = 6;
+  k.num_sms = 100;
+  const LayerConfig c =
+      with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
+  const std::string knobs =
+      "{token_back=epilogue_warps block_m=128 block_n=64 stages=5 dispatch_warps=6 num_sms=100 "
+      "megakernel=false}";
+  EXPECT_EQ(c.describe(),
+            "epmoe.config/1 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
+            "timeout_ms=10000 swiglu_limit=7.5 mxfp8_scale_rounding=rceil knobs.decode=" +
+                knobs + " knobs.small=" + knobs + " knobs.medium=" + knobs +
+                " knobs.prefill=" + knobs);
+}
+
+}  // namespace
+}  // namespace epmoe

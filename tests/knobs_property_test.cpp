@@ -1,0 +1,294 @@
+// Properties of with_knobs over the whole knob space × every caller choice, and of the built-in
+// default table (DESIGN §5): tuning never fails because of a conflict the caller did not create,
+// never touches caller-owned fields, and always yields knobs the kernels can run.
+#include <epmoe/config.hpp>
+#include <epmoe/errors.hpp>
+
+#include "core/knob_table.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace epmoe {
+namespace {
+
+constexpr Precision kPrecisions[] = {Precision::bf16, Precision::mxfp8, Precision::nvfp4};
+constexpr int kWorlds[] = {1, 2, 4, 8};
+constexpr TokenBucket kBuckets[] = {TokenBucket::decode, TokenBucket::small, TokenBucket::medium,
+                                    TokenBucket::prefill};
+
+// The four real shapes and a small one (I = 64, so block_n 256 > 2I must be adjusted).
+std::vector<LayerShape> test_shapes() {
+  std::vector<LayerShape> shapes;
+  for (const core::KnownModel& m : core::kKnownModels) shapes.push_back(m.shape);
+  shapes.push_back({128, 64, 8, 2, 32});
+  return shapes;
+}
+
+// Every knob value of kKnobSpace, and num_sms 0 (all), small, typical and above any device.
+std::vector<Knobs> whole_knob_space() {
+  std::vector<Knobs> all;
+  for (std::int32_t bm : kKnobSpace.block_m) {
+    for (std::int32_t bn : kKnobSpace.block_n) {
+      for (std::int32_t st = kKnobSpace.min_stages; st <= kKnobSpace.max_stages; ++st) {
+        for (std::int32_t dw = kKnobSpace.min_dispatch_warps; dw <= kKnobSpace.max_dispatch_warps;
+             ++dw) {
+          for (TokenBack tb : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+            for (bool mk : {false, true}) {
+              for (std::int32_t sms : {0, 1, 66, 132, 1000}) {
+                all.push_back(Knobs{tb, bm, bn, st, dw, sms, mk});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return all;
+}
+
+// Every caller choice except the one make_config rejects (deterministic with in_kernel_reduce).
+std::vector<LayerOptions> every_caller_choice() {
+  std::vector<LayerOptions> all;
+  for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) {
+    for (bool det : {false, true}) {
+      if (det && c == Combine::in_kernel_reduce) continue;
+      for (ScaleRounding r : {ScaleRounding::rceil, ScaleRounding::ocp_floor}) {
+        for (int limits = 0; limits < 2; ++limits) {
+          LayerOptions o;
+          o.combine = c;
+          o.deterministic = det;
+          o.mxfp8_scale_rounding = r;
+          o.timeout_ms = limits == 0 ? 0u : kMaxTimeoutMs;
+          o.swiglu_limit = limits == 0 ? 0.0f : 7.0f;
+          all.push_back(o);
+        }
+      }
+    }
+  }
+  return all;
+}
+
+std::string show(const Knobs& k) {
+  std::ostringstream s;
+  s << "{token_back=" << to_string(k.token_back) << " block_m=" << k.block_m
+    << " block_n=" << k.block_n << " stages=" << k.stages << " dispatch_warps=" << k.dispatch_warps
+    << " num_sms=" << k.num_sms << " megakernel=" << k.megakernel << "}";
+  return s.str();
+}
+
+bool same_caller_fields(const LayerConfig& a, const LayerConfig& b) {
+  const LayerShape &sa = a.shape(), &sb = b.shape();
+  const LayerOptions &oa = a.options(), &ob = b.options();
+  return sa.hidden == sb.hidden && sa.intermediate == sb.intermediate &&
+         sa.num_experts == sb.num_experts && sa.top_k == sb.top_k &&
+         sa.max_tokens_per_rank == sb.max_tokens_per_rank && a.precision() == b.precision() &&
+         a.rank() == b.rank() && a.world() == b.world() && oa.combine == ob.combine &&
+         oa.deterministic == ob.deterministic && oa.timeout_ms == ob.timeout_ms &&
+         oa.swiglu_limit == ob.swiglu_limit && oa.mxfp8_scale_rounding == ob.mxfp8_scale_rounding;
+}
+
+// The conflict rules every knob set a launch may see must satisfy; empty when all hold.
+std::string conflict(const Knobs& k, Precision p, const LayerShape& shape, const LayerOptions& o) {
+  if (!core::in_knob_space(k)) return "outside kKnobSpace";
+  if (k.token_back == TokenBack::dispatch_warps && o.combine == Combine::in_kernel_reduce) {
+    return "token_back=dispatch_warps with combine=in_kernel_reduce";
+  }
+  if (core::shared_memory_bytes(p, k) > kMaxSharedMemoryBytes) return "shared memory overflows";
+  if (k.block_n > std::max<std::int64_t>(kKnobSpace.block_n.front(), 2 * shape.intermediate)) {
+    return "block_n wider than 2 * intermediate";
+  }
+  return "";
+}
+
+// Which bucket one application targets: each of the four, or all of them (empty).
+std::optional<TokenBucket> application(std::size_t i) {
+  if (i % 5 == 4) return std::nullopt;
+  return kBuckets[i % 5];
+}
+
+class WithKnobsProperty : public ::testing::TestWithParam<Precision> {};
+
+// For one precision: every knob set of the whole knob space × every caller choice × 5 shapes ×
+// worlds {1, 2, 4, 8}. The bucket application (each bucket, or all) rotates with an offset per
+// configuration, so every knob set is applied in all five ways across the configurations.
+TEST_P(WithKnobsProperty,
+       NeverThrowsNeverChangesCallerFieldsAndAlwaysYieldsConflictFreeKnobsAdjustedMinimally) {
+  const Precision precision = GetParam();
+  const std::vector<Knobs> space = whole_knob_space();
+  const std::vector<LayerOptions> choices = every_caller_choice();
+  ASSERT_EQ(space.size(), 2u * 3 * 7 * 16 * 2 * 2 * 5);
+  ASSERT_EQ(choices.size(), 12u);
+  std::size_t config_index = 0, checked = 0;
+  int failures = 0;
+  for (const LayerShape& shape : test_shapes()) {
+    for (int world : kWorlds) {
+      for (const LayerOptions& options : choices) {
+        const LayerConfig base = make_config(shape, precision, world - 1, world, options);
+        for (std::size_t i = 0; i < space.size() && failures < 10; ++i) {
+          const Knobs& in = space[i];
+          const std::optional<TokenBucket> target = application(i + config_index);
+          auto fail = [&](const std::string& what, const Knobs& out) {
+            ++failures;
+            ADD_FAILURE() << what << "\n  in  " << show(in) << "\n  out " << show(out)
+                          << "\n  config " << base.describe() << "\n  bucket "
+                          << (target ? to_string(*target) : "all");
+          };
+          std::optional<LayerConfig> result;
+          try {
+            result = with_knobs(base, in, target);
+          } catch (const std::exception& e) {
+            fail(std::string("threw: ") + e.what(), in);
+            continue;
+          }
+          if (!same_caller_fields(base, *result)) fail("changed a caller-owned field", in);
+          for (TokenBucket b : kBuckets) {
+            const Knobs& out = result->knobs(b);
+            if (target && *target != b) {
+              if (!(out == base.knobs(b))) fail("changed a bucket it was not applied to", out);
+              continue;
+            }
+            if (const std::string c = conflict(out, precision, shape, options); !c.empty()) {
+              fail("result breaks a rule: " + c, out);
+            }
+            // Minimal adjustment: only conflicting knobs move, and only downwards.
+            if (out.block_m != in.block_m || out.dispatch_warps != in.dispatch_warps ||
+                out.num_sms != in.num_sms || out.megakernel != in.megakernel ||
+                out.stages > in.stages || out.block_n > in.block_n ||
+                (out.token_back != in.token_back && options.combine != Combine::in_kernel_reduce)) {
+              fail("adjusted a knob that did not conflict", out);
+            }
+            if (conflict(in, precision, shape, options).empty() && !(out == in)) {
+              fail("changed conflict-free knobs", out);
+            }
+          }
+          // Applying the result again changes nothing (sampled: it doubles the cost).
+          if (i % 13 == 0) {
+            const TokenBucket b = target.value_or(TokenBucket::prefill);
+            const Knobs& out = result->knobs(b);
+            if (!(with_knobs(*result, out, b).knobs(b) == out)) fail("not idempotent", out);
+          }
+          ++checked;
+        }
+        ++config_index;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(checked, space.size() * choices.size() * 5 * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPrecision, WithKnobsProperty, ::testing::ValuesIn(kPrecisions),
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param));
+                         });
+
+// ---- the default table -------------------------------------------------------------------------
+
+TEST(DefaultKnobTable, RealShapesAtEveryWorldBucketAndPrecisionAreInsideKnobSpaceAndConflictFree) {
+  for (const core::KnownModel& m : core::kKnownModels) {
+    for (int world : kWorlds) {
+      for (Precision p : kPrecisions) {
+        for (TokenBucket b : kBuckets) {
+          const Knobs k = default_knobs(p, world, m.shape, b);
+          EXPECT_EQ(conflict(k, p, m.shape, LayerOptions{}), "")
+              << m.name << " world " << world << " " << to_string(p) << " " << to_string(b) << " "
+              << show(k);
+        }
+      }
+    }
+  }
+}
+
+TEST(DefaultKnobTable, EntriesAreFixedPointsOfWithKnobsUnderDefaultOptions) {
+  for (const core::KnownModel& m : core::kKnownModels) {
+    for (int world : kWorlds) {
+      for (Precision p : kPrecisions) {
+        const LayerConfig c = make_config(m.shape, p, 0, world);
+        for (TokenBucket b : kBuckets) {
+          const Knobs k = default_knobs(p, world, m.shape, b);
+          EXPECT_EQ(with_knobs(c, k, b).knobs(b), k)
+              << m.name << " world " << world << " " << to_string(p) << " " << to_string(b);
+          EXPECT_EQ(c.knobs(b), k);
+        }
+      }
+    }
+  }
+}
+
+TEST(DefaultKnobTable, MakeConfigKnobsAreConflictFreeForEveryCallerChoice) {
+  for (const LayerShape& shape : test_shapes()) {
+    for (int world : kWorlds) {
+      for (Precision p : kPrecisions) {
+        for (const LayerOptions& o : every_caller_choice()) {
+          const LayerConfig c = make_config(shape, p, 0, world, o);
+          for (TokenBucket b : kBuckets) {
+            EXPECT_EQ(conflict(c.knobs(b), p, shape, o), "") << c.describe();
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128ForRealShapes) {
+  for (const core::KnownModel& m : core::kKnownModels) {
+    for (int world : kWorlds) {
+      for (Precision p : kPrecisions) {
+        EXPECT_EQ(default_knobs(p, world, m.shape, TokenBucket::decode).block_m, 64) << m.name;
+        EXPECT_EQ(default_knobs(p, world, m.shape, TokenBucket::prefill).block_m, 128) << m.name;
+      }
+    }
+  }
+}
+
+TEST(DefaultKnobTable, GptOssPrefillUsesBlockN128BecauseTwoITilesExactly) {
+  const LayerShape gpt_oss = core::kKnownModels[2].shape;
+  ASSERT_EQ(gpt_oss.hidden, 2880);
+  for (Precision p : kPrecisions) {
+    EXPECT_EQ(default_knobs(p, 8, gpt_oss, TokenBucket::prefill).block_n, 128);
+  }
+  // The override is specific: the same rule picks 256 for nvfp4 prefill of other shapes.
+  EXPECT_EQ(
+      default_knobs(Precision::nvfp4, 8, core::kKnownModels[0].shape, TokenBucket::prefill).block_n,
+      256);
+}
+
+TEST(DefaultKnobTable, DoesNotDependOnMaxTokensPerRank) {
+  for (const core::KnownModel& m : core::kKnownModels) {
+    LayerShape other = m.shape;
+    other.max_tokens_per_rank = 1;
+    for (TokenBucket b : kBuckets) {
+      EXPECT_EQ(default_knobs(Precision::bf16, 4, m.shape, b),
+                default_knobs(Precision::bf16, 4, other, b));
+    }
+  }
+}
+
+TEST(DefaultKnobTable, FallbackForAnyShapeIsInsideKnobSpaceAndFitsSharedMemory) {
+  const std::vector<LayerShape> odd = {
+      {64, 64, 1, 1, 1},         {65536, 65536, 1024, 16, 1 << 20}, {128, 64, 64, 16, 8},
+      {5120, 8192, 16, 1, 4096}, {7168, 64, 512, 16, 64},           {0, 0, 0, 0, 0},
+      {-64, -64, -1, -1, -1},    {4096, 14336, 8, 2, 1024},
+  };
+  for (const LayerShape& s : odd) {
+    for (int world : {1, 3, 8, 64, 0, 1000}) {
+      for (Precision p : kPrecisions) {
+        for (TokenBucket b : kBuckets) {
+          const Knobs k = default_knobs(p, world, s, b);
+          EXPECT_TRUE(core::in_knob_space(k)) << show(k);
+          EXPECT_LE(core::shared_memory_bytes(p, k), kMaxSharedMemoryBytes) << show(k);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace epmoe
