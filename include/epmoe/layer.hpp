@@ -1,0 +1,59 @@
+// The expert-parallel MoE layer. Every rank creates it (collectively) and calls forward() once per
+// round, whatever its token count (T may be 0), with no barrier between rounds (DESIGN §1, §3).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "epmoe/comm.hpp"
+#include "epmoe/config.hpp"
+#include "epmoe/errors.hpp"
+#include "epmoe/tensor.hpp"
+
+namespace epmoe {
+
+// This rank's experts: w13 [E_local, 2I, H] (gate rows, then up rows) and w2 [E_local, H, I],
+// bf16 or f32, quantized by the layer to its precision. Expert e lives on rank e / E_local.
+struct ExpertWeights {
+  TensorView w13;
+  TensorView w2;
+};
+
+// A CUDA stream handle (cudaStream_t) for the CUDA executor; ignored by the CPU executor.
+struct Stream {
+  void* handle = nullptr;
+};
+
+class LayerImpl;
+
+class Layer {
+ public:
+  // Collective: every rank of `comm` creates its layer with the same config (rank aside). A
+  // mismatch is reported at creation on every rank, naming the ranks that differ.
+  Layer(Communicator& comm, const LayerConfig& config, const ExpertWeights& local_weights);
+  ~Layer();
+  Layer(Layer&&) noexcept;
+  Layer& operator=(Layer&&) noexcept;
+
+  // x [T, H] bf16, topk_ids [T, K] i32|i64 (-1 = no expert), topk_weights [T, K] f32,
+  // y [T, H] bf16 (written). Bad arguments throw Error(invalid_argument) before anything runs.
+  // Cross-rank failures throw Error(timeout | peer_aborted | protocol_violation) and leave the
+  // layer unhealthy until reset().
+  void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+               const TensorView& y, Stream stream = {});
+
+  Health health() const;
+  // Collective: every rank calls it; afterwards rounds restart and are correct again.
+  void reset();
+
+  const LayerConfig& config() const;
+  // The round the next forward() runs (starts at 1; diagnostics only).
+  std::uint32_t next_round() const;
+
+  LayerImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<LayerImpl> impl_;
+};
+
+}  // namespace epmoe

@@ -1,0 +1,47 @@
+// What an executor implements behind epmoe::Layer.
+#pragma once
+
+#include <cstdint>
+
+#include "core/validate.hpp"
+#include "epmoe/layer.hpp"
+#include "epmoe/testing.hpp"
+
+namespace epmoe {
+
+class LayerImpl {
+ public:
+  explicit LayerImpl(const LayerConfig& config) : config_(config) {}
+  virtual ~LayerImpl() = default;
+  LayerImpl(const LayerImpl&) = delete;
+  LayerImpl& operator=(const LayerImpl&) = delete;
+
+  // Checks the tensors for this executor's device, then runs one round.
+  virtual void forward(const TensorView& x, const TensorView& topk_ids,
+                       const TensorView& topk_weights, const TensorView& y, Stream stream) = 0;
+  virtual Health health() const = 0;
+  virtual void reset() = 0;
+  virtual std::uint32_t next_round() const = 0;
+
+  const LayerConfig& config() const { return config_; }
+
+  // Armed by testing::inject_fault; consumed by the executor. Returns true when `fault` fires now.
+  bool fault_fires(testing::Fault fault) {
+#if defined(EPMOE_FAULT_INJECTION)
+    if (fault_.fault != fault || fault_.times == 0) return false;
+    --fault_.times;
+    return true;
+#else
+    (void)fault;
+    return false;
+#endif
+  }
+  const testing::FaultSpec& fault() const { return fault_; }
+  void arm_fault(const testing::FaultSpec& spec) { fault_ = spec; }
+
+ private:
+  LayerConfig config_;
+  testing::FaultSpec fault_{};
+};
+
+}  // namespace epmoe

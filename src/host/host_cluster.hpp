@@ -1,0 +1,46 @@
+// Every rank of a CPU-executor group in one object: the layers (created collectively, one thread
+// per rank), and one reference model per rank so each rank thread can check its own rounds.
+// Used by the tests and by `epmoe run` / `epmoe stress`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epmoe/layer.hpp"
+#include "reference/reference.hpp"
+
+namespace epmoe {
+
+class HostCluster {
+ public:
+  // `weights` holds every expert (all ranks) and must outlive the cluster.
+  HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
+              int world, const reference::LayerWeights& weights);
+  ~HostCluster();
+
+  int world() const { return world_; }
+  Layer& layer(int rank) { return *layers_[static_cast<std::size_t>(rank)]; }
+  reference::ReferenceModel& reference(int rank) {
+    return *references_[static_cast<std::size_t>(rank)];
+  }
+
+  // One forward() of `rank` (call it from that rank's thread). Returns y [T, H] bf16.
+  std::vector<std::uint16_t> forward(int rank, const reference::Batch& batch);
+
+  // Collective reset(): runs reset() on every rank's thread.
+  void reset_all();
+
+ private:
+  int world_;
+  std::shared_ptr<HostGroup> group_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<reference::ReferenceModel>> references_;
+};
+
+// This rank's slice of the layer's weights, as the views Layer takes.
+ExpertWeights local_weight_views(const reference::LayerWeights& weights, const LayerShape& shape,
+                                 int rank, int world);
+
+}  // namespace epmoe

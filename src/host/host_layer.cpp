@@ -1,0 +1,327 @@
+#include "host/host_layer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "formats/codec.hpp"
+#include "host/host_group.hpp"
+#include "host/host_platform.hpp"
+#include "protocol/round.hpp"
+#include "protocol/wire.hpp"
+#include "protocol/wire_codec.hpp"
+#include "reference/expert.hpp"
+#include "reference/quantize.hpp"
+
+namespace epmoe {
+namespace {
+
+using protocol::WaitOutcome;
+using protocol::WaitStatus;
+
+// Peers as the protocol sees them: rank -> base of its window.
+struct HostPeers {
+  std::byte* const* windows;
+  std::uint8_t* window(int rank) const {
+    return reinterpret_cast<std::uint8_t*>(windows[static_cast<std::size_t>(rank)]);
+  }
+};
+using Session = protocol::RoundSession<HostPeers>;
+
+std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::int64_t rows,
+                               std::int64_t cols) {
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const std::size_t first = static_cast<std::size_t>(expert) * n;
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = t.dtype == DType::f32 ? t.as<const float>()[first + i]
+                                   : formats::bf16_to_float(t.as<const std::uint16_t>()[first + i]);
+  return out;
+}
+
+class HostLayer final : public LayerImpl {
+ public:
+  HostLayer(HostCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
+      : LayerImpl(config),
+        rank_(comm.rank()),
+        layout_(protocol::make_workspace_layout(config)) {
+    validate_weights(config, weights, Device{});
+    const LayerShape& s = config.shape();
+    const ScaleRounding rounding = config.options().mxfp8_scale_rounding;
+    for (std::int64_t e = 0; e < config.local_experts(); ++e) {
+      const auto w13 = load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden);
+      const auto w2 = load_matrix(weights.w2, e, s.hidden, s.intermediate);
+      w13_.push_back(reference::emulate_weight_matrix(w13.data(), 2 * s.intermediate, s.hidden,
+                                                      config.precision(), rounding));
+      w2_.push_back(reference::emulate_weight_matrix(w2.data(), s.hidden, s.intermediate,
+                                                     config.precision(), rounding));
+    }
+    windows_ = comm.group().join_layer(rank_, layout_.total, config.describe(), timeout());
+  }
+
+  void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+               const TensorView& y, Stream) override {
+    const ForwardArgs args =
+        validate_forward(config(), x, topk_ids, topk_weights, y, Device{}, true);
+    refuse_if_unhealthy();
+    if (args.tokens == 0 && fault_fires(testing::Fault::skip_launch_when_idle)) return;
+    if (fault_fires(testing::Fault::round_jump)) round_ += 2;
+    run_round(args);
+  }
+
+  Health health() const override { return health_; }
+
+  void reset() override {
+    const auto fail_reset = [&](const char* when) {
+      health_ = Health{};
+      health_.ok = false;
+      health_.code = ErrorCode::timeout;
+      health_.rank = rank_;
+      health_.phase = Phase::reset;
+      health_.round = round_;
+      health_.what = "rank " + std::to_string(rank_) + ": reset() timed out " + when +
+                     ": not every rank called reset() within " +
+                     std::to_string(config().options().timeout_ms) + " ms";
+      throw Error(ErrorCode::timeout, health_.what);
+    };
+    // Every rank has left forward() before anyone clears its inboxes...
+    if (!windows_->barrier.arrive_and_wait(timeout())) fail_reset("waiting for peers to stop");
+    auto* base = window(rank_);
+    std::memset(base + layout_.count_inbox, 0, 8 * static_cast<std::size_t>(layout_.world));
+    std::memset(base + layout_.done_inbox, 0, 8 * static_cast<std::size_t>(layout_.world));
+    std::memset(base + layout_.abort_word, 0, 8);
+    round_ = protocol::kFirstRound;
+    health_ = Health::healthy();
+    // ...and every inbox is clear before anyone sends round 1 again.
+    if (!windows_->barrier.arrive_and_wait(timeout())) fail_reset("waiting for peers to clear");
+  }
+
+  std::uint32_t next_round() const override { return round_; }
+
+ private:
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(config().options().timeout_ms);
+  }
+  std::uint8_t* window(int rank) const { return HostPeers{windows_->windows.data()}.window(rank); }
+  const LayerShape& shape() const { return config().shape(); }
+  bool staged() const { return config().options().combine == Combine::staged; }
+
+  void refuse_if_unhealthy() {
+    if (!health_.ok)
+      throw Error(ErrorCode::layer_unhealthy, "forward on rank " + std::to_string(rank_) +
+                                                  " refused until a collective reset(): " +
+                                                  health_.what);
+    const std::uint64_t abort = Session(layout_, peers(), rank_, round_).local_abort();
+    if (protocol::abort_raised(abort)) fail(WaitOutcome{WaitStatus::aborted, -1, 0, abort},
+                                            Phase::none, Session(layout_, peers(), rank_, round_));
+  }
+
+  HostPeers peers() const { return HostPeers{windows_->windows.data()}; }
+
+  // One round, DESIGN §3 steps 1-7. No step is skipped for T == 0.
+  void run_round(const ForwardArgs& args) {
+    const Session session(layout_, peers(), rank_, round_);
+    HostPlatform platform;
+    const std::uint32_t timeout_ms = config().options().timeout_ms;
+
+    prepare_accumulator(args.tokens);                       // 1
+    const std::vector<std::uint32_t> rows_to = dispatch(args);  // 2
+    for (int dest = 0; dest < layout_.world; ++dest)        // 3
+      session.publish_count(dest, rows_to[static_cast<std::size_t>(dest)]);
+    if (fault_fires(testing::Fault::stall))
+      std::this_thread::sleep_for(std::chrono::milliseconds(fault().stall_ms));
+
+    std::vector<std::uint32_t> rows_from(static_cast<std::size_t>(layout_.world), 0);
+    WaitOutcome w = session.await_counts(protocol::deadline_after_ms(platform, timeout_ms),
+                                         platform, rows_from.data());  // 4
+    if (w.status != WaitStatus::ok) fail(w, Phase::dispatch_counts, session);
+
+    run_experts(rows_from, session);                        // 5
+    for (int dest = 0; dest < layout_.world; ++dest) session.publish_done(dest);  // 6
+    w = session.await_done(protocol::deadline_after_ms(platform, timeout_ms), platform);  // 7
+    if (w.status != WaitStatus::ok) fail(w, Phase::expert_done, session);
+    finish(args);
+    ++round_;
+  }
+
+  void prepare_accumulator(std::int64_t tokens) {
+    if (staged()) return;
+    std::memset(window(rank_) + layout_.combine, 0,
+                static_cast<std::size_t>(tokens) * layout_.combine_row_bytes);
+  }
+
+  // Step 2: each token goes once to every rank that owns one of its experts, carrying all its
+  // (slot, local expert, weight) entries there. Returns the rows sent to each rank.
+  std::vector<std::uint32_t> dispatch(const ForwardArgs& args) {
+    const LayerShape& s = shape();
+    const auto h = static_cast<std::size_t>(s.hidden);
+    const Precision precision = config().precision();
+    std::vector<std::uint32_t> rows_to(static_cast<std::size_t>(layout_.world), 0);
+    std::vector<float> x(h);
+    std::vector<std::uint8_t> payload(protocol::wire_payload_bytes(precision, s.hidden));
+    for (std::int64_t t = 0; t < args.tokens; ++t) {
+      for (std::size_t i = 0; i < h; ++i)
+        x[i] = formats::bf16_to_float(args.x[static_cast<std::size_t>(t) * h + i]);
+      const float row_scale = protocol::encode_payload(
+          x.data(), s.hidden, precision, config().options().mxfp8_scale_rounding, payload.data());
+      for (int dest = 0; dest < layout_.world; ++dest) {
+        protocol::WireRowHeader header{static_cast<std::int32_t>(t), 0, row_scale, round_};
+        std::uint8_t* row = window(dest) + layout_.recv_row(round_, rank_,
+                                                            rows_to[static_cast<std::size_t>(dest)]);
+        auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
+        for (std::int64_t k = 0; k < s.top_k; ++k) {
+          const std::int32_t e = args.expert_id(t, k, s.top_k);
+          if (e < 0 || config().expert_owner(e) != dest) continue;
+          entries[header.num_entries++] = protocol::WireEntry{
+              static_cast<std::int16_t>(k),
+              static_cast<std::int16_t>(e - dest * config().local_experts()),
+              args.topk_weights[static_cast<std::size_t>(t * s.top_k + k)]};
+        }
+        if (header.num_entries == 0) continue;
+        std::memcpy(row, &header, sizeof header);
+        std::memcpy(row + protocol::wire_payload_offset(s.top_k), payload.data(), payload.size());
+        ++rows_to[static_cast<std::size_t>(dest)];
+      }
+    }
+    return rows_to;
+  }
+
+  // Step 5: run every arrived (row, expert) pair and send the result home.
+  void run_experts(const std::vector<std::uint32_t>& rows_from, const Session& session) {
+    const LayerShape& s = shape();
+    const auto h = static_cast<std::size_t>(s.hidden);
+    std::vector<float> x(h), out(h), scratch;
+    for (int src = 0; src < layout_.world; ++src) {
+      for (std::uint32_t r = 0; r < rows_from[static_cast<std::size_t>(src)]; ++r) {
+        const std::uint8_t* row = window(rank_) + layout_.recv_row(round_, src, r);
+        protocol::WireRowHeader header;
+        std::memcpy(&header, row, sizeof header);
+        if (header.round != round_ || header.token < 0 || header.token >= s.max_tokens_per_rank ||
+            header.num_entries < 1 || header.num_entries > s.top_k)
+          fail_payload(src, header, session);
+        protocol::decode_payload(row + protocol::wire_payload_offset(s.top_k), s.hidden,
+                                 config().precision(), header.row_scale, x.data());
+        const auto* entries =
+            reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+        for (std::int32_t i = 0; i < header.num_entries; ++i) {
+          const protocol::WireEntry entry = entries[i];
+          const auto e = static_cast<std::size_t>(entry.local_expert);
+          reference::expert_forward_row(x.data(), {w13_[e].data(), w2_[e].data()}, s,
+                                        config().precision(), config().options(), out.data(),
+                                        scratch);
+          send_home(src, header.token, entry, out);
+        }
+      }
+    }
+  }
+
+  void send_home(int home, std::int32_t token, const protocol::WireEntry& entry,
+                 const std::vector<float>& out) {
+    const auto h = static_cast<std::size_t>(shape().hidden);
+    std::uint8_t* combine = window(home) + layout_.combine;
+    if (staged()) {
+      auto* dst = reinterpret_cast<std::uint16_t*>(
+          combine + static_cast<std::size_t>(token * shape().top_k + entry.slot) *
+                        layout_.combine_row_bytes);
+      for (std::size_t i = 0; i < h; ++i) dst[i] = formats::float_to_bf16(out[i]);
+    } else {
+      auto* acc = reinterpret_cast<float*>(combine + static_cast<std::size_t>(token) *
+                                                         layout_.combine_row_bytes);
+      for (std::size_t i = 0; i < h; ++i) protocol::add_relaxed(&acc[i], entry.weight * out[i]);
+    }
+  }
+
+  // Step 7 (after every done): y from the combine buffer. Staged: fixed slot order, fp32.
+  void finish(const ForwardArgs& args) {
+    const LayerShape& s = shape();
+    const auto h = static_cast<std::size_t>(s.hidden);
+    const std::uint8_t* combine = window(rank_) + layout_.combine;
+    std::vector<float> acc(h);
+    for (std::int64_t t = 0; t < args.tokens; ++t) {
+      std::uint16_t* y = args.y + static_cast<std::size_t>(t) * h;
+      if (!staged()) {
+        const auto* row = reinterpret_cast<const float*>(
+            combine + static_cast<std::size_t>(t) * layout_.combine_row_bytes);
+        for (std::size_t i = 0; i < h; ++i) y[i] = formats::float_to_bf16(row[i]);
+        continue;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (std::int64_t k = 0; k < s.top_k; ++k) {
+        if (args.expert_id(t, k, s.top_k) < 0) continue;
+        const float w = args.topk_weights[static_cast<std::size_t>(t * s.top_k + k)];
+        const auto* row = reinterpret_cast<const std::uint16_t*>(
+            combine + static_cast<std::size_t>(t * s.top_k + k) * layout_.combine_row_bytes);
+        for (std::size_t i = 0; i < h; ++i) acc[i] += w * formats::bf16_to_float(row[i]);
+      }
+      for (std::size_t i = 0; i < h; ++i) y[i] = formats::float_to_bf16(acc[i]);
+    }
+  }
+
+  // I3 / I4: record what happened, tell every peer, and throw.
+  [[noreturn]] void fail(const WaitOutcome& w, Phase phase, const Session& session) {
+    Health h;
+    h.ok = false;
+    h.rank = rank_;
+    h.round = round_;
+    h.expected = round_;
+    h.observed = w.observed;
+    const std::string me = "rank " + std::to_string(rank_);
+    const std::string where =
+        std::string(" in phase ") + to_string(phase) + " of round " + std::to_string(round_);
+    if (w.status == WaitStatus::aborted) {
+      const protocol::AbortRecord a = protocol::unpack_abort(w.abort_word);
+      h.code = ErrorCode::peer_aborted;
+      h.peer = a.culprit == protocol::kUnknownRank ? -1 : static_cast<int>(a.culprit);
+      h.phase = static_cast<Phase>(a.phase);
+      h.round = a.round;
+      h.what = me + ": round " + std::to_string(round_) + " aborted: rank " +
+               std::to_string(a.reporter) + " gave up waiting for rank " +
+               (h.peer < 0 ? std::string("?") : std::to_string(h.peer)) + " in phase " +
+               to_string(h.phase) + " of round " + std::to_string(a.round);
+    } else {
+      h.peer = w.peer;
+      h.phase = phase;
+      if (w.status == WaitStatus::timeout) {
+        h.code = ErrorCode::timeout;
+        h.what = me + " timed out after " + std::to_string(config().options().timeout_ms) +
+                 " ms" + where + " waiting for rank " + std::to_string(w.peer) +
+                 " (last saw its round " + std::to_string(w.observed) + ", expected " +
+                 std::to_string(round_) + ")";
+      } else {
+        h.code = ErrorCode::protocol_violation;
+        h.what = me + where + ": rank " + std::to_string(w.peer) + " is at round " +
+                 std::to_string(w.observed) + ", more than one round away from " +
+                 std::to_string(round_) + " (protocol violation)";
+      }
+      session.raise_abort(phase, w.peer);
+    }
+    health_ = h;
+    throw Error(h.code, h.what);
+  }
+
+  [[noreturn]] void fail_payload(int src, const protocol::WireRowHeader& header,
+                                 const Session& session) {
+    WaitOutcome w{WaitStatus::violation, src, header.round, 0};
+    fail(w, Phase::dispatch_counts, session);
+  }
+
+  int rank_;
+  protocol::WorkspaceLayout layout_;
+  std::shared_ptr<HostLayerWindows> windows_;
+  std::vector<std::vector<float>> w13_, w2_;  // per local expert, quantization emulated
+  std::uint32_t round_ = protocol::kFirstRound;
+  Health health_{};
+};
+
+}  // namespace
+
+std::unique_ptr<LayerImpl> make_host_layer(Communicator& comm, const LayerConfig& config,
+                                           const ExpertWeights& local_weights) {
+  auto* host = dynamic_cast<HostCommunicator*>(&comm);
+  if (host == nullptr)
+    throw Error(ErrorCode::invalid_argument,
+                "Layer: a cpu_threads communicator must come from make_host_communicator");
+  return std::make_unique<HostLayer>(*host, config, local_weights);
+}
+
+}  // namespace epmoe

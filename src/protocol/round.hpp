@@ -1,0 +1,88 @@
+// The messages of one round (DESIGN §3 steps 3, 4, 6, 7) and the abort, as a session object
+// shared by both executors. The executor supplies `Peers`, which maps a rank to the base address
+// of its window (an LSA pointer on the GPU, a shared host allocation on the CPU), and a platform
+// (clock + backoff). Payload movement (steps 2 and 5) is the executor's; this object only orders
+// it: rows are written before publish_count, read after await_counts; results are written before
+// publish_done, read after await_done.
+#pragma once
+
+#include <cstdint>
+
+#include "epmoe/errors.hpp"
+#include "protocol/atomics.hpp"
+#include "protocol/message.hpp"
+#include "protocol/wait.hpp"
+#include "protocol/workspace.hpp"
+
+namespace epmoe::protocol {
+
+template <class Peers>
+class RoundSession {
+ public:
+  EPMOE_HD RoundSession(const WorkspaceLayout& layout, const Peers& peers, int rank,
+                        std::uint32_t round)
+      : layout_(layout), peers_(peers), rank_(rank), round_(round) {}
+
+  EPMOE_HD std::uint32_t round() const { return round_; }
+  EPMOE_HD int world() const { return layout_.world; }
+
+  // Step 3: (round, rows) into count_inbox[rank] of `dest`. Sent to every rank, rows may be 0.
+  EPMOE_HD void publish_count(int dest, std::uint32_t rows) const {
+    store_release(word(dest, layout_.count_word(rank_)), pack_inbox(round_, rows));
+  }
+  // Step 6: round into done_inbox[rank] of `dest`. Sent to every rank.
+  EPMOE_HD void publish_done(int dest) const {
+    store_release(word(dest, layout_.done_word(rank_)), pack_inbox(round_, 0));
+  }
+
+  // Step 4: wait until every count_inbox[src] shows this round; rows_from[src] = rows it sent.
+  template <class Platform>
+  EPMOE_HD WaitOutcome await_counts(Deadline deadline, Platform& platform,
+                                    std::uint32_t* rows_from) const {
+    for (int src = 0; src < layout_.world; ++src) {
+      const std::uint64_t* inbox = word(rank_, layout_.count_word(src));
+      WaitOutcome w = wait_for_round(inbox, round_, src, abort_word(), deadline, platform);
+      if (w.status != WaitStatus::ok) return w;
+      rows_from[src] = inbox_value(load_acquire(inbox));
+    }
+    return WaitOutcome{};
+  }
+
+  // Step 7: wait until every done_inbox[src] shows this round.
+  template <class Platform>
+  EPMOE_HD WaitOutcome await_done(Deadline deadline, Platform& platform) const {
+    for (int src = 0; src < layout_.world; ++src) {
+      WaitOutcome w = wait_for_round(word(rank_, layout_.done_word(src)), round_, src,
+                                     abort_word(), deadline, platform);
+      if (w.status != WaitStatus::ok) return w;
+    }
+    return WaitOutcome{};
+  }
+
+  // I3: tell every rank (this one included) who gave up waiting for whom, where and when. The first record
+  // raised on a rank wins, so every survivor reports the original failure.
+  EPMOE_HD void raise_abort(Phase phase, int culprit) const {
+    AbortRecord a;
+    a.reporter = static_cast<std::uint32_t>(rank_);
+    a.culprit = culprit < 0 ? kUnknownRank : static_cast<std::uint32_t>(culprit);
+    a.phase = static_cast<std::uint32_t>(phase);
+    a.round = round_;
+    const std::uint64_t record = pack_abort(a);
+    for (int dest = 0; dest < layout_.world; ++dest)
+      compare_exchange(word(dest, layout_.abort_word), 0, record);
+  }
+  EPMOE_HD std::uint64_t local_abort() const { return load_acquire(abort_word()); }
+
+ private:
+  EPMOE_HD std::uint64_t* word(int owner, std::size_t offset) const {
+    return reinterpret_cast<std::uint64_t*>(peers_.window(owner) + offset);
+  }
+  EPMOE_HD const std::uint64_t* abort_word() const { return word(rank_, layout_.abort_word); }
+
+  const WorkspaceLayout& layout_;
+  Peers peers_;
+  int rank_;
+  std::uint32_t round_;
+};
+
+}  // namespace epmoe::protocol

@@ -1,0 +1,54 @@
+// One token's row as it crosses to an expert owner (DESIGN §4 dispatch): the token is sent once
+// per destination rank and carries every (top-k slot, local expert, weight) it has there.
+//
+//   WireRowHeader                16 B   source token, number of entries, NVFP4 row scale, round
+//   WireEntry[top_k]              8 B each, padded to 16 B
+//   payload                       bf16: 2H B | mxfp8: H B elements + H/32 B E8M0 scales
+//                                 nvfp4: H/2 B packed E2M1 + H/16 B E4M3 block scales
+//                                 padded to 16 B
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epmoe/config.hpp"
+#include "formats/codec.hpp"
+
+namespace epmoe::protocol {
+
+struct WireRowHeader {
+  std::int32_t token;        // row index on the home (source) rank
+  std::int32_t num_entries;  // how many of the entries below are valid (>= 1)
+  float row_scale;           // NVFP4 second-level scale s_enc of this row; 1 otherwise
+  std::uint32_t round;       // the round that wrote the row: readers check it is theirs
+};
+static_assert(sizeof(WireRowHeader) == 16);
+
+struct WireEntry {
+  std::int16_t slot;          // top-k slot on the home rank, for the combine
+  std::int16_t local_expert;  // expert index on the receiving rank
+  float weight;               // router weight (used by in-kernel reduce)
+};
+static_assert(sizeof(WireEntry) == 8);
+
+EPMOE_HD constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+EPMOE_HD constexpr std::size_t wire_payload_bytes(Precision p, std::int64_t hidden) {
+  const auto h = static_cast<std::size_t>(hidden);
+  switch (p) {
+    case Precision::bf16: return 2 * h;
+    case Precision::mxfp8: return h + h / formats::kMxfp8Block;
+    case Precision::nvfp4: return h / 2 + h / formats::kNvfp4Block;
+  }
+  return 0;
+}
+EPMOE_HD constexpr std::size_t wire_entries_offset() { return sizeof(WireRowHeader); }
+EPMOE_HD constexpr std::size_t wire_payload_offset(std::int64_t top_k) {
+  return align16(sizeof(WireRowHeader) + sizeof(WireEntry) * static_cast<std::size_t>(top_k));
+}
+EPMOE_HD constexpr std::size_t wire_row_bytes(Precision p, std::int64_t hidden,
+                                              std::int64_t top_k) {
+  return wire_payload_offset(top_k) + align16(wire_payload_bytes(p, hidden));
+}
+
+}  // namespace epmoe::protocol

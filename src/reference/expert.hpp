@@ -1,0 +1,28 @@
+// One expert applied to one token row: FC1 (gate + up) -> SwiGLU -> FC2, with float64
+// accumulation, fp32 outputs of each GEMM (the fast path accumulates in fp32 registers) and the
+// FC2 input quantized to the layer's precision. Used by the reference forward and by the CPU
+// executor, whose job is the protocol around it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epmoe/config.hpp"
+
+namespace epmoe::reference {
+
+struct ExpertMatrices {
+  const float* w13 = nullptr;  // [2I, H]: gate rows then up rows (already quantize-emulated)
+  const float* w2 = nullptr;   // [H, I]
+};
+
+// silu(gate) * up, with the gpt-oss clamp when limit > 0: gate <= limit, |up| <= limit.
+double swiglu(double gate, double up, float limit);
+
+// x: [H] input row after its wire quantization; out: [H] fp32 FC2 row.
+// `scratch` is resized as needed (2I floats).
+void expert_forward_row(const float* x, const ExpertMatrices& expert, const LayerShape& shape,
+                        Precision precision, const LayerOptions& options, float* out,
+                        std::vector<float>& scratch);
+
+}  // namespace epmoe::reference

@@ -1,0 +1,102 @@
+#include "reference/problem.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "epmoe/errors.hpp"
+#include "formats/codec.hpp"
+
+namespace epmoe::reference {
+
+const char* to_string(Routing r) {
+  switch (r) {
+    case Routing::uniform: return "uniform";
+    case Routing::one_expert: return "one_expert";
+    case Routing::one_rank: return "one_rank";
+    case Routing::all_dropped: return "all_dropped";
+  }
+  return "unknown";
+}
+
+Routing parse_routing(const std::string& name) {
+  for (Routing r : {Routing::uniform, Routing::one_expert, Routing::one_rank, Routing::all_dropped})
+    if (name == to_string(r)) return r;
+  throw Error(ErrorCode::invalid_argument,
+              "routing=" + name + ": must be uniform, one_expert, one_rank or all_dropped");
+}
+
+std::uint64_t Rng::next() {
+  std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+std::int64_t Rng::below(std::int64_t n) {
+  return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n));
+}
+
+namespace {
+
+void fill_uniform(std::vector<std::uint16_t>& out, std::size_t n, double scale, Rng& rng) {
+  out.resize(n);
+  for (auto& v : out)
+    v = formats::float_to_bf16(static_cast<float>((2.0 * rng.uniform() - 1.0) * scale));
+}
+
+}  // namespace
+
+LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed) {
+  Rng rng(seed);
+  const auto e = static_cast<std::size_t>(shape.num_experts);
+  const auto h = static_cast<std::size_t>(shape.hidden);
+  const auto inter = static_cast<std::size_t>(shape.intermediate);
+  LayerWeights w;
+  fill_uniform(w.w13, e * 2 * inter * h, 1.0 / std::sqrt(double(shape.hidden)), rng);
+  fill_uniform(w.w2, e * h * inter, 1.0 / std::sqrt(double(shape.intermediate)), rng);
+  return w;
+}
+
+Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
+                        std::int64_t target, std::uint64_t seed) {
+  Rng rng(seed);
+  const auto h = static_cast<std::size_t>(shape.hidden);
+  const auto k = static_cast<std::size_t>(shape.top_k);
+  const std::int64_t e_local = shape.num_experts / world;
+  Batch b;
+  b.tokens = tokens;
+  fill_uniform(b.x, static_cast<std::size_t>(tokens) * h, 1.0, rng);
+  b.topk_ids.assign(static_cast<std::size_t>(tokens) * k, -1);
+  b.topk_weights.assign(static_cast<std::size_t>(tokens) * k, 0.0f);
+  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
+    std::int32_t* ids = b.topk_ids.data() + t * k;
+    for (std::size_t s = 0; s < k; ++s) {
+      std::int64_t id = -1;
+      switch (routing) {
+        case Routing::uniform:
+          if (rng.uniform() < 0.05) break;  // a dropped slot now and then
+          do {
+            id = rng.below(shape.num_experts);
+          } while (std::find(ids, ids + s, id) != ids + s);
+          break;
+        case Routing::one_expert: id = target; break;
+        case Routing::one_rank:
+          if (s < static_cast<std::size_t>(e_local)) id = (target % world) * e_local + std::int64_t(s);
+          break;
+        case Routing::all_dropped: break;
+      }
+      ids[s] = static_cast<std::int32_t>(id);
+    }
+    double sum = 0.0;
+    for (std::size_t s = 0; s < k; ++s) {
+      const double w = ids[s] >= 0 ? 0.1 + rng.uniform() : 0.0;
+      b.topk_weights[t * k + s] = static_cast<float>(w);
+      sum += w;
+    }
+    for (std::size_t s = 0; s < k && sum > 0.0; ++s)
+      b.topk_weights[t * k + s] = static_cast<float>(b.topk_weights[t * k + s] / sum);
+  }
+  return b;
+}
+
+}  // namespace epmoe::reference

@@ -1,0 +1,42 @@
+// Random but reproducible layer problems: weights for every expert and one batch per rank per
+// round, with the routing patterns a serving engine produces (and the nasty ones).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "epmoe/config.hpp"
+#include "reference/reference.hpp"
+
+namespace epmoe::reference {
+
+enum class Routing : std::uint8_t {
+  uniform,     // distinct random experts per token, a few -1 slots
+  one_expert,  // every slot of every token on one expert (maximally skewed)
+  one_rank,    // every slot on experts of one rank
+  all_dropped  // every slot is -1 (no expert)
+};
+const char* to_string(Routing r);
+Routing parse_routing(const std::string& name);
+
+// splitmix64: tiny, stateless-seedable, good enough for test data.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next();
+  double uniform();  // [0, 1)
+  std::int64_t below(std::int64_t n);
+
+ private:
+  std::uint64_t state_;
+};
+
+// Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16.
+LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
+
+// T tokens, x ~ U(-1, 1) in bf16, routing as asked (`target` picks the expert or rank of the
+// skewed patterns), weights positive and summing to 1 over the valid slots.
+Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
+                        std::int64_t target, std::uint64_t seed);
+
+}  // namespace epmoe::reference

@@ -1,0 +1,169 @@
+#include "reference/reference.hpp"
+
+#include <cmath>
+
+#include "formats/codec.hpp"
+#include "reference/expert.hpp"
+#include "reference/quantize.hpp"
+
+namespace epmoe::reference {
+namespace {
+
+std::vector<float> to_float(const std::uint16_t* bf16, std::size_t n) {
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = formats::bf16_to_float(bf16[i]);
+  return out;
+}
+
+}  // namespace
+
+struct ReferenceModel::Expert {
+  std::vector<float> w13;
+  std::vector<float> w2;
+};
+
+ReferenceModel::ReferenceModel(const LayerShape& shape, Precision precision,
+                               const LayerOptions& options, const LayerWeights& weights)
+    : shape_(shape),
+      precision_(precision),
+      options_(options),
+      weights_(weights),
+      experts_(static_cast<std::size_t>(shape.num_experts)) {}
+
+ReferenceModel::~ReferenceModel() = default;
+
+const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
+  auto& slot = experts_[static_cast<std::size_t>(e)];
+  if (!slot) {
+    const auto h = static_cast<std::size_t>(shape_.hidden);
+    const auto inter = static_cast<std::size_t>(shape_.intermediate);
+    const auto w13 = to_float(weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h,
+                              2 * inter * h);
+    const auto w2 =
+        to_float(weights_.w2.data() + static_cast<std::size_t>(e) * h * inter, h * inter);
+    const ScaleRounding r = options_.mxfp8_scale_rounding;
+    slot = std::make_unique<Expert>();
+    slot->w13 = emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden,
+                                      precision_, r);
+    slot->w2 = emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
+  }
+  return *slot;
+}
+
+std::vector<std::uint16_t> ReferenceModel::forward(const Batch& batch) {
+  const auto h = static_cast<std::size_t>(shape_.hidden);
+  const auto k = static_cast<std::size_t>(shape_.top_k);
+  const auto tokens = static_cast<std::size_t>(batch.tokens);
+  std::vector<std::uint16_t> y(tokens * h);
+  std::vector<float> x(h), row(h), acc(h), scratch;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    for (std::size_t i = 0; i < h; ++i) x[i] = formats::bf16_to_float(batch.x[t * h + i]);
+    emulate_activation_row(x.data(), shape_.hidden, precision_, options_.mxfp8_scale_rounding);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::size_t s = 0; s < k; ++s) {
+      const std::int32_t e = batch.topk_ids[t * k + s];
+      if (e < 0) continue;
+      const Expert& ex = expert(e);
+      expert_forward_row(x.data(), ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_,
+                         precision_, options_, row.data(), scratch);
+      const float w = batch.topk_weights[t * k + s];
+      const bool staged = options_.combine == Combine::staged;
+      for (std::size_t i = 0; i < h; ++i)
+        acc[i] += w * (staged ? formats::round_to_bf16(row[i]) : row[i]);
+    }
+    for (std::size_t i = 0; i < h; ++i) y[t * h + i] = formats::float_to_bf16(acc[i]);
+  }
+  return y;
+}
+
+std::vector<double> ReferenceModel::forward_exact(const Batch& batch) const {
+  const auto h = static_cast<std::size_t>(shape_.hidden);
+  const auto inter = static_cast<std::size_t>(shape_.intermediate);
+  const auto k = static_cast<std::size_t>(shape_.top_k);
+  const auto tokens = static_cast<std::size_t>(batch.tokens);
+  std::vector<double> y(tokens * h, 0.0), act(inter);
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const std::uint16_t* x = batch.x.data() + t * h;
+    for (std::size_t s = 0; s < k; ++s) {
+      const std::int32_t e = batch.topk_ids[t * k + s];
+      if (e < 0) continue;
+      const std::uint16_t* w13 = weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h;
+      const std::uint16_t* w2 = weights_.w2.data() + static_cast<std::size_t>(e) * h * inter;
+      for (std::size_t j = 0; j < inter; ++j) {
+        double gate = 0.0, up = 0.0;
+        for (std::size_t i = 0; i < h; ++i) {
+          const double xi = formats::bf16_to_float(x[i]);
+          gate += xi * formats::bf16_to_float(w13[j * h + i]);
+          up += xi * formats::bf16_to_float(w13[(inter + j) * h + i]);
+        }
+        act[j] = swiglu(gate, up, options_.swiglu_limit);
+      }
+      const double w = batch.topk_weights[t * k + s];
+      for (std::size_t n = 0; n < h; ++n) {
+        double acc = 0.0;
+        for (std::size_t j = 0; j < inter; ++j)
+          acc += act[j] * formats::bf16_to_float(w2[n * inter + j]);
+        y[t * h + n] += w * acc;
+      }
+    }
+  }
+  return y;
+}
+
+namespace {
+
+template <class Ref, class Mismatch>
+ErrorStats compare_impl(const std::vector<std::uint16_t>& y, const std::vector<Ref>& ref,
+                        Mismatch&& mismatch) {
+  ErrorStats s;
+  double diff2 = 0.0, ref2 = 0.0;
+  for (std::size_t i = 0; i < y.size() && i < ref.size(); ++i) {
+    const double a = formats::bf16_to_float(y[i]);
+    const double b = static_cast<double>(ref[i]);
+    const double d = std::fabs(a - b);
+    if (!(d <= s.max_abs)) s.max_abs = d;  // NaN propagates into the report
+    diff2 += d * d;
+    ref2 += b * b;
+    if (mismatch(a, b)) ++s.mismatches;
+  }
+  if (y.size() != ref.size()) s.mismatches += 1;
+  s.rel_l2 = ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  return s;
+}
+
+double as_double(std::uint16_t b) { return formats::bf16_to_float(b); }
+
+}  // namespace
+
+ErrorStats compare_bf16(const std::vector<std::uint16_t>& y,
+                        const std::vector<std::uint16_t>& ref) {
+  std::vector<double> r(ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) r[i] = as_double(ref[i]);
+  ErrorStats s = compare_impl(y, r, [](double, double) { return false; });
+  s.mismatches = 0;
+  for (std::size_t i = 0; i < y.size() && i < ref.size(); ++i) {
+    const bool both_nan = std::isnan(as_double(y[i])) && std::isnan(as_double(ref[i]));
+    if (y[i] != ref[i] && !both_nan) ++s.mismatches;
+  }
+  if (y.size() != ref.size()) s.mismatches += 1;
+  return s;
+}
+
+ErrorStats compare_exact(const std::vector<std::uint16_t>& y, const std::vector<double>& ref) {
+  return compare_impl(y, ref, [](double, double) { return false; });
+}
+
+ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
+                                 const std::vector<std::uint16_t>& ref, int ulps,
+                                 double abs_floor) {
+  std::vector<double> r(ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) r[i] = as_double(ref[i]);
+  return compare_impl(y, r, [&](double a, double b) {
+    if (std::isnan(a) && std::isnan(b)) return false;
+    const double mag = std::max(std::fabs(a), std::fabs(b));
+    const double ulp = mag > 0 ? std::ldexp(1.0, std::ilogb(mag) - 7) : 0.0;
+    return !(std::fabs(a - b) <= ulps * ulp + abs_floor);
+  });
+}
+
+}  // namespace epmoe::reference

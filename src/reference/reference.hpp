@@ -1,0 +1,67 @@
+// The oracle: a plain, obviously-correct forward of the whole layer for one rank's tokens.
+//
+// forward() emulates every quantization point of the precision (input rows on the wire, weights,
+// the SwiGLU intermediate) with float64 accumulation, and the combine of the chosen mode in its
+// fixed order: staged = each FC2 row rounded to bf16 (the wire), weighted sum in fp32 over slots
+// 0..K-1; in_kernel_reduce = fp32 weighted sum of the fp32 FC2 rows over slots 0..K-1.
+// forward_exact() is the unquantized float64 forward, for error reports.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epmoe/config.hpp"
+
+namespace epmoe::reference {
+
+// All experts of the layer in bf16 (the weights as a checkpoint gives them).
+struct LayerWeights {
+  std::vector<std::uint16_t> w13;  // [E, 2I, H]
+  std::vector<std::uint16_t> w2;   // [E, H, I]
+};
+
+// One rank's inputs for one round.
+struct Batch {
+  std::int64_t tokens = 0;
+  std::vector<std::uint16_t> x;        // [T, H] bf16
+  std::vector<std::int32_t> topk_ids;  // [T, K], -1 = no expert
+  std::vector<float> topk_weights;     // [T, K]
+};
+
+class ReferenceModel {
+ public:
+  ReferenceModel(const LayerShape& shape, Precision precision, const LayerOptions& options,
+                 const LayerWeights& weights);
+  ~ReferenceModel();
+
+  // y: [T, H] bf16.
+  std::vector<std::uint16_t> forward(const Batch& batch);
+  // y: [T, H] float64, no quantization anywhere.
+  std::vector<double> forward_exact(const Batch& batch) const;
+
+ private:
+  struct Expert;
+  const Expert& expert(std::int64_t e);  // quantize-emulated on first use
+
+  LayerShape shape_;
+  Precision precision_;
+  LayerOptions options_;
+  const LayerWeights& weights_;
+  std::vector<std::unique_ptr<Expert>> experts_;
+};
+
+// Error of `y` against a reference, for reports: max |y - ref| and ||y - ref|| / ||ref||.
+struct ErrorStats {
+  double max_abs = 0.0;
+  double rel_l2 = 0.0;
+  std::int64_t mismatches = 0;  // elements outside the tolerance given to compare()
+};
+ErrorStats compare_bf16(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref);
+ErrorStats compare_exact(const std::vector<std::uint16_t>& y, const std::vector<double>& ref);
+// Mismatch = differs by more than `ulps` bf16 ulps of the larger magnitude plus `abs_floor`.
+ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
+                                 const std::vector<std::uint16_t>& ref, int ulps,
+                                 double abs_floor);
+
+}  // namespace epmoe::reference

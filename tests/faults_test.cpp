@@ -1,0 +1,307 @@
+// Bounded waits and recovery (DESIGN I1, I3, I4) on the CPU executor: each fault must give every
+// surviving rank a clear error naming the faulty rank, phase and round within the timeout, the
+// layer must refuse work until a collective reset(), and rounds must be correct afterwards.
+//
+// Every scenario runs under a watchdog that exits the process if a rank is still waiting after
+// the deadline, so a wait that lost its bound fails the test instead of hanging CI.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <optional>
+
+#include "epmoe/epmoe.hpp"
+#include "epmoe/testing.hpp"
+#include "host/host_cluster.hpp"
+#include "host/rank_threads.hpp"
+#include "reference/problem.hpp"
+
+namespace epmoe {
+namespace {
+
+using reference::Batch;
+using reference::Routing;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kTimeoutMs = 300;
+
+const LayerShape kShape{.hidden = 64,
+                        .intermediate = 64,
+                        .num_experts = 6,
+                        .top_k = 2,
+                        .max_tokens_per_rank = 8};
+
+template <class Fn>
+void within_seconds(int seconds, const char* what, Fn&& fn) {
+  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "HANG: %s did not finish within %d s: a wait is unbounded\n", what,
+                 seconds);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  done.get();
+}
+
+struct Outcome {
+  std::optional<Error> error;
+  Health health;
+  double seconds = 0.0;
+};
+
+class FaultTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 3;
+  void SetUp() override {
+    if (!testing::fault_injection_available()) GTEST_SKIP() << "built without fault switches";
+    LayerOptions options;
+    options.timeout_ms = kTimeoutMs;
+    cluster_ = std::make_unique<HostCluster>(kShape, Precision::bf16, options, kWorld, weights_);
+  }
+
+  Batch batch(int rank, std::int64_t tokens, std::uint64_t seed) const {
+    return reference::make_random_batch(kShape, kWorld, tokens, Routing::uniform, 0,
+                                        seed * 10 + static_cast<std::uint64_t>(rank));
+  }
+
+  // One round on every rank; `tokens_of(rank)` gives T. Returns what each rank saw.
+  std::vector<Outcome> round(const std::function<std::int64_t(int)>& tokens_of,
+                             std::uint64_t seed) {
+    std::vector<Outcome> out(kWorld);
+    within_seconds(20, "a faulty round", [&] {
+      run_on_rank_threads(kWorld, [&](int rank) {
+        auto& o = out[static_cast<std::size_t>(rank)];
+        const auto start = Clock::now();
+        try {
+          const Batch b = batch(rank, tokens_of(rank), seed);
+          const auto y = cluster_->forward(rank, b);
+          EXPECT_EQ(reference::compare_bf16(y, cluster_->reference(rank).forward(b)).mismatches,
+                    0);
+        } catch (const Error& e) {
+          o.error = e;
+        }
+        o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        o.health = cluster_->layer(rank).health();
+      });
+    });
+    return out;
+  }
+
+  // After reset() on every rank, a few rounds are correct again.
+  void expect_recovers() {
+    within_seconds(20, "reset", [&] { cluster_->reset_all(); });
+    for (int rank = 0; rank < kWorld; ++rank) EXPECT_TRUE(cluster_->layer(rank).health().ok);
+    for (std::uint64_t s = 0; s < 3; ++s) {
+      const auto outcomes = round([](int rank) { return std::int64_t{rank + 1}; }, 900 + s);
+      for (int rank = 0; rank < kWorld; ++rank)
+        EXPECT_FALSE(outcomes[static_cast<std::size_t>(rank)].error)
+            << "rank " << rank << ": " << outcomes[static_cast<std::size_t>(rank)].error->what();
+    }
+  }
+
+  const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 21);
+  std::unique_ptr<HostCluster> cluster_;
+};
+
+TEST_F(FaultTest, SkippedLaunchWhenIdleIsNamedOnEverySurvivorWithinTheTimeout) {
+  // Two healthy rounds, then rank 1 is idle and skips its launch (the bug epmoe exists to catch).
+  round([](int) { return std::int64_t{3}; }, 1);
+  round([](int) { return std::int64_t{2}; }, 2);
+  testing::inject_fault(cluster_->layer(1), {testing::Fault::skip_launch_when_idle});
+  const auto outcomes = round([](int rank) { return rank == 1 ? std::int64_t{0} : 4; }, 3);
+
+  for (int rank : {0, 2}) {
+    const Outcome& o = outcomes[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(o.error) << "rank " << rank << " returned without noticing rank 1 skipped";
+    EXPECT_TRUE(o.error->code() == ErrorCode::timeout || o.error->code() == ErrorCode::peer_aborted);
+    EXPECT_LT(o.seconds, kTimeoutMs / 1000.0 + 1.0) << "rank " << rank;
+    EXPECT_FALSE(o.health.ok);
+    EXPECT_EQ(o.health.peer, 1) << o.health.what;
+    EXPECT_EQ(o.health.phase, Phase::dispatch_counts) << o.health.what;
+    EXPECT_EQ(o.health.round, 3u) << o.health.what;
+    EXPECT_THAT(std::string(o.error->what()), HasSubstr("rank 1"));
+    EXPECT_THAT(std::string(o.error->what()), HasSubstr("round 3"));
+  }
+  EXPECT_FALSE(outcomes[1].error);  // the skipping rank itself returned "successfully"
+
+  // Every rank now refuses work until reset(), the faulty one included.
+  const auto refused = round([](int) { return std::int64_t{1}; }, 4);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const Outcome& o = refused[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(o.error) << "rank " << rank << " accepted work after the failure";
+    EXPECT_LT(o.seconds, 0.2) << "refusal must not wait";
+  }
+  expect_recovers();
+}
+
+TEST_F(FaultTest, StalledRankIsNamedInTheDonePhase) {
+  testing::inject_fault(cluster_->layer(2), {testing::Fault::stall, 3 * kTimeoutMs, 1});
+  const auto outcomes = round([](int) { return std::int64_t{3}; }, 5);
+  for (int rank : {0, 1}) {
+    const Outcome& o = outcomes[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(o.error) << "rank " << rank;
+    EXPECT_EQ(o.health.peer, 2) << o.health.what;
+    EXPECT_EQ(o.health.phase, Phase::expert_done) << o.health.what;
+    EXPECT_EQ(o.health.round, 1u) << o.health.what;
+    EXPECT_LT(o.seconds, kTimeoutMs / 1000.0 + 1.0);
+  }
+  ASSERT_TRUE(outcomes[2].error) << "the stalled rank must learn its round was aborted";
+  EXPECT_EQ(outcomes[2].error->code(), ErrorCode::peer_aborted);
+  expect_recovers();
+}
+
+TEST_F(FaultTest, RoundCounterJumpIsAProtocolViolationNotAWait) {
+  testing::inject_fault(cluster_->layer(0), {testing::Fault::round_jump});
+  const auto outcomes = round([](int) { return std::int64_t{2}; }, 6);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    const Outcome& o = outcomes[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(o.error) << "rank " << rank;
+    EXPECT_TRUE(o.error->code() == ErrorCode::protocol_violation ||
+                o.error->code() == ErrorCode::peer_aborted)
+        << o.error->what();
+    EXPECT_LT(o.seconds, kTimeoutMs / 1000.0) << "I4: a violation is reported, not waited on";
+  }
+  expect_recovers();
+}
+
+TEST_F(FaultTest, ResetWithoutEveryRankTimesOutInsteadOfHanging) {
+  const auto start = Clock::now();
+  try {
+    cluster_->layer(0).reset();
+    FAIL() << "reset() of one rank alone must not succeed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::timeout);
+    EXPECT_THAT(std::string(e.what()), HasSubstr("reset()"));
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.0);
+  expect_recovers();
+}
+
+// ---- bad arguments: rejected before anything runs, naming the argument; layer stays usable ----
+
+class BadArguments : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LayerOptions options;
+    options.timeout_ms = 2'000;
+    cluster_ = std::make_unique<HostCluster>(kShape, Precision::bf16, options, 1, weights_);
+    b_ = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 3);
+    y_.resize(static_cast<std::size_t>(4 * kShape.hidden));
+  }
+  std::string rejection(const TensorView& x, const TensorView& ids, const TensorView& w,
+                        const TensorView& y) {
+    try {
+      cluster_->layer(0).forward(x, ids, w, y);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+      return e.what();
+    }
+    ADD_FAILURE() << "forward accepted a bad argument";
+    return "";
+  }
+  TensorView x() { return view(b_.x.data(), DType::bf16, {4, kShape.hidden}); }
+  TensorView ids() { return view(b_.topk_ids.data(), DType::i32, {4, kShape.top_k}); }
+  TensorView w() { return view(b_.topk_weights.data(), DType::f32, {4, kShape.top_k}); }
+  TensorView y() { return view(y_.data(), DType::bf16, {4, kShape.hidden}); }
+
+  void TearDown() override {
+    if (!cluster_) return;
+    // Still usable: a correct round after every rejection.
+    const auto out = cluster_->forward(0, b_);
+    EXPECT_EQ(reference::compare_bf16(out, cluster_->reference(0).forward(b_)).mismatches, 0);
+  }
+
+  const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 4);
+  std::unique_ptr<HostCluster> cluster_;
+  Batch b_;
+  std::vector<std::uint16_t> y_;
+};
+
+TEST_F(BadArguments, WrongDtypeNamesTheArgument) {
+  TensorView bad = x();
+  bad.dtype = DType::f32;
+  EXPECT_THAT(rejection(bad, ids(), w(), y()), HasSubstr("x has dtype f32, expected bf16"));
+  TensorView bad_ids = ids();
+  bad_ids.dtype = DType::f32;
+  EXPECT_THAT(rejection(x(), bad_ids, w(), y()), HasSubstr("topk_ids has dtype f32"));
+  TensorView bad_w = w();
+  bad_w.dtype = DType::bf16;
+  EXPECT_THAT(rejection(x(), ids(), bad_w, y()), HasSubstr("topk_weights has dtype bf16"));
+}
+
+TEST_F(BadArguments, WrongShapeNamesTheArgument) {
+  TensorView bad = x();
+  bad.shape = {4, kShape.hidden + 64};
+  EXPECT_THAT(rejection(bad, ids(), w(), y()), HasSubstr("x has shape [4, 128], expected [4, 64]"));
+  TensorView bad_y = y();
+  bad_y.shape = {3, kShape.hidden};
+  EXPECT_THAT(rejection(x(), ids(), w(), bad_y), HasSubstr("y has shape [3, 64]"));
+  TensorView bad_ids = ids();
+  bad_ids.shape = {4, 1};
+  EXPECT_THAT(rejection(x(), bad_ids, w(), y()), HasSubstr("topk_ids has shape [4, 1]"));
+}
+
+TEST_F(BadArguments, TooManyTokensNamesTheLimit) {
+  std::vector<std::uint16_t> big(static_cast<std::size_t>(9 * kShape.hidden));
+  EXPECT_THAT(rejection(view(big.data(), DType::bf16, {9, kShape.hidden}), ids(), w(), y()),
+              HasSubstr("T=9 tokens: must be <= max_tokens_per_rank=8"));
+}
+
+TEST_F(BadArguments, ExpertIdsOutOfRangeNameTheSlot) {
+  b_.topk_ids[5] = static_cast<std::int32_t>(kShape.num_experts);
+  EXPECT_THAT(rejection(x(), ids(), w(), y()), HasSubstr("topk_ids[2, 1]=6"));
+  b_.topk_ids[5] = -2;
+  EXPECT_THAT(rejection(x(), ids(), w(), y()), HasSubstr("topk_ids[2, 1]=-2"));
+  b_.topk_ids[5] = -1;  // legal: no expert
+}
+
+TEST_F(BadArguments, WrongDeviceAndStridesNameTheArgument) {
+  TensorView bad = y();
+  bad.device = Device{DeviceKind::cuda, 0};
+  EXPECT_THAT(rejection(x(), ids(), w(), bad), HasSubstr("y is on cuda:0, expected cpu"));
+  TensorView strided = x();
+  strided.strides = {1, 4};
+  EXPECT_THAT(rejection(strided, ids(), w(), y()), HasSubstr("x is not contiguous"));
+}
+
+TEST(LayerCreation, DifferentConfigsOnDifferentRanksAreCaughtAtCreation) {
+  const auto weights = reference::make_random_weights(kShape, 1);
+  auto group = make_host_group(2);
+  std::vector<std::string> errors(2);
+  within_seconds(20, "layer creation", [&] {
+    run_on_rank_threads(2, [&](int rank) {
+      auto comm = make_host_communicator(group, rank);
+      LayerOptions options;
+      options.timeout_ms = 2'000;
+      options.combine = rank == 0 ? Combine::staged : Combine::in_kernel_reduce;
+      try {
+        Layer layer(*comm, make_config(kShape, Precision::bf16, rank, 2, options),
+                    local_weight_views(weights, kShape, rank, 2));
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  });
+  for (const auto& e : errors) EXPECT_THAT(e, HasSubstr("rank 1 was given a different config"));
+}
+
+TEST(LayerCreation, WrongWeightShapeNamesTheArgument) {
+  const auto weights = reference::make_random_weights(kShape, 1);
+  auto group = make_host_group(1);
+  auto comm = make_host_communicator(group, 0);
+  ExpertWeights w = local_weight_views(weights, kShape, 0, 1);
+  w.w2.shape = {kShape.num_experts, kShape.intermediate, kShape.hidden + 64};
+  try {
+    Layer layer(*comm, make_config(kShape, Precision::bf16, 0, 1), w);
+    FAIL() << "accepted a bad w2";
+  } catch (const Error& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("weights.w2 has shape"));
+  }
+}
+
+}  // namespace
+}  // namespace epmoe

@@ -1,0 +1,176 @@
+// The round protocol on the CPU executor: real threads, real atomics, no barrier between rounds.
+// Every round of every rank is checked against the reference forward.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <thread>
+
+#include "epmoe/epmoe.hpp"
+#include "epmoe/testing.hpp"
+#include "host/host_cluster.hpp"
+#include "host/rank_threads.hpp"
+#include "reference/problem.hpp"
+
+namespace epmoe {
+namespace {
+
+using reference::Batch;
+using reference::Routing;
+using ::testing::HasSubstr;
+
+LayerShape small_shape(std::int64_t experts) {
+  return LayerShape{.hidden = 64,
+                    .intermediate = 64,
+                    .num_experts = experts,
+                    .top_k = 3,
+                    .max_tokens_per_rank = 12};
+}
+
+// A per-(round, rank) batch every thread can rebuild on its own: many T == 0, all routings.
+Batch round_batch(const LayerShape& s, int world, std::uint32_t round, int rank,
+                  std::uint64_t seed) {
+  reference::Rng rng(seed * 1'000'003u + round * 131u + static_cast<std::uint64_t>(rank));
+  const std::int64_t tokens = rng.uniform() < 0.4 ? 0 : 1 + rng.below(s.max_tokens_per_rank);
+  const double pick = rng.uniform();
+  const Routing routing = pick < 0.6    ? Routing::uniform
+                          : pick < 0.75 ? Routing::one_rank
+                          : pick < 0.9  ? Routing::one_expert
+                                        : Routing::all_dropped;
+  const std::int64_t target = rng.below(routing == Routing::one_rank ? world : s.num_experts);
+  return reference::make_random_batch(s, world, tokens, routing, target, rng.next());
+}
+
+// Runs `fn` and fails loudly instead of hanging: a test whose bounded waits were removed must
+// fail here, not time out silently in CI.
+template <class Fn>
+void within_seconds(int seconds, const char* what, Fn&& fn) {
+  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "HANG: %s did not finish within %d s (is a wait unbounded?)\n", what,
+                 seconds);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  done.get();
+}
+
+struct Scenario {
+  Precision precision;
+  Combine combine;
+  int world;
+  std::int64_t experts;
+};
+
+class ProtocolMatchesReference : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(ProtocolMatchesReference, EveryRoundOfEveryRankAtItsOwnPace) {
+  const Scenario sc = GetParam();
+  const LayerShape shape = small_shape(sc.experts);
+  LayerOptions options;
+  options.combine = sc.combine;
+  options.timeout_ms = 5'000;
+  const auto weights = reference::make_random_weights(shape, 7);
+  HostCluster cluster(shape, sc.precision, options, sc.world, weights);
+  const std::uint32_t rounds = 60;
+  within_seconds(120, "the rounds", [&] {
+    run_on_rank_threads(sc.world, [&](int rank) {
+      reference::Rng delays(static_cast<std::uint64_t>(rank) + 99);
+      for (std::uint32_t r = 1; r <= rounds; ++r) {
+        const Batch batch = round_batch(shape, sc.world, r, rank, 5);
+        if (delays.uniform() < 0.3)
+          std::this_thread::sleep_for(std::chrono::microseconds(delays.below(400)));
+        const auto y = cluster.forward(rank, batch);
+        const auto ref = cluster.reference(rank).forward(batch);
+        const auto err = sc.combine == Combine::staged
+                             ? reference::compare_bf16(y, ref)
+                             : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
+        ASSERT_EQ(err.mismatches, 0) << "rank " << rank << " round " << r << " T=" << batch.tokens
+                                     << " max_abs=" << err.max_abs;
+      }
+    });
+  });
+  for (int rank = 0; rank < sc.world; ++rank) {
+    EXPECT_TRUE(cluster.layer(rank).health().ok);
+    EXPECT_EQ(cluster.layer(rank).next_round(), rounds + 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HostExecutor, ProtocolMatchesReference,
+    ::testing::Values(Scenario{Precision::bf16, Combine::staged, 1, 4},
+                      Scenario{Precision::bf16, Combine::staged, 2, 8},
+                      Scenario{Precision::mxfp8, Combine::staged, 3, 12},
+                      Scenario{Precision::nvfp4, Combine::staged, 4, 8},
+                      Scenario{Precision::bf16, Combine::in_kernel_reduce, 2, 8},
+                      Scenario{Precision::mxfp8, Combine::in_kernel_reduce, 4, 8},
+                      Scenario{Precision::nvfp4, Combine::in_kernel_reduce, 3, 6},
+                      Scenario{Precision::mxfp8, Combine::staged, 8, 16}),
+    [](const auto& param_info) {
+      return std::string(to_string(param_info.param.precision)) + "_" +
+             to_string(param_info.param.combine) + "_world" +
+             std::to_string(param_info.param.world);
+    });
+
+TEST(HostExecutor, HundredsOfRoundsWithIdleRanksAndRandomDelays) {
+  const LayerShape shape = small_shape(16);
+  LayerOptions options;
+  options.timeout_ms = 10'000;
+  const auto weights = reference::make_random_weights(shape, 11);
+  for (int world : {2, 8}) {
+    HostCluster cluster(shape, Precision::bf16, options, world, weights);
+    const std::uint32_t rounds = world == 2 ? 400 : 200;
+    std::atomic<std::int64_t> idle_rounds{0};
+    within_seconds(240, "hundreds of rounds", [&] {
+      run_on_rank_threads(world, [&](int rank) {
+        reference::Rng delays(static_cast<std::uint64_t>(rank) * 7 + 3);
+        for (std::uint32_t r = 1; r <= rounds; ++r) {
+          const Batch batch = round_batch(shape, world, r, rank, 17);
+          idle_rounds += batch.tokens == 0;
+          if (delays.uniform() < 0.2)
+            std::this_thread::sleep_for(std::chrono::microseconds(delays.below(300)));
+          const auto y = cluster.forward(rank, batch);
+          if (r % 4 == 0) {  // sample: the reference costs more than the round
+            const auto err = reference::compare_bf16(y, cluster.reference(rank).forward(batch));
+            ASSERT_EQ(err.mismatches, 0) << "world " << world << " rank " << rank << " round " << r;
+          }
+        }
+      });
+    });
+    EXPECT_GT(idle_rounds.load(), static_cast<std::int64_t>(rounds * world) / 4);
+  }
+}
+
+TEST(HostExecutor, AllTokensToOneRanksExpertsAtMaxTokens) {
+  const LayerShape shape = small_shape(8);
+  const int world = 4;
+  const auto weights = reference::make_random_weights(shape, 3);
+  HostCluster cluster(shape, Precision::nvfp4, LayerOptions{}, world, weights);
+  run_on_rank_threads(world, [&](int rank) {
+    const Batch batch = reference::make_random_batch(shape, world, shape.max_tokens_per_rank,
+                                                     Routing::one_rank, 2, 40 + rank);
+    const auto y = cluster.forward(rank, batch);
+    ASSERT_EQ(reference::compare_bf16(y, cluster.reference(rank).forward(batch)).mismatches, 0);
+  });
+}
+
+TEST(HostExecutor, AcceptsInt64ExpertIds) {
+  const LayerShape shape = small_shape(4);
+  const auto weights = reference::make_random_weights(shape, 5);
+  HostCluster cluster(shape, Precision::bf16, LayerOptions{}, 2, weights);
+  run_on_rank_threads(2, [&](int rank) {
+    const Batch b = reference::make_random_batch(shape, 2, 5, Routing::uniform, 0, 8 + rank);
+    std::vector<std::int64_t> ids(b.topk_ids.begin(), b.topk_ids.end());
+    std::vector<std::uint16_t> y(static_cast<std::size_t>(5 * shape.hidden));
+    cluster.layer(rank).forward(view(b.x.data(), DType::bf16, {5, shape.hidden}),
+                                view(ids.data(), DType::i64, {5, shape.top_k}),
+                                view(b.topk_weights.data(), DType::f32, {5, shape.top_k}),
+                                view(y.data(), DType::bf16, {5, shape.hidden}));
+    ASSERT_EQ(reference::compare_bf16(y, cluster.reference(rank).forward(b)).mismatches, 0);
+  });
+}
+
+}  // namespace
+}  // namespace epmoe
