@@ -381,6 +381,22 @@ TEST(WithKnobs, NoBucketAppliesToEveryBucketAndLeavesTheInputUntouched) {
   EXPECT_EQ(c.describe(), before);
 }
 
+TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
+  LayerOptions o;
+  o.combine = Combine::in_kernel_reduce;
+  Knobs k{TokenBack::dispatch_warps, 128, 256, 8, 4, 0, false};
+  std::vector<std::string> notes;
+  const Knobs out = core::adjust_knobs(k, Precision::bf16, {256, 64, 8, 2, 64}, o, &notes);
+  EXPECT_EQ(out, (Knobs{TokenBack::epilogue_warps, 128, 128, 6, 4, 0, false}));
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_THAT(notes[0], HasSubstr("token_back=dispatch_warps -> epilogue_warps"));
+  EXPECT_THAT(notes[1], HasSubstr("block_n=256 -> 128"));
+  EXPECT_THAT(notes[2], HasSubstr("stages=8 -> 6"));
+  notes.clear();
+  EXPECT_EQ(core::adjust_knobs(out, Precision::bf16, {256, 64, 8, 2, 64}, o, &notes), out);
+  EXPECT_TRUE(notes.empty());
+}
+
 TEST(KnobSharedMemoryEstimate, MatchesTheDocumentedFormula) {
   // stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
   //   + block_m × block_n × 2 (bf16 epilogue tile)

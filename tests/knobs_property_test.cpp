@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -272,10 +273,11 @@ TEST(DefaultKnobTable, DoesNotDependOnMaxTokensPerRank) {
 }
 
 TEST(DefaultKnobTable, FallbackForAnyShapeIsInsideKnobSpaceAndFitsSharedMemory) {
+  constexpr std::int64_t kBig = std::numeric_limits<std::int64_t>::max();
   const std::vector<LayerShape> odd = {
       {64, 64, 1, 1, 1},         {65536, 65536, 1024, 16, 1 << 20}, {128, 64, 64, 16, 8},
       {5120, 8192, 16, 1, 4096}, {7168, 64, 512, 16, 64},           {0, 0, 0, 0, 0},
-      {-64, -64, -1, -1, -1},    {4096, 14336, 8, 2, 1024},
+      {-64, -64, -1, -1, -1},    {4096, 14336, 8, 2, 1024},         {kBig, kBig, kBig, kBig, kBig},
   };
   for (const LayerShape& s : odd) {
     for (int world : {1, 3, 8, 64, 0, 1000}) {

@@ -104,11 +104,12 @@ std::int64_t bytes_per_element_x2(Precision precision) {  // ×2 so that nvfp4 s
 }
 
 Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket) {
+  // Clamped to make_config's limits so that any shape (also an invalid one) gets in-space knobs.
   const std::int64_t w = std::clamp<std::int64_t>(world, 1, kMaxWorld);
-  const std::int64_t experts = std::max<std::int64_t>(shape.num_experts, 1);
+  const std::int64_t experts = std::clamp<std::int64_t>(shape.num_experts, 1, kMaxExperts);
   const std::int64_t top_k = std::clamp<std::int64_t>(shape.top_k, 1, kMaxTopK);
   const std::int64_t local_experts = std::max<std::int64_t>(experts / w, 1);
-  const std::int64_t hidden = std::max<std::int64_t>(shape.hidden, 0);
+  const std::int64_t hidden = std::clamp<std::int64_t>(shape.hidden, 0, kMaxHidden);
   const bool large_tokens = bucket == TokenBucket::medium || bucket == TokenBucket::prefill;
 
   Knobs k;
@@ -232,10 +233,11 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& sh
         "token_back=dispatch_warps -> epilogue_warps: combine=in_kernel_reduce stores from the "
         "epilogue");
   }
-  // FC1 has 2I output columns; a wider tile would only compute padding.
-  while (k.block_n > kKnobSpace.block_n.front() && k.block_n > 2 * shape.intermediate) {
+  // FC1 has 2I output columns; a wider tile would only compute padding. (block_n is even, so
+  // block_n > 2I <=> I < block_n / 2, which cannot overflow.)
+  while (k.block_n > kKnobSpace.block_n.front() && shape.intermediate < k.block_n / 2) {
     note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(k.block_n / 2) +
-         ": wider than 2*intermediate=" + std::to_string(2 * shape.intermediate));
+         ": wider than 2*intermediate (intermediate=" + std::to_string(shape.intermediate) + ")");
     k.block_n /= 2;
   }
   const std::int32_t fitting = max_fitting_stages(precision, k.block_m, k.block_n);
