@@ -24,15 +24,13 @@ HostCluster::HostCluster(const LayerShape& shape, Precision precision,
       group_(make_host_group(world)),
       comms_(static_cast<std::size_t>(world)),
       layers_(static_cast<std::size_t>(world)),
-      references_(static_cast<std::size_t>(world)) {
+      reference_(std::make_unique<reference::ReferenceModel>(shape, precision, options, weights)) {
   run_on_rank_threads(world, [&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
     comms_[r] = make_host_communicator(group_, rank);
     const LayerConfig config = make_config(shape, precision, rank, world, options);
     layers_[r] = std::make_unique<Layer>(*comms_[r], config,
                                          local_weight_views(weights, shape, rank, world));
-    references_[r] =
-        std::make_unique<reference::ReferenceModel>(shape, precision, options, weights);
   });
 }
 

@@ -1,5 +1,5 @@
 // Every rank of a CPU-executor group in one object: the layers (created collectively, one thread
-// per rank), and one reference model per rank so each rank thread can check its own rounds.
+// per rank) and the reference model every rank thread checks its own rounds with.
 // Used by the tests and by `epmoe run` / `epmoe stress`.
 #pragma once
 
@@ -21,9 +21,7 @@ class HostCluster {
 
   int world() const { return world_; }
   Layer& layer(int rank) { return *layers_[static_cast<std::size_t>(rank)]; }
-  reference::ReferenceModel& reference(int rank) {
-    return *references_[static_cast<std::size_t>(rank)];
-  }
+  reference::ReferenceModel& reference(int /*rank*/) { return *reference_; }
 
   // One forward() of `rank` (call it from that rank's thread). Returns y [T, H] bf16.
   std::vector<std::uint16_t> forward(int rank, const reference::Batch& batch);
@@ -36,7 +34,7 @@ class HostCluster {
   std::shared_ptr<HostGroup> group_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<std::unique_ptr<reference::ReferenceModel>> references_;
+  std::unique_ptr<reference::ReferenceModel> reference_;
 };
 
 // This rank's slice of the layer's weights, as the views Layer takes.

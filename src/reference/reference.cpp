@@ -28,13 +28,14 @@ ReferenceModel::ReferenceModel(const LayerShape& shape, Precision precision,
       precision_(precision),
       options_(options),
       weights_(weights),
-      experts_(static_cast<std::size_t>(shape.num_experts)) {}
+      experts_(static_cast<std::size_t>(shape.num_experts)),
+      prepared_(std::make_unique<std::once_flag[]>(static_cast<std::size_t>(shape.num_experts))) {}
 
 ReferenceModel::~ReferenceModel() = default;
 
 const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
   auto& slot = experts_[static_cast<std::size_t>(e)];
-  if (!slot) {
+  std::call_once(prepared_[static_cast<std::size_t>(e)], [&] {
     const auto h = static_cast<std::size_t>(shape_.hidden);
     const auto inter = static_cast<std::size_t>(shape_.intermediate);
     const auto w13 = to_float(weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h,
@@ -42,11 +43,12 @@ const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
     const auto w2 =
         to_float(weights_.w2.data() + static_cast<std::size_t>(e) * h * inter, h * inter);
     const ScaleRounding r = options_.mxfp8_scale_rounding;
-    slot = std::make_unique<Expert>();
-    slot->w13 = emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden,
-                                      precision_, r);
-    slot->w2 = emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
-  }
+    auto ex = std::make_unique<Expert>();
+    ex->w13 = emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden,
+                                    precision_, r);
+    ex->w2 = emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
+    slot = std::move(ex);
+  });
   return *slot;
 }
 

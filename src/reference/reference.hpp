@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "epmoe/config.hpp"
@@ -35,7 +36,7 @@ class ReferenceModel {
                  const LayerWeights& weights);
   ~ReferenceModel();
 
-  // y: [T, H] bf16.
+  // y: [T, H] bf16. Thread-safe: one model can serve every rank thread.
   std::vector<std::uint16_t> forward(const Batch& batch);
   // y: [T, H] float64, no quantization anywhere.
   std::vector<double> forward_exact(const Batch& batch) const;
@@ -49,6 +50,7 @@ class ReferenceModel {
   LayerOptions options_;
   const LayerWeights& weights_;
   std::vector<std::unique_ptr<Expert>> experts_;
+  std::unique_ptr<std::once_flag[]> prepared_;
 };
 
 // Error of `y` against a reference, for reports: max |y - ref| and ||y - ref|| / ||ref||.

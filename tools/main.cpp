@@ -1,0 +1,42 @@
+// epmoe: run a real model's MoE layer end to end (`run`), and more to come (bench, stress, tune).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "commands.hpp"
+#include "epmoe/errors.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"epmoe: expert-parallel MoE layer"};
+  app.require_subcommand(1);
+
+  epmoe::tools::RunOptions run;
+  CLI::App* run_cmd =
+      app.add_subcommand("run", "run one MoE layer of a real model on every rank and check it");
+  run_cmd->add_option("--model", run.model,
+                      "qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b")
+      ->capture_default_str();
+  run_cmd->add_option("--ranks", run.ranks, "expert-parallel ranks")->capture_default_str();
+  run_cmd->add_option("--tokens", run.tokens, "tokens per rank per round")->capture_default_str();
+  run_cmd->add_option("--experts", run.experts,
+                      "override the number of experts (0 = the model's); the CPU executor holds "
+                      "every expert in host memory")
+      ->capture_default_str();
+  run_cmd->add_option("--precision", run.precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
+  run_cmd->add_option("--combine", run.combine, "staged | in_kernel_reduce")->capture_default_str();
+  run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
+  run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")->capture_default_str();
+  run_cmd->add_option("--seed", run.seed, "seed of weights, inputs and routing")
+      ->capture_default_str();
+  run_cmd->add_option("--timeout-ms", run.timeout_ms, "bounded-wait timeout, 0 = forever")
+      ->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (run_cmd->parsed()) return epmoe::tools::run_command(run);
+  } catch (const epmoe::Error& e) {
+    std::fprintf(stderr, "epmoe: error (%s): %s\n", epmoe::to_string(e.code()), e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,175 @@
+// `epmoe run`: one MoE layer of a real model on every rank, random weights and inputs, each
+// round checked against the emulating reference and compared with the float64 forward.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "epmoe/epmoe.hpp"
+#include "epmoe/models.hpp"
+#include "host/host_cluster.hpp"
+#include "host/rank_threads.hpp"
+#include "progress.hpp"
+#include "reference/problem.hpp"
+
+namespace epmoe::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::int64_t available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// rel-L2 against the float64 forward that a healthy layer of each precision stays under
+// (random U(-1,1) inputs, U(-1,1)/sqrt(fan_in) weights); far above what rounding alone gives.
+double exact_error_bound(Precision p) {
+  switch (p) {
+    case Precision::bf16: return 0.02;
+    case Precision::mxfp8: return 0.10;
+    case Precision::nvfp4: return 0.35;
+  }
+  return 0.0;
+}
+
+struct RankReport {
+  std::int64_t tokens = 0;
+  std::vector<double> latency_ms;
+  reference::ErrorStats vs_reference, vs_exact;
+  std::string error;
+};
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  const ModelShape& model = find_model(o.model);
+  LayerShape shape = model.layer_shape(std::max<std::int64_t>(o.tokens, 1));
+  if (o.experts > 0) shape.num_experts = o.experts;
+  const Precision precision = parse_precision(o.precision);
+  LayerOptions options;
+  options.combine = parse_combine(o.combine);
+  options.timeout_ms = o.timeout_ms;
+  if (o.tokens < 0)
+    throw Error(ErrorCode::invalid_argument, "--tokens=" + std::to_string(o.tokens) + ": must be >= 0");
+  if (o.rounds < 1)
+    throw Error(ErrorCode::invalid_argument, "--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
+  // Validates shape, ranks and options before anything big is allocated.
+  const LayerConfig config0 = make_config(shape, precision, 0, o.ranks, options);
+
+  if (o.executor == "cuda")
+    throw Error(ErrorCode::unsupported,
+                "--executor=cuda: the CUDA executor is not built yet; use --executor=cpu");
+  if (o.executor != "auto" && o.executor != "cpu")
+    throw Error(ErrorCode::invalid_argument,
+                "--executor=" + o.executor + ": must be auto, cpu or cuda");
+
+  // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
+  // reference's copies of the experts it touches (fp32).
+  const std::int64_t params = shape.num_experts * 3 * shape.intermediate * shape.hidden;
+  const std::int64_t need = params * (2 + 4) +
+                            std::min(shape.num_experts, o.ranks * o.tokens * shape.top_k) *
+                                3 * shape.intermediate * shape.hidden * 4;
+  const std::int64_t have = available_host_bytes();
+  if (have > 0 && need > have * 9 / 10) {
+    const std::int64_t fit = std::max<std::int64_t>(
+        o.ranks, shape.num_experts * (have * 8 / 10) / need / o.ranks * o.ranks);
+    throw Error(ErrorCode::invalid_argument,
+                o.model + " with " + std::to_string(shape.num_experts) +
+                    " experts needs about " + std::to_string(need >> 30) +
+                    " GiB of host memory on the CPU executor and " + std::to_string(have >> 30) +
+                    " GiB are available; pass --experts=" + std::to_string(fit) +
+                    " (or fewer) to run a subset of the experts");
+  }
+
+  std::printf("epmoe run: %s  H=%lld I=%lld E=%lld K=%lld  precision=%s combine=%s\n", model.name,
+              static_cast<long long>(shape.hidden), static_cast<long long>(shape.intermediate),
+              static_cast<long long>(shape.num_experts), static_cast<long long>(shape.top_k),
+              to_string(precision), to_string(options.combine));
+  std::printf("executor: cpu (%d rank threads; the CUDA executor is not built yet)\n", o.ranks);
+  std::printf("ranks=%d tokens/rank=%lld rounds=%d seed=%llu  workspace %.1f MiB/rank\n", o.ranks,
+              static_cast<long long>(o.tokens), o.rounds, static_cast<unsigned long long>(o.seed),
+              static_cast<double>(config0.workspace_bytes()) / (1 << 20));
+  std::fflush(stdout);
+
+  auto t0 = Clock::now();
+  std::fprintf(stderr, "[prepare] generating %.2f G bf16 weight parameters...\n",
+               static_cast<double>(params) / 1e9);
+  const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
+  std::fprintf(stderr, "[prepare] quantizing %lld experts on %d rank threads...\n",
+               static_cast<long long>(shape.num_experts), o.ranks);
+  HostCluster cluster(shape, precision, options, o.ranks, weights);
+  std::fprintf(stderr, "[prepare] done in %.1f s\n", seconds_since(t0));
+
+  std::vector<RankReport> reports(static_cast<std::size_t>(o.ranks));
+  Progress progress("rounds", o.rounds);
+  std::atomic<int> rounds_done{0};
+  run_on_rank_threads(o.ranks, [&](int rank) {
+    RankReport& rep = reports[static_cast<std::size_t>(rank)];
+    try {
+      for (int r = 0; r < o.rounds; ++r) {
+        const reference::Batch batch = reference::make_random_batch(
+            shape, o.ranks, o.tokens, reference::Routing::uniform, 0,
+            o.seed * 7919 + static_cast<std::uint64_t>(r * o.ranks + rank));
+        rep.tokens = batch.tokens;
+        const auto start = Clock::now();
+        const auto y = cluster.forward(rank, batch);
+        rep.latency_ms.push_back(seconds_since(start) * 1e3);
+        const auto ref = cluster.reference(rank).forward(batch);
+        const auto err = options.combine == Combine::staged
+                             ? reference::compare_bf16(y, ref)
+                             : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
+        const auto exact = reference::compare_exact(y, cluster.reference(rank).forward_exact(batch));
+        if (r == 0 || err.max_abs > rep.vs_reference.max_abs) rep.vs_reference = err;
+        if (r == 0 || exact.rel_l2 > rep.vs_exact.rel_l2) rep.vs_exact = exact;
+        if (rank == 0) progress.update(++rounds_done);
+      }
+    } catch (const Error& e) {
+      rep.error = e.what();
+    }
+  });
+  progress.finish();
+
+  bool ok = true;
+  std::printf("\n%-5s %-7s %-12s %-34s %-24s\n", "rank", "tokens", "latency ms",
+              "vs emulating reference", "vs float64 forward");
+  std::printf("%-5s %-7s %-12s %-12s %-10s %-10s %-12s %-10s\n", "", "", "(median)", "max_abs",
+              "rel_l2", "mismatch", "max_abs", "rel_l2");
+  for (int rank = 0; rank < o.ranks; ++rank) {
+    RankReport& rep = reports[static_cast<std::size_t>(rank)];
+    if (!rep.error.empty()) {
+      std::printf("%-5d error: %s\n", rank, rep.error.c_str());
+      ok = false;
+      continue;
+    }
+    std::sort(rep.latency_ms.begin(), rep.latency_ms.end());
+    const double median = rep.latency_ms[rep.latency_ms.size() / 2];
+    std::printf("%-5d %-7lld %-12.2f %-12.3g %-10.3g %-10lld %-12.3g %-10.3g\n", rank,
+                static_cast<long long>(rep.tokens), median, rep.vs_reference.max_abs,
+                rep.vs_reference.rel_l2, static_cast<long long>(rep.vs_reference.mismatches),
+                rep.vs_exact.max_abs, rep.vs_exact.rel_l2);
+    ok &= rep.vs_reference.mismatches == 0 &&
+          (rep.tokens == 0 || rep.vs_exact.rel_l2 <= exact_error_bound(precision));
+  }
+  std::printf("\n%s: %s (mismatch = elements differing from the emulating reference; %s; "
+              "float64 rel_l2 bound %.2f)\n",
+              ok ? "PASS" : "FAIL", o.model.c_str(),
+              options.combine == Combine::staged ? "staged must be bit-exact"
+                                                 : "in_kernel_reduce within 1 bf16 ulp",
+              exact_error_bound(precision));
+  return ok ? 0 : 1;
+}
+
+}  // namespace epmoe::tools
