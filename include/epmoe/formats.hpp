@@ -1,0 +1,66 @@
+// MXFP8 and NVFP4 quantization of fp32 matrices on the host (DESIGN §6, docs/formats.md).
+//
+// A matrix is row-major [rows, cols] and is quantized along cols (the reduction dimension), so
+// every row carries its own block scales. These functions produce exactly the bytes the CUDA
+// kernels and the reference forward produce (they share one codec), and are what the Python
+// bindings quantize_mxfp8 / dequantize_mxfp8 / quantize_nvfp4 / dequantize_nvfp4 call.
+//
+// Every rejected argument throws epmoe::Error(ErrorCode::invalid_argument) naming the function,
+// the argument, its value and the rule. A pointer may be null only when rows * cols == 0.
+#pragma once
+
+#include <cstdint>
+
+#include "epmoe/config.hpp"  // ScaleRounding
+
+namespace epmoe {
+
+// ---- MXFP8: E4M3 elements, one E8M0 scale (2^(code-127), 0xFF = NaN) per 32 elements. ----
+//
+// x:        rows * cols fp32; cols must be a multiple of 32.
+// elements: rows * cols bytes, E4M3 codes, same layout as x.
+// scales:   rows * (cols / 32) bytes, E8M0 codes; scales[r * cols/32 + j] covers
+//           x[r, 32j .. 32j+31].
+// rounding: rceil (default) picks the smallest scale with which no element saturates;
+//           ocp_floor is the OCP MX v1.0 rule 2^(floor(log2 amax) - 8), elements saturate to ±448.
+// A block holding NaN or ±Inf gets the NaN scale 0xFF and NaN elements; it decodes to NaNs.
+void quantize_mxfp8(const float* x, std::int64_t rows, std::int64_t cols, std::uint8_t* elements,
+                    std::uint8_t* scales, ScaleRounding rounding = ScaleRounding::rceil);
+
+// out[r, c] = e4m3(elements[r, c]) * 2^(scales[r, c/32] - 127); NaN for a 0xFF scale.
+void dequantize_mxfp8(const std::uint8_t* elements, const std::uint8_t* scales, std::int64_t rows,
+                      std::int64_t cols, float* out);
+
+// ---- NVFP4: E2M1 elements, one E4M3 block scale per 16 elements, one fp32 scale per group. ----
+//
+// The fp32 "tensor scale" is the encode scale s_enc = 448 * 6 / amax(group) of docs/formats.md
+// (1.0 when the group's largest finite |x| is 0); a value decodes as e2m1 * block_scale / s_enc.
+enum class Nvfp4ScaleGroup : std::uint8_t {
+  per_tensor,  // one s_enc for the whole matrix (weights: per expert, per FC)
+  per_row,     // one s_enc per row (activations: every row on the wire carries its own)
+};
+const char* to_string(Nvfp4ScaleGroup group);
+
+// x:             rows * cols fp32; cols must be a multiple of 16.
+// packed:        rows * cols / 2 bytes; element c of a row sits in byte c/2, low nibble when c is
+//                even, high nibble when odd.
+// scales:        rows * (cols / 16) bytes, E4M3 block-scale codes.
+// tensor_scales: written; 1 float (per_tensor) or rows floats (per_row), the s_enc used.
+// NaN and ±Inf are left out of the group amax; a block holding one gets the NaN block scale 0x7F
+// and decodes to NaNs.
+void quantize_nvfp4(const float* x, std::int64_t rows, std::int64_t cols, Nvfp4ScaleGroup group,
+                    std::uint8_t* packed, std::uint8_t* scales, float* tensor_scales);
+
+// As quantize_nvfp4 with one given s_enc for the whole matrix (a static scale from a checkpoint;
+// note that a checkpoint's "input_scale"/"weight_scale_2" is usually the decode scale 1 / s_enc).
+// tensor_scale must be finite and > 0.
+void quantize_nvfp4_static(const float* x, std::int64_t rows, std::int64_t cols, float tensor_scale,
+                           std::uint8_t* packed, std::uint8_t* scales);
+
+// out[r, c] = e2m1(packed) * e4m3(scales[r, c/16]) / tensor_scales[0 or r]; NaN for a NaN block
+// scale. tensor_scales holds 1 float (per_tensor) or rows floats (per_row).
+void dequantize_nvfp4(const std::uint8_t* packed, const std::uint8_t* scales,
+                      const float* tensor_scales, std::int64_t rows, std::int64_t cols,
+                      Nvfp4ScaleGroup group, float* out);
+
+}  // namespace epmoe
