@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+export PATH=/usr/local/cuda/bin:$PATH
 build=${EPMOE_BUILD_DIR:-build/ci}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPMOE_WERROR=ON -DEPMOE_BUILD_TESTS=ON
 cmake --build "$build" -j "$(nproc)"

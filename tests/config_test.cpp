@@ -4,6 +4,7 @@
 #include <epmoe/errors.hpp>
 
 #include "core/knob_table.hpp"
+#include "epmoe/models.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -50,10 +51,10 @@ std::string knobs_rejection(const Knobs& knobs) {
 // ---- make_config accepts ------------------------------------------------------------------------
 
 TEST(MakeConfig, AcceptsEveryRealModelAtEveryWorldAndPrecision) {
-  for (const core::KnownModel& model : core::kKnownModels) {
+  for (const ModelShape& model : known_models()) {
     for (int world : {1, 2, 4, 8}) {
       for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
-        EXPECT_NO_THROW(make_config(model.shape, p, world - 1, world)) << model.name;
+        EXPECT_NO_THROW(make_config(model.layer_shape(8192), p, world - 1, world)) << model.name;
       }
     }
   }

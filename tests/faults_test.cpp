@@ -29,11 +29,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::uint32_t kTimeoutMs = 300;
 
-const LayerShape kShape{.hidden = 64,
-                        .intermediate = 64,
-                        .num_experts = 6,
-                        .top_k = 2,
-                        .max_tokens_per_rank = 8};
+const LayerShape kShape{
+    .hidden = 64, .intermediate = 64, .num_experts = 6, .top_k = 2, .max_tokens_per_rank = 8};
 
 template <class Fn>
 void within_seconds(int seconds, const char* what, Fn&& fn) {
@@ -79,8 +76,7 @@ class FaultTest : public ::testing::Test {
         try {
           const Batch b = batch(rank, tokens_of(rank), seed);
           const auto y = cluster_->forward(rank, b);
-          EXPECT_EQ(reference::compare_bf16(y, cluster_->reference(rank).forward(b)).mismatches,
-                    0);
+          EXPECT_EQ(reference::compare_bf16(y, cluster_->reference(rank).forward(b)).mismatches, 0);
         } catch (const Error& e) {
           o.error = e;
         }
@@ -117,7 +113,8 @@ TEST_F(FaultTest, SkippedLaunchWhenIdleIsNamedOnEverySurvivorWithinTheTimeout) {
   for (int rank : {0, 2}) {
     const Outcome& o = outcomes[static_cast<std::size_t>(rank)];
     ASSERT_TRUE(o.error) << "rank " << rank << " returned without noticing rank 1 skipped";
-    EXPECT_TRUE(o.error->code() == ErrorCode::timeout || o.error->code() == ErrorCode::peer_aborted);
+    EXPECT_TRUE(o.error->code() == ErrorCode::timeout ||
+                o.error->code() == ErrorCode::peer_aborted);
     EXPECT_LT(o.seconds, kTimeoutMs / 1000.0 + 1.0) << "rank " << rank;
     EXPECT_FALSE(o.health.ok);
     EXPECT_EQ(o.health.peer, 1) << o.health.what;

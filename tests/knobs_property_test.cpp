@@ -5,6 +5,7 @@
 #include <epmoe/errors.hpp>
 
 #include "core/knob_table.hpp"
+#include "epmoe/models.hpp"
 
 #include <gtest/gtest.h>
 
@@ -27,7 +28,7 @@ constexpr TokenBucket kBuckets[] = {TokenBucket::decode, TokenBucket::small, Tok
 // The four real shapes and a small one (I = 64, so block_n 256 > 2I must be adjusted).
 std::vector<LayerShape> test_shapes() {
   std::vector<LayerShape> shapes;
-  for (const core::KnownModel& m : core::kKnownModels) shapes.push_back(m.shape);
+  for (const ModelShape& m : known_models()) shapes.push_back(m.layer_shape(8192));
   shapes.push_back({128, 64, 8, 2, 32});
   return shapes;
 }
@@ -193,12 +194,12 @@ INSTANTIATE_TEST_SUITE_P(EveryPrecision, WithKnobsProperty, ::testing::ValuesIn(
 // ---- the default table -------------------------------------------------------------------------
 
 TEST(DefaultKnobTable, RealShapesAtEveryWorldBucketAndPrecisionAreInsideKnobSpaceAndConflictFree) {
-  for (const core::KnownModel& m : core::kKnownModels) {
+  for (const ModelShape& m : known_models()) {
     for (int world : kWorlds) {
       for (Precision p : kPrecisions) {
         for (TokenBucket b : kBuckets) {
-          const Knobs k = default_knobs(p, world, m.shape, b);
-          EXPECT_EQ(conflict(k, p, m.shape, LayerOptions{}), "")
+          const Knobs k = default_knobs(p, world, m.layer_shape(8192), b);
+          EXPECT_EQ(conflict(k, p, m.layer_shape(8192), LayerOptions{}), "")
               << m.name << " world " << world << " " << to_string(p) << " " << to_string(b) << " "
               << show(k);
         }
@@ -208,12 +209,12 @@ TEST(DefaultKnobTable, RealShapesAtEveryWorldBucketAndPrecisionAreInsideKnobSpac
 }
 
 TEST(DefaultKnobTable, EntriesAreFixedPointsOfWithKnobsUnderDefaultOptions) {
-  for (const core::KnownModel& m : core::kKnownModels) {
+  for (const ModelShape& m : known_models()) {
     for (int world : kWorlds) {
       for (Precision p : kPrecisions) {
-        const LayerConfig c = make_config(m.shape, p, 0, world);
+        const LayerConfig c = make_config(m.layer_shape(8192), p, 0, world);
         for (TokenBucket b : kBuckets) {
-          const Knobs k = default_knobs(p, world, m.shape, b);
+          const Knobs k = default_knobs(p, world, m.layer_shape(8192), b);
           EXPECT_EQ(with_knobs(c, k, b).knobs(b), k)
               << m.name << " world " << world << " " << to_string(p) << " " << to_string(b);
           EXPECT_EQ(c.knobs(b), k);
@@ -239,34 +240,37 @@ TEST(DefaultKnobTable, MakeConfigKnobsAreConflictFreeForEveryCallerChoice) {
 }
 
 TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128ForRealShapes) {
-  for (const core::KnownModel& m : core::kKnownModels) {
+  for (const ModelShape& m : known_models()) {
     for (int world : kWorlds) {
       for (Precision p : kPrecisions) {
-        EXPECT_EQ(default_knobs(p, world, m.shape, TokenBucket::decode).block_m, 64) << m.name;
-        EXPECT_EQ(default_knobs(p, world, m.shape, TokenBucket::prefill).block_m, 128) << m.name;
+        EXPECT_EQ(default_knobs(p, world, m.layer_shape(8192), TokenBucket::decode).block_m, 64)
+            << m.name;
+        EXPECT_EQ(default_knobs(p, world, m.layer_shape(8192), TokenBucket::prefill).block_m, 128)
+            << m.name;
       }
     }
   }
 }
 
 TEST(DefaultKnobTable, GptOssPrefillUsesBlockN128BecauseTwoITilesExactly) {
-  const LayerShape gpt_oss = core::kKnownModels[2].shape;
+  const LayerShape gpt_oss = known_models()[2].layer_shape(8192);
   ASSERT_EQ(gpt_oss.hidden, 2880);
   for (Precision p : kPrecisions) {
     EXPECT_EQ(default_knobs(p, 8, gpt_oss, TokenBucket::prefill).block_n, 128);
   }
   // The override is specific: the same rule picks 256 for nvfp4 prefill of other shapes.
   EXPECT_EQ(
-      default_knobs(Precision::nvfp4, 8, core::kKnownModels[0].shape, TokenBucket::prefill).block_n,
+      default_knobs(Precision::nvfp4, 8, known_models()[0].layer_shape(8192), TokenBucket::prefill)
+          .block_n,
       256);
 }
 
 TEST(DefaultKnobTable, DoesNotDependOnMaxTokensPerRank) {
-  for (const core::KnownModel& m : core::kKnownModels) {
-    LayerShape other = m.shape;
+  for (const ModelShape& m : known_models()) {
+    LayerShape other = m.layer_shape(8192);
     other.max_tokens_per_rank = 1;
     for (TokenBucket b : kBuckets) {
-      EXPECT_EQ(default_knobs(Precision::bf16, 4, m.shape, b),
+      EXPECT_EQ(default_knobs(Precision::bf16, 4, m.layer_shape(8192), b),
                 default_knobs(Precision::bf16, 4, other, b));
     }
   }

@@ -9,8 +9,8 @@ namespace epmoe::tools {
 struct RunOptions {
   std::string model = "qwen3-30b-a3b";
   int ranks = 2;
-  std::int64_t tokens = 8;      // per rank
-  std::int64_t experts = 0;     // 0 = the model's; fewer experts fit the CPU executor's memory
+  std::int64_t tokens = 8;   // per rank
+  std::int64_t experts = 0;  // 0 = the model's; fewer experts fit the CPU executor's memory
   std::string precision = "bf16";
   std::string combine = "staged";
   std::string executor = "auto";  // auto | cpu | cuda

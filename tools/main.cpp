@@ -13,19 +13,22 @@ int main(int argc, char** argv) {
   epmoe::tools::RunOptions run;
   CLI::App* run_cmd =
       app.add_subcommand("run", "run one MoE layer of a real model on every rank and check it");
-  run_cmd->add_option("--model", run.model,
-                      "qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b")
+  run_cmd
+      ->add_option("--model", run.model,
+                   "qwen3-30b-a3b | deepseek-v3 | gpt-oss-120b | mixtral-8x7b")
       ->capture_default_str();
   run_cmd->add_option("--ranks", run.ranks, "expert-parallel ranks")->capture_default_str();
   run_cmd->add_option("--tokens", run.tokens, "tokens per rank per round")->capture_default_str();
-  run_cmd->add_option("--experts", run.experts,
-                      "override the number of experts (0 = the model's); the CPU executor holds "
-                      "every expert in host memory")
+  run_cmd
+      ->add_option("--experts", run.experts,
+                   "override the number of experts (0 = the model's); the CPU executor holds "
+                   "every expert in host memory")
       ->capture_default_str();
   run_cmd->add_option("--precision", run.precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
   run_cmd->add_option("--combine", run.combine, "staged | in_kernel_reduce")->capture_default_str();
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
-  run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")->capture_default_str();
+  run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")
+      ->capture_default_str();
   run_cmd->add_option("--seed", run.seed, "seed of weights, inputs and routing")
       ->capture_default_str();
   run_cmd->add_option("--timeout-ms", run.timeout_ms, "bounded-wait timeout, 0 = forever")

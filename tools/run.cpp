@@ -38,9 +38,12 @@ std::int64_t available_host_bytes() {
 // (random U(-1,1) inputs, U(-1,1)/sqrt(fan_in) weights); far above what rounding alone gives.
 double exact_error_bound(Precision p) {
   switch (p) {
-    case Precision::bf16: return 0.02;
-    case Precision::mxfp8: return 0.10;
-    case Precision::nvfp4: return 0.35;
+    case Precision::bf16:
+      return 0.02;
+    case Precision::mxfp8:
+      return 0.10;
+    case Precision::nvfp4:
+      return 0.35;
   }
   return 0.0;
 }
@@ -63,9 +66,11 @@ int run_command(const RunOptions& o) {
   options.combine = parse_combine(o.combine);
   options.timeout_ms = o.timeout_ms;
   if (o.tokens < 0)
-    throw Error(ErrorCode::invalid_argument, "--tokens=" + std::to_string(o.tokens) + ": must be >= 0");
+    throw Error(ErrorCode::invalid_argument,
+                "--tokens=" + std::to_string(o.tokens) + ": must be >= 0");
   if (o.rounds < 1)
-    throw Error(ErrorCode::invalid_argument, "--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
+    throw Error(ErrorCode::invalid_argument,
+                "--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
   // Validates shape, ranks and options before anything big is allocated.
   const LayerConfig config0 = make_config(shape, precision, 0, o.ranks, options);
 
@@ -79,19 +84,18 @@ int run_command(const RunOptions& o) {
   // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
   // reference's copies of the experts it touches (fp32).
   const std::int64_t params = shape.num_experts * 3 * shape.intermediate * shape.hidden;
-  const std::int64_t need = params * (2 + 4) +
-                            std::min(shape.num_experts, o.ranks * o.tokens * shape.top_k) *
-                                3 * shape.intermediate * shape.hidden * 4;
+  const std::int64_t need =
+      params * (2 + 4) + std::min(shape.num_experts, o.ranks * o.tokens * shape.top_k) * 3 *
+                             shape.intermediate * shape.hidden * 4;
   const std::int64_t have = available_host_bytes();
   if (have > 0 && need > have * 9 / 10) {
     const std::int64_t fit = std::max<std::int64_t>(
         o.ranks, shape.num_experts * (have * 8 / 10) / need / o.ranks * o.ranks);
     throw Error(ErrorCode::invalid_argument,
-                o.model + " with " + std::to_string(shape.num_experts) +
-                    " experts needs about " + std::to_string(need >> 30) +
-                    " GiB of host memory on the CPU executor and " + std::to_string(have >> 30) +
-                    " GiB are available; pass --experts=" + std::to_string(fit) +
-                    " (or fewer) to run a subset of the experts");
+                o.model + " with " + std::to_string(shape.num_experts) + " experts needs about " +
+                    std::to_string(need >> 30) + " GiB of host memory on the CPU executor and " +
+                    std::to_string(have >> 30) + " GiB are available; pass --experts=" +
+                    std::to_string(fit) + " (or fewer) to run a subset of the experts");
   }
 
   std::printf("epmoe run: %s  H=%lld I=%lld E=%lld K=%lld  precision=%s combine=%s\n", model.name,
@@ -131,7 +135,8 @@ int run_command(const RunOptions& o) {
         const auto err = options.combine == Combine::staged
                              ? reference::compare_bf16(y, ref)
                              : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
-        const auto exact = reference::compare_exact(y, cluster.reference(rank).forward_exact(batch));
+        const auto exact =
+            reference::compare_exact(y, cluster.reference(rank).forward_exact(batch));
         if (r == 0 || err.max_abs > rep.vs_reference.max_abs) rep.vs_reference = err;
         if (r == 0 || exact.rel_l2 > rep.vs_exact.rel_l2) rep.vs_exact = exact;
         if (rank == 0) progress.update(++rounds_done);
@@ -163,12 +168,13 @@ int run_command(const RunOptions& o) {
     ok &= rep.vs_reference.mismatches == 0 &&
           (rep.tokens == 0 || rep.vs_exact.rel_l2 <= exact_error_bound(precision));
   }
-  std::printf("\n%s: %s (mismatch = elements differing from the emulating reference; %s; "
-              "float64 rel_l2 bound %.2f)\n",
-              ok ? "PASS" : "FAIL", o.model.c_str(),
-              options.combine == Combine::staged ? "staged must be bit-exact"
-                                                 : "in_kernel_reduce within 1 bf16 ulp",
-              exact_error_bound(precision));
+  std::printf(
+      "\n%s: %s (mismatch = elements differing from the emulating reference; %s; "
+      "float64 rel_l2 bound %.2f)\n",
+      ok ? "PASS" : "FAIL", o.model.c_str(),
+      options.combine == Combine::staged ? "staged must be bit-exact"
+                                         : "in_kernel_reduce within 1 bf16 ulp",
+      exact_error_bound(precision));
   return ok ? 0 : 1;
 }
 

@@ -48,9 +48,9 @@ Combine parse_combine(const std::string& name, const char* what = "combine");
 // Caller-owned choices. Nothing here is ever changed by tuning.
 struct LayerOptions {
   Combine combine = Combine::staged;
-  bool deterministic = false;              // requires Combine::staged
-  std::uint32_t timeout_ms = 10'000;       // every cross-rank wait; 0 = wait forever
-  float swiglu_limit = 0.0f;               // clamp of gpt-oss style SwiGLU; 0 = no clamp
+  bool deterministic = false;         // requires Combine::staged
+  std::uint32_t timeout_ms = 10'000;  // every cross-rank wait; 0 = wait forever
+  float swiglu_limit = 0.0f;          // clamp of gpt-oss style SwiGLU; 0 = no clamp
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
 };
 
@@ -65,12 +65,12 @@ const char* to_string(TokenBucket b);
 // Tuned knobs. Each has a documented range (see kKnobSpace); a knob file may set any of them.
 struct Knobs {
   TokenBack token_back = TokenBack::epilogue_warps;
-  std::int32_t block_m = 64;         // expert GEMM tile rows: 64 or 128
-  std::int32_t block_n = 128;        // expert GEMM tile columns: 64, 128 or 256
-  std::int32_t stages = 4;           // shared-memory pipeline depth: 2..8
-  std::int32_t dispatch_warps = 4;   // warps per CTA that push rows over NVLink: 1..16
-  std::int32_t num_sms = 0;          // SMs the layer may occupy; 0 = all
-  bool megakernel = false;           // one persistent launch per forward
+  std::int32_t block_m = 64;        // expert GEMM tile rows: 64 or 128
+  std::int32_t block_n = 128;       // expert GEMM tile columns: 64, 128 or 256
+  std::int32_t stages = 4;          // shared-memory pipeline depth: 2..8
+  std::int32_t dispatch_warps = 4;  // warps per CTA that push rows over NVLink: 1..16
+  std::int32_t num_sms = 0;         // SMs the layer may occupy; 0 = all
+  bool megakernel = false;          // one persistent launch per forward
 
   bool operator==(const Knobs&) const = default;
 };
@@ -95,9 +95,7 @@ class LayerConfig {
   int world() const { return world_; }
   const LayerOptions& options() const { return options_; }
   std::int64_t local_experts() const { return shape_.num_experts / world_; }
-  int expert_owner(std::int64_t expert) const {
-    return static_cast<int>(expert / local_experts());
-  }
+  int expert_owner(std::int64_t expert) const { return static_cast<int>(expert / local_experts()); }
 
   // The knobs a launch with `tokens` rows uses (bucket picked from T, never from max_tokens).
   const Knobs& knobs_for(std::int64_t tokens) const;

@@ -47,8 +47,8 @@ const char* to_string(Phase phase);
 struct Health {
   bool ok = true;
   ErrorCode code = ErrorCode::internal;  // meaningful when !ok
-  int rank = -1;                          // the rank that detected the failure
-  int peer = -1;                          // the rank it was waiting for (-1: unknown)
+  int rank = -1;                         // the rank that detected the failure
+  int peer = -1;                         // the rank it was waiting for (-1: unknown)
   Phase phase = Phase::none;
   std::uint32_t round = 0;     // the round the detecting rank was in
   std::uint32_t observed = 0;  // the round number it last saw from `peer`

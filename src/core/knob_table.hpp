@@ -42,17 +42,4 @@ void check_knob_space(const Knobs& knobs);
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
                    const LayerOptions& options, std::vector<std::string>* notes = nullptr);
 
-// The real MoE layer shapes the default table has explicit entries for (max_tokens_per_rank is a
-// typical serving value; the table does not depend on it).
-struct KnownModel {
-  const char* name;
-  LayerShape shape;
-};
-inline constexpr std::array<KnownModel, 4> kKnownModels{{
-    {"qwen3-30b-a3b", {2048, 768, 128, 8, 8192}},
-    {"deepseek-v3", {7168, 2048, 256, 8, 8192}},
-    {"gpt-oss-120b", {2880, 2880, 128, 4, 8192}},
-    {"mixtral-8x7b", {4096, 14336, 8, 2, 8192}},
-}};
-
 }  // namespace epmoe::core

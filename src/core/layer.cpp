@@ -17,7 +17,9 @@ Layer::Layer(Communicator& comm, const LayerConfig& config, const ExpertWeights&
                     std::to_string(config.world()) + " but the communicator is rank " +
                     std::to_string(comm.rank()) + " of " + std::to_string(comm.world()));
   switch (comm.backend()) {
-    case Backend::cpu_threads: impl_ = make_host_layer(comm, config, local_weights); break;
+    case Backend::cpu_threads:
+      impl_ = make_host_layer(comm, config, local_weights);
+      break;
     case Backend::cuda_nccl:
       throw Error(ErrorCode::unsupported, "Layer: the CUDA executor is not built yet");
   }
@@ -27,23 +29,35 @@ Layer::~Layer() = default;
 Layer::Layer(Layer&&) noexcept = default;
 Layer& Layer::operator=(Layer&&) noexcept = default;
 
-void Layer::forward(const TensorView& x, const TensorView& topk_ids,
-                    const TensorView& topk_weights, const TensorView& y, Stream stream) {
+void Layer::forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                    const TensorView& y, Stream stream) {
   impl_->forward(x, topk_ids, topk_weights, y, stream);
 }
-Health Layer::health() const { return impl_->health(); }
-void Layer::reset() { impl_->reset(); }
-const LayerConfig& Layer::config() const { return impl_->config(); }
-std::uint32_t Layer::next_round() const { return impl_->next_round(); }
+Health Layer::health() const {
+  return impl_->health();
+}
+void Layer::reset() {
+  impl_->reset();
+}
+const LayerConfig& Layer::config() const {
+  return impl_->config();
+}
+std::uint32_t Layer::next_round() const {
+  return impl_->next_round();
+}
 
 namespace testing {
 
 const char* to_string(Fault f) {
   switch (f) {
-    case Fault::none: return "none";
-    case Fault::skip_launch_when_idle: return "skip_launch_when_idle";
-    case Fault::stall: return "stall";
-    case Fault::round_jump: return "round_jump";
+    case Fault::none:
+      return "none";
+    case Fault::skip_launch_when_idle:
+      return "skip_launch_when_idle";
+    case Fault::stall:
+      return "stall";
+    case Fault::round_jump:
+      return "round_jump";
   }
   return "unknown";
 }

@@ -36,8 +36,12 @@ class LayerImpl {
     return false;
 #endif
   }
-  const testing::FaultSpec& fault() const { return fault_; }
-  void arm_fault(const testing::FaultSpec& spec) { fault_ = spec; }
+  const testing::FaultSpec& fault() const {
+    return fault_;
+  }
+  void arm_fault(const testing::FaultSpec& spec) {
+    fault_ = spec;
+  }
 
  private:
   LayerConfig config_;

@@ -17,7 +17,9 @@ constexpr std::array<ModelShape, 4> kModels{{
 
 }  // namespace
 
-std::span<const ModelShape> known_models() { return kModels; }
+std::span<const ModelShape> known_models() {
+  return kModels;
+}
 
 const ModelShape& find_model(const std::string& name) {
   std::string names;

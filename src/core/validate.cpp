@@ -57,8 +57,8 @@ ForwardArgs validate_forward(const LayerConfig& config, const TensorView& x,
   const std::int64_t tokens = x.shape[0];
   if (tokens < 0) reject("forward: x has a negative token count T=" + std::to_string(tokens));
   if (tokens > s.max_tokens_per_rank)
-    reject("forward: x has T=" + std::to_string(tokens) + " tokens: must be <= max_tokens_per_rank=" +
-           std::to_string(s.max_tokens_per_rank));
+    reject("forward: x has T=" + std::to_string(tokens) +
+           " tokens: must be <= max_tokens_per_rank=" + std::to_string(s.max_tokens_per_rank));
   check_tensor(fn, "x", x, {DType::bf16}, {tokens, s.hidden}, device);
   check_tensor(fn, "topk_ids", topk_ids, {DType::i32, DType::i64}, {tokens, s.top_k}, device);
   check_tensor(fn, "topk_weights", topk_weights, {DType::f32}, {tokens, s.top_k}, device);

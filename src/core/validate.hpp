@@ -21,9 +21,9 @@ struct ForwardArgs {
 
   std::int32_t expert_id(std::int64_t token, std::int64_t slot, std::int64_t top_k) const {
     const auto i = static_cast<std::size_t>(token * top_k + slot);
-    return id_dtype == DType::i32 ? static_cast<const std::int32_t*>(topk_ids)[i]
-                                  : static_cast<std::int32_t>(
-                                        static_cast<const std::int64_t*>(topk_ids)[i]);
+    return id_dtype == DType::i32
+               ? static_cast<const std::int32_t*>(topk_ids)[i]
+               : static_cast<std::int32_t>(static_cast<const std::int64_t*>(topk_ids)[i]);
   }
 };
 

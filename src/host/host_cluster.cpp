@@ -17,9 +17,8 @@ ExpertWeights local_weight_views(const reference::LayerWeights& weights, const L
   return w;
 }
 
-HostCluster::HostCluster(const LayerShape& shape, Precision precision,
-                         const LayerOptions& options, int world,
-                         const reference::LayerWeights& weights)
+HostCluster::HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
+                         int world, const reference::LayerWeights& weights)
     : world_(world),
       group_(make_host_group(world)),
       comms_(static_cast<std::size_t>(world)),

@@ -15,8 +15,8 @@ namespace epmoe {
 class HostCluster {
  public:
   // `weights` holds every expert (all ranks) and must outlive the cluster.
-  HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
-              int world, const reference::LayerWeights& weights);
+  HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
+              const reference::LayerWeights& weights);
   ~HostCluster();
 
   int world() const { return world_; }

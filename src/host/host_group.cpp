@@ -48,14 +48,12 @@ std::shared_ptr<HostLayerWindows> HostGroup::join_layer(int rank, std::size_t wi
     auto& entry = joining_[index];
     if (!entry) entry = std::make_shared<HostLayerWindows>(world_);
     slot = entry;
-    const std::size_t bytes =
-        (window_bytes + protocol::kWindowAlignment - 1) / protocol::kWindowAlignment *
-        protocol::kWindowAlignment;
+    const std::size_t bytes = (window_bytes + protocol::kWindowAlignment - 1) /
+                              protocol::kWindowAlignment * protocol::kWindowAlignment;
     auto* window = static_cast<std::byte*>(std::aligned_alloc(protocol::kWindowAlignment, bytes));
     if (window == nullptr)
-      throw Error(ErrorCode::invalid_argument,
-                  "Layer: cannot allocate a " + std::to_string(bytes) + "-byte window on rank " +
-                      std::to_string(rank));
+      throw Error(ErrorCode::invalid_argument, "Layer: cannot allocate a " + std::to_string(bytes) +
+                                                   "-byte window on rank " + std::to_string(rank));
     std::memset(window, 0, bytes);
     slot->windows[static_cast<std::size_t>(rank)] = window;
     slot->describes[static_cast<std::size_t>(rank)] = describe;
@@ -70,7 +68,8 @@ std::shared_ptr<HostLayerWindows> HostGroup::join_layer(int rank, std::size_t wi
     {
       std::lock_guard lock(mutex_);
       for (std::size_t r = 0; r < slot->windows.size(); ++r)
-        if (slot->windows[r] == nullptr) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        if (slot->windows[r] == nullptr)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     throw Error(ErrorCode::timeout, "Layer creation on rank " + std::to_string(rank) +
                                         ": rank(s) " + missing + " did not create layer #" +
@@ -95,7 +94,9 @@ HostCommunicator::HostCommunicator(std::shared_ptr<HostGroup> group, int rank)
                     std::to_string(group_->world()) + ")");
 }
 
-std::shared_ptr<HostGroup> make_host_group(int world) { return std::make_shared<HostGroup>(world); }
+std::shared_ptr<HostGroup> make_host_group(int world) {
+  return std::make_shared<HostGroup>(world);
+}
 
 std::unique_ptr<Communicator> make_host_communicator(std::shared_ptr<HostGroup> group, int rank) {
   return std::make_unique<HostCommunicator>(std::move(group), rank);

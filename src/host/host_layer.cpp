@@ -42,9 +42,7 @@ std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::in
 class HostLayer final : public LayerImpl {
  public:
   HostLayer(HostCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
-      : LayerImpl(config),
-        rank_(comm.rank()),
-        layout_(protocol::make_workspace_layout(config)) {
+      : LayerImpl(config), rank_(comm.rank()), layout_(protocol::make_workspace_layout(config)) {
     validate_weights(config, weights, Device{});
     const LayerShape& s = config.shape();
     const ScaleRounding rounding = config.options().mxfp8_scale_rounding;
@@ -108,12 +106,13 @@ class HostLayer final : public LayerImpl {
 
   void refuse_if_unhealthy() {
     if (!health_.ok)
-      throw Error(ErrorCode::layer_unhealthy, "forward on rank " + std::to_string(rank_) +
-                                                  " refused until a collective reset(): " +
-                                                  health_.what);
+      throw Error(ErrorCode::layer_unhealthy,
+                  "forward on rank " + std::to_string(rank_) +
+                      " refused until a collective reset(): " + health_.what);
     const std::uint64_t abort = Session(layout_, peers(), rank_, round_).local_abort();
-    if (protocol::abort_raised(abort)) fail(WaitOutcome{WaitStatus::aborted, -1, 0, abort},
-                                            Phase::none, Session(layout_, peers(), rank_, round_));
+    if (protocol::abort_raised(abort))
+      fail(WaitOutcome{WaitStatus::aborted, -1, 0, abort}, Phase::none,
+           Session(layout_, peers(), rank_, round_));
   }
 
   HostPeers peers() const { return HostPeers{windows_->windows.data()}; }
@@ -124,9 +123,9 @@ class HostLayer final : public LayerImpl {
     HostPlatform platform;
     const std::uint32_t timeout_ms = config().options().timeout_ms;
 
-    prepare_accumulator(args.tokens);                       // 1
+    prepare_accumulator(args.tokens);                           // 1
     const std::vector<std::uint32_t> rows_to = dispatch(args);  // 2
-    for (int dest = 0; dest < layout_.world; ++dest)        // 3
+    for (int dest = 0; dest < layout_.world; ++dest)            // 3
       session.publish_count(dest, rows_to[static_cast<std::size_t>(dest)]);
     if (fault_fires(testing::Fault::stall))
       std::this_thread::sleep_for(std::chrono::milliseconds(fault().stall_ms));
@@ -136,8 +135,8 @@ class HostLayer final : public LayerImpl {
                                          platform, rows_from.data());  // 4
     if (w.status != WaitStatus::ok) fail(w, Phase::dispatch_counts, session);
 
-    run_experts(rows_from, session);                        // 5
-    for (int dest = 0; dest < layout_.world; ++dest) session.publish_done(dest);  // 6
+    run_experts(rows_from, session);                                                      // 5
+    for (int dest = 0; dest < layout_.world; ++dest) session.publish_done(dest);          // 6
     w = session.await_done(protocol::deadline_after_ms(platform, timeout_ms), platform);  // 7
     if (w.status != WaitStatus::ok) fail(w, Phase::expert_done, session);
     finish(args);
@@ -166,16 +165,17 @@ class HostLayer final : public LayerImpl {
           x.data(), s.hidden, precision, config().options().mxfp8_scale_rounding, payload.data());
       for (int dest = 0; dest < layout_.world; ++dest) {
         protocol::WireRowHeader header{static_cast<std::int32_t>(t), 0, row_scale, round_};
-        std::uint8_t* row = window(dest) + layout_.recv_row(round_, rank_,
-                                                            rows_to[static_cast<std::size_t>(dest)]);
-        auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
+        std::uint8_t* row =
+            window(dest) + layout_.recv_row(round_, rank_, rows_to[static_cast<std::size_t>(dest)]);
+        auto* entries =
+            reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
         for (std::int64_t k = 0; k < s.top_k; ++k) {
           const std::int32_t e = args.expert_id(t, k, s.top_k);
           if (e < 0 || config().expert_owner(e) != dest) continue;
-          entries[header.num_entries++] = protocol::WireEntry{
-              static_cast<std::int16_t>(k),
-              static_cast<std::int16_t>(e - dest * config().local_experts()),
-              args.topk_weights[static_cast<std::size_t>(t * s.top_k + k)]};
+          entries[header.num_entries++] =
+              protocol::WireEntry{static_cast<std::int16_t>(k),
+                                  static_cast<std::int16_t>(e - dest * config().local_experts()),
+                                  args.topk_weights[static_cast<std::size_t>(t * s.top_k + k)]};
         }
         if (header.num_entries == 0) continue;
         std::memcpy(row, &header, sizeof header);
@@ -221,8 +221,8 @@ class HostLayer final : public LayerImpl {
     std::uint8_t* combine = window(home) + layout_.combine;
     if (staged()) {
       auto* dst = reinterpret_cast<std::uint16_t*>(
-          combine + static_cast<std::size_t>(token * shape().top_k + entry.slot) *
-                        layout_.combine_row_bytes);
+          combine +
+          static_cast<std::size_t>(token * shape().top_k + entry.slot) * layout_.combine_row_bytes);
       for (std::size_t i = 0; i < h; ++i) dst[i] = formats::float_to_bf16(out[i]);
     } else {
       auto* acc = reinterpret_cast<float*>(combine + static_cast<std::size_t>(token) *
@@ -240,8 +240,8 @@ class HostLayer final : public LayerImpl {
     for (std::int64_t t = 0; t < args.tokens; ++t) {
       std::uint16_t* y = args.y + static_cast<std::size_t>(t) * h;
       if (!staged()) {
-        const auto* row = reinterpret_cast<const float*>(
-            combine + static_cast<std::size_t>(t) * layout_.combine_row_bytes);
+        const auto* row = reinterpret_cast<const float*>(combine + static_cast<std::size_t>(t) *
+                                                                       layout_.combine_row_bytes);
         for (std::size_t i = 0; i < h; ++i) y[i] = formats::float_to_bf16(row[i]);
         continue;
       }
@@ -283,10 +283,9 @@ class HostLayer final : public LayerImpl {
       h.phase = phase;
       if (w.status == WaitStatus::timeout) {
         h.code = ErrorCode::timeout;
-        h.what = me + " timed out after " + std::to_string(config().options().timeout_ms) +
-                 " ms" + where + " waiting for rank " + std::to_string(w.peer) +
-                 " (last saw its round " + std::to_string(w.observed) + ", expected " +
-                 std::to_string(round_) + ")";
+        h.what = me + " timed out after " + std::to_string(config().options().timeout_ms) + " ms" +
+                 where + " waiting for rank " + std::to_string(w.peer) + " (last saw its round " +
+                 std::to_string(w.observed) + ", expected " + std::to_string(round_) + ")";
       } else {
         h.code = ErrorCode::protocol_violation;
         h.what = me + where + ": rank " + std::to_string(w.peer) + " is at round " +

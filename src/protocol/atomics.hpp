@@ -29,8 +29,7 @@ EPMOE_HD void store_relaxed(std::uint64_t* word, std::uint64_t value) {
   system_ref<std::uint64_t>(*word).store(value, cuda::std::memory_order_relaxed);
 }
 // Stores `desired` only if the word is still `expected`; true when this call stored it.
-EPMOE_HD bool compare_exchange(std::uint64_t* word, std::uint64_t expected,
-                               std::uint64_t desired) {
+EPMOE_HD bool compare_exchange(std::uint64_t* word, std::uint64_t expected, std::uint64_t desired) {
   return system_ref<std::uint64_t>(*word).compare_exchange_strong(
       expected, desired, cuda::std::memory_order_acq_rel, cuda::std::memory_order_relaxed);
 }

@@ -49,7 +49,9 @@ EPMOE_HD std::uint64_t pack_abort(const AbortRecord& a) {
          (std::uint64_t{a.reporter & 0xfffu} << 44) | (std::uint64_t{a.culprit & 0xfffu} << 32) |
          a.round;
 }
-EPMOE_HD bool abort_raised(std::uint64_t word) { return (word >> 63) != 0; }
+EPMOE_HD bool abort_raised(std::uint64_t word) {
+  return (word >> 63) != 0;
+}
 EPMOE_HD AbortRecord unpack_abort(std::uint64_t word) {
   AbortRecord a;
   a.phase = static_cast<std::uint32_t>((word >> 56) & 0x7fu);

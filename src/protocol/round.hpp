@@ -52,15 +52,15 @@ class RoundSession {
   template <class Platform>
   EPMOE_HD WaitOutcome await_done(Deadline deadline, Platform& platform) const {
     for (int src = 0; src < layout_.world; ++src) {
-      WaitOutcome w = wait_for_round(word(rank_, layout_.done_word(src)), round_, src,
-                                     abort_word(), deadline, platform);
+      WaitOutcome w = wait_for_round(word(rank_, layout_.done_word(src)), round_, src, abort_word(),
+                                     deadline, platform);
       if (w.status != WaitStatus::ok) return w;
     }
     return WaitOutcome{};
   }
 
-  // I3: tell every rank (this one included) who gave up waiting for whom, where and when. The first record
-  // raised on a rank wins, so every survivor reports the original failure.
+  // I3: tell every rank (this one included) who gave up waiting for whom, where and when. The first
+  // record raised on a rank wins, so every survivor reports the original failure.
   EPMOE_HD void raise_abort(Phase phase, int culprit) const {
     AbortRecord a;
     a.reporter = static_cast<std::uint32_t>(rank_);

@@ -14,9 +14,9 @@ enum class WaitStatus : std::uint32_t { ok, timeout, aborted, violation };
 
 struct WaitOutcome {
   WaitStatus status = WaitStatus::ok;
-  int peer = -1;                  // whom we waited for
-  std::uint32_t observed = 0;     // the round we last saw from them
-  std::uint64_t abort_word = 0;   // when aborted: the record raised by whoever gave up
+  int peer = -1;                 // whom we waited for
+  std::uint32_t observed = 0;    // the round we last saw from them
+  std::uint64_t abort_word = 0;  // when aborted: the record raised by whoever gave up
 };
 
 // Deadline in the platform's nanoseconds; 0 = wait forever (timeout_ms = 0).

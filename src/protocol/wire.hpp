@@ -31,18 +31,25 @@ struct WireEntry {
 };
 static_assert(sizeof(WireEntry) == 8);
 
-EPMOE_HD constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+EPMOE_HD constexpr std::size_t align16(std::size_t n) {
+  return (n + 15) / 16 * 16;
+}
 
 EPMOE_HD constexpr std::size_t wire_payload_bytes(Precision p, std::int64_t hidden) {
   const auto h = static_cast<std::size_t>(hidden);
   switch (p) {
-    case Precision::bf16: return 2 * h;
-    case Precision::mxfp8: return h + h / formats::kMxfp8Block;
-    case Precision::nvfp4: return h / 2 + h / formats::kNvfp4Block;
+    case Precision::bf16:
+      return 2 * h;
+    case Precision::mxfp8:
+      return h + h / formats::kMxfp8Block;
+    case Precision::nvfp4:
+      return h / 2 + h / formats::kNvfp4Block;
   }
   return 0;
 }
-EPMOE_HD constexpr std::size_t wire_entries_offset() { return sizeof(WireRowHeader); }
+EPMOE_HD constexpr std::size_t wire_entries_offset() {
+  return sizeof(WireRowHeader);
+}
 EPMOE_HD constexpr std::size_t wire_payload_offset(std::int64_t top_k) {
   return align16(sizeof(WireRowHeader) + sizeof(WireEntry) * static_cast<std::size_t>(top_k));
 }

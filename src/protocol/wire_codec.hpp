@@ -11,7 +11,8 @@
 
 namespace epmoe::protocol {
 
-// Returns the NVFP4 row scale s_enc (1 for the other precisions); the caller stores it with the row.
+// Returns the NVFP4 row scale s_enc (1 for the other precisions); the caller stores it with the
+// row.
 EPMOE_HD float encode_payload(const float* x, std::int64_t n, Precision precision,
                               ScaleRounding rounding, std::uint8_t* payload) {
   const auto count = static_cast<std::size_t>(n);

@@ -45,11 +45,10 @@ struct WorkspaceLayout {
 
   EPMOE_HD std::size_t recv_row(std::uint32_t round, int src, std::int64_t row) const {
     const std::size_t parity = round & 1u;
-    return recv_rows +
-           ((parity * static_cast<std::size_t>(world) + static_cast<std::size_t>(src)) *
-                static_cast<std::size_t>(max_tokens) +
-            static_cast<std::size_t>(row)) *
-               row_bytes;
+    return recv_rows + ((parity * static_cast<std::size_t>(world) + static_cast<std::size_t>(src)) *
+                            static_cast<std::size_t>(max_tokens) +
+                        static_cast<std::size_t>(row)) *
+                           row_bytes;
   }
   EPMOE_HD std::size_t count_word(int src) const { return count_inbox + 8 * std::size_t(src); }
   EPMOE_HD std::size_t done_word(int src) const { return done_inbox + 8 * std::size_t(src); }

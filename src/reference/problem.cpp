@@ -10,10 +10,14 @@ namespace epmoe::reference {
 
 const char* to_string(Routing r) {
   switch (r) {
-    case Routing::uniform: return "uniform";
-    case Routing::one_expert: return "one_expert";
-    case Routing::one_rank: return "one_rank";
-    case Routing::all_dropped: return "all_dropped";
+    case Routing::uniform:
+      return "uniform";
+    case Routing::one_expert:
+      return "one_expert";
+    case Routing::one_rank:
+      return "one_rank";
+    case Routing::all_dropped:
+      return "all_dropped";
   }
   return "unknown";
 }
@@ -31,7 +35,9 @@ std::uint64_t Rng::next() {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 std::int64_t Rng::below(std::int64_t n) {
   return static_cast<std::int64_t>(next() % static_cast<std::uint64_t>(n));
 }
@@ -79,11 +85,15 @@ Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
             id = rng.below(shape.num_experts);
           } while (std::find(ids, ids + s, id) != ids + s);
           break;
-        case Routing::one_expert: id = target; break;
-        case Routing::one_rank:
-          if (s < static_cast<std::size_t>(e_local)) id = (target % world) * e_local + std::int64_t(s);
+        case Routing::one_expert:
+          id = target;
           break;
-        case Routing::all_dropped: break;
+        case Routing::one_rank:
+          if (s < static_cast<std::size_t>(e_local))
+            id = (target % world) * e_local + std::int64_t(s);
+          break;
+        case Routing::all_dropped:
+          break;
       }
       ids[s] = static_cast<std::int32_t>(id);
     }

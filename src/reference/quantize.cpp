@@ -29,8 +29,7 @@ std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std:
       break;
     }
     case Precision::nvfp4: {
-      const float s_enc =
-          formats::nvfp4_tensor_scale(formats::nvfp4_group_amax(w, rows * cols));
+      const float s_enc = formats::nvfp4_tensor_scale(formats::nvfp4_group_amax(w, rows * cols));
       std::vector<std::uint8_t> packed(c / 2), scales(c / formats::kNvfp4Block);
       for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
         formats::nvfp4_encode_row(w + r * c, cols, s_enc, packed.data(), scales.data());

@@ -38,14 +38,14 @@ const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
   std::call_once(prepared_[static_cast<std::size_t>(e)], [&] {
     const auto h = static_cast<std::size_t>(shape_.hidden);
     const auto inter = static_cast<std::size_t>(shape_.intermediate);
-    const auto w13 = to_float(weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h,
-                              2 * inter * h);
+    const auto w13 =
+        to_float(weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h, 2 * inter * h);
     const auto w2 =
         to_float(weights_.w2.data() + static_cast<std::size_t>(e) * h * inter, h * inter);
     const ScaleRounding r = options_.mxfp8_scale_rounding;
     auto ex = std::make_unique<Expert>();
-    ex->w13 = emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden,
-                                    precision_, r);
+    ex->w13 =
+        emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden, precision_, r);
     ex->w2 = emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
     slot = std::move(ex);
   });
@@ -66,8 +66,8 @@ std::vector<std::uint16_t> ReferenceModel::forward(const Batch& batch) {
       const std::int32_t e = batch.topk_ids[t * k + s];
       if (e < 0) continue;
       const Expert& ex = expert(e);
-      expert_forward_row(x.data(), ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_,
-                         precision_, options_, row.data(), scratch);
+      expert_forward_row(x.data(), ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_, precision_,
+                         options_, row.data(), scratch);
       const float w = batch.topk_weights[t * k + s];
       const bool staged = options_.combine == Combine::staged;
       for (std::size_t i = 0; i < h; ++i)
@@ -133,7 +133,9 @@ ErrorStats compare_impl(const std::vector<std::uint16_t>& y, const std::vector<R
   return s;
 }
 
-double as_double(std::uint16_t b) { return formats::bf16_to_float(b); }
+double as_double(std::uint16_t b) {
+  return formats::bf16_to_float(b);
+}
 
 }  // namespace
 

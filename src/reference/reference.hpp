@@ -63,7 +63,6 @@ ErrorStats compare_bf16(const std::vector<std::uint16_t>& y, const std::vector<s
 ErrorStats compare_exact(const std::vector<std::uint16_t>& y, const std::vector<double>& ref);
 // Mismatch = differs by more than `ulps` bf16 ulps of the larger magnitude plus `abs_floor`.
 ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
-                                 const std::vector<std::uint16_t>& ref, int ulps,
-                                 double abs_floor);
+                                 const std::vector<std::uint16_t>& ref, int ulps, double abs_floor);
 
 }  // namespace epmoe::reference
