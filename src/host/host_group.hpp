@@ -40,7 +40,7 @@ struct HostLayerWindows {
   std::vector<std::byte*> windows;
   std::vector<std::string> describes;
   std::size_t bytes = 0;
-  TimedBarrier barrier;  // creation, reset
+  TimedBarrier barrier;  // layer creation
 };
 
 class HostGroup {

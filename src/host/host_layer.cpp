@@ -70,28 +70,32 @@ class HostLayer final : public LayerImpl {
   Health health() const override { return health_; }
 
   void reset() override {
-    const auto fail_reset = [&](const char* when) {
+    const protocol::ResetSession<HostPeers> session(layout_, peers(), rank_);
+    HostPlatform platform;
+    const std::uint32_t timeout_ms = config().options().timeout_ms;
+    const auto meet = [&](const char* when) {
+      const WaitOutcome w =
+          session.meet(++reset_epoch_, protocol::deadline_after_ms(platform, timeout_ms), platform);
+      if (w.status == WaitStatus::ok) return;
+      // Retry from the same epochs next time, so a reset() the others join later still meets.
+      reset_epoch_ = (reset_epoch_ - 1) / 2 * 2;
       health_ = Health{};
       health_.ok = false;
       health_.code = ErrorCode::timeout;
       health_.rank = rank_;
+      health_.peer = w.peer;
       health_.phase = Phase::reset;
       health_.round = round_;
-      health_.what = "rank " + std::to_string(rank_) + ": reset() timed out " + when +
-                     ": not every rank called reset() within " +
-                     std::to_string(config().options().timeout_ms) + " ms";
+      health_.what = "rank " + std::to_string(rank_) + ": reset() timed out " + when + ": rank " +
+                     std::to_string(w.peer) + " did not call reset() within " +
+                     std::to_string(timeout_ms) + " ms";
       throw Error(ErrorCode::timeout, health_.what);
     };
-    // Every rank has left forward() before anyone clears its inboxes...
-    if (!windows_->barrier.arrive_and_wait(timeout())) fail_reset("waiting for peers to stop");
-    auto* base = window(rank_);
-    std::memset(base + layout_.count_inbox, 0, 8 * static_cast<std::size_t>(layout_.world));
-    std::memset(base + layout_.done_inbox, 0, 8 * static_cast<std::size_t>(layout_.world));
-    std::memset(base + layout_.abort_word, 0, 8);
+    meet("waiting for every rank to stop");  // nobody is inside a round any more
+    session.clear_own_inboxes();
     round_ = protocol::kFirstRound;
     health_ = Health::healthy();
-    // ...and every inbox is clear before anyone sends round 1 again.
-    if (!windows_->barrier.arrive_and_wait(timeout())) fail_reset("waiting for peers to clear");
+    meet("waiting for every rank to clear its inboxes");  // all clear before round 1 is sent
   }
 
   std::uint32_t next_round() const override { return round_; }
@@ -309,6 +313,7 @@ class HostLayer final : public LayerImpl {
   std::shared_ptr<HostLayerWindows> windows_;
   std::vector<std::vector<float>> w13_, w2_;  // per local expert, quantization emulated
   std::uint32_t round_ = protocol::kFirstRound;
+  std::uint32_t reset_epoch_ = 0;
   Health health_{};
 };
 

@@ -85,4 +85,53 @@ class RoundSession {
   std::uint32_t round_;
 };
 
+// The collective reset() (DESIGN I3), bounded like every other wait. Two meetings, each an epoch
+// published into reset_inbox[rank] of every rank: after the first nobody is inside a round any
+// more, so each rank clears its own inboxes and abort word; after the second every inbox is clear
+// and round 1 may start. Epochs only grow (two per reset), so they are never cleared themselves. A
+// peer may already be one epoch ahead (it left the meeting first); that counts as arrived.
+template <class Peers>
+class ResetSession {
+ public:
+  EPMOE_HD ResetSession(const WorkspaceLayout& layout, const Peers& peers, int rank)
+      : layout_(layout), peers_(peers), rank_(rank) {}
+
+  // Publishes `epoch` to every rank, then waits until every rank published it (or the next one).
+  template <class Platform>
+  EPMOE_HD WaitOutcome meet(std::uint32_t epoch, Deadline deadline, Platform& platform) const {
+    for (int dest = 0; dest < layout_.world; ++dest)
+      store_release(word(dest, layout_.reset_word(rank_)), pack_inbox(epoch, 0));
+    for (int src = 0; src < layout_.world; ++src) {
+      const std::uint64_t* inbox = word(rank_, layout_.reset_word(src));
+      for (std::uint32_t attempt = 0;; ++attempt) {
+        const std::uint32_t observed = inbox_round(load_acquire(inbox));
+        const std::uint32_t behind = rounds_behind(observed, epoch);
+        if (behind == 0 || behind == 0xffffffffu) break;
+        if (!deadline.forever() && platform.now_ns() > deadline.at_ns)
+          return WaitOutcome{WaitStatus::timeout, src, observed, 0};
+        platform.pause(attempt);
+      }
+    }
+    return WaitOutcome{};
+  }
+
+  // Between the meetings: this rank's own round state back to "nothing received".
+  EPMOE_HD void clear_own_inboxes() const {
+    for (int src = 0; src < layout_.world; ++src) {
+      store_relaxed(word(rank_, layout_.count_word(src)), 0);
+      store_relaxed(word(rank_, layout_.done_word(src)), 0);
+    }
+    store_release(word(rank_, layout_.abort_word), 0);
+  }
+
+ private:
+  EPMOE_HD std::uint64_t* word(int owner, std::size_t offset) const {
+    return reinterpret_cast<std::uint64_t*>(peers_.window(owner) + offset);
+  }
+
+  const WorkspaceLayout& layout_;
+  Peers peers_;
+  int rank_;
+};
+
 }  // namespace epmoe::protocol

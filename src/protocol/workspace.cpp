@@ -30,6 +30,7 @@ WorkspaceLayout make_workspace_layout(const LayerConfig& config) {
   l.count_inbox = c.take(8 * world);
   l.done_inbox = c.take(8 * world);
   l.abort_word = c.take(8);
+  l.reset_inbox = c.take(8 * world);
   l.row_bytes = wire_row_bytes(config.precision(), s.hidden, s.top_k);
   l.recv_rows = c.take(2 * world * tokens * l.row_bytes, kWindowAlignment);
   const bool staged = config.options().combine == Combine::staged;

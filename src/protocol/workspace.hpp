@@ -7,6 +7,7 @@
 //     count_inbox[world]   u64 (round, rows src sent here)      written by src, read here
 //     done_inbox[world]    u64 (round, 0)                        written by src, read here
 //     abort                u64 (who gave up, phase, round)       written by anyone, read here
+//     reset_inbox[world]   u64 (reset epoch, 0)                  written by src, read here
 //   receive rows [2 parity][world src][max_tokens_per_rank]      written by src, read here
 //     one WireRow per token that has >= 1 expert on this rank (see wire.hpp)
 //   combine buffer
@@ -37,6 +38,7 @@ struct WorkspaceLayout {
   std::size_t count_inbox = 0;  // offsets in bytes from the window base
   std::size_t done_inbox = 0;
   std::size_t abort_word = 0;
+  std::size_t reset_inbox = 0;
   std::size_t recv_rows = 0;
   std::size_t row_bytes = 0;  // one WireRow, 16-byte aligned
   std::size_t combine = 0;
@@ -52,6 +54,7 @@ struct WorkspaceLayout {
   }
   EPMOE_HD std::size_t count_word(int src) const { return count_inbox + 8 * std::size_t(src); }
   EPMOE_HD std::size_t done_word(int src) const { return done_inbox + 8 * std::size_t(src); }
+  EPMOE_HD std::size_t reset_word(int src) const { return reset_inbox + 8 * std::size_t(src); }
 };
 
 // Slices the window in code order; LayerConfig::workspace_bytes() reports `total`.
