@@ -2,9 +2,18 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <functional>
 
 #include "commands.hpp"
 #include "epmoe/errors.hpp"
+
+namespace epmoe::tools {  // tools/stress.cpp
+struct StressCommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+StressCommand add_stress_command(CLI::App& parent);
+}  // namespace epmoe::tools
 
 int main(int argc, char** argv) {
   CLI::App app{"epmoe: expert-parallel MoE layer"};
@@ -34,9 +43,12 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--timeout-ms", run.timeout_ms, "bounded-wait timeout, 0 = forever")
       ->capture_default_str();
 
+  const epmoe::tools::StressCommand stress = epmoe::tools::add_stress_command(app);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (run_cmd->parsed()) return epmoe::tools::run_command(run);
+    if (stress.app->parsed()) return stress.run();
   } catch (const epmoe::Error& e) {
     std::fprintf(stderr, "epmoe: error (%s): %s\n", epmoe::to_string(e.code()), e.what());
     return 2;
