@@ -24,6 +24,7 @@ expect=ok
 expect_text=
 defines=()
 pan_flags=()
+pan_str=
 
 fail() {
   echo "FAIL: $*" >&2
@@ -39,7 +40,9 @@ while [ $# -gt 0 ]; do
       shift 2
       ;;
     --expect-error)
-      [ $# -ge 2 ] && [ -n "$2" ] || fail "--expect-error needs the error text"
+      if [ $# -lt 2 ] || [ -z "$2" ]; then
+        fail "--expect-error needs the error text"
+      fi
       expect=error
       expect_text=$2
       shift 2
@@ -47,6 +50,7 @@ while [ $# -gt 0 ]; do
     --pan)
       [ $# -ge 2 ] || fail "--pan needs a flag"
       pan_flags+=("$2")
+      pan_str="$pan_str $2"
       shift 2
       ;;
     -D*)
@@ -84,6 +88,7 @@ cd "$work" || fail "cannot enter $work"
 
 echo "model: $model ${defines[*]:-}"
 echo "expect: ${expect}${expect_text:+: $expect_text}"
+[ -z "$pan_str" ] || echo "pan flags:$pan_str"
 
 # 1. the verifier's C source
 if ! spin -a ${defines[@]+"${defines[@]}"} "$name" >spin.log 2>&1; then
@@ -121,8 +126,6 @@ summary() {
 }
 
 if [ "$expect" = ok ]; then
-  grep -q 'Search not completed' pan.log && fail "the search did not complete"
-  grep -q '^Full statespace search' pan.log || fail "not a full state-space search"
   if [ "$errors" -ne 0 ]; then
     grep '^pan:[0-9]*:' pan.log
     if [ -f "$name.trail" ]; then
@@ -131,6 +134,8 @@ if [ "$expect" = ok ]; then
     fi
     fail "SPIN found $errors error(s); expected none"
   fi
+  grep -q 'Search not completed' pan.log && fail "the search did not complete"
+  grep -q '^Full statespace search' pan.log || fail "not a full state-space search"
   # every statement of proctype rank must be reachable
   unreached=$(awk '/^unreached in proctype rank$/ { on = 1; next }
                    on && /^unreached in/ { on = 0 }
@@ -140,7 +145,7 @@ if [ "$expect" = ok ]; then
     *) fail "statements of proctype rank were never reached: ${unreached:-no listing}" ;;
   esac
   summary
-  echo "PASS: no assertion violation and no invalid end state"
+  echo "PASS: SPIN found no error${pan_str:+ (pan$pan_str)}"
   exit 0
 fi
 

@@ -56,10 +56,17 @@
  *                    early return when T == 0). Its round counter does not advance,
  *                    so it runs fewer rounds and its peers wait for ever for its
  *                    count: an invalid end state.
+ *   SKIP_ADVANCES    with SKIP_IDLE: the skipped round still counts (as if the round
+ *                    counter were kept by the host). The skipping rank's peers then
+ *                    see it jump two rounds (I2 fails), and without the I2 checks
+ *                    they wait for ever for a count it never sends.
  *   NO_DONE          steps 6 and 7 removed. A rank can then publish count r+1
  *                    before a slower peer has looked at its count r: the count word
  *                    is overrun (the I2 load assertion fails), and a home rank reads
  *                    results its peers have not written yet (result assertion).
+ *                    Payloads alone stay safe thanks to the two parities (round
+ *                    r+2's rows need the reader's count r+1); with SINGLE_BUFFER
+ *                    they are overwritten before they are read.
  *   COUNT_BEFORE_PAYLOAD  steps 2 and 3 swapped: a reader can see the count before
  *                    the rows (payload assertion: read before complete).
  *   SINGLE_BUFFER    one payload/result slot per (dst, src) instead of two parities.
@@ -214,7 +221,11 @@ active [N] proctype rank()
     }
 #ifdef SKIP_IDLE
     if
+#ifdef SKIP_ADVANCES
+    :: send == 0 -> R++; goto next_call /* ... and a host-side counter moves on */
+#else
     :: send == 0 -> goto next_call      /* FAULT: no launch when T == 0 */
+#endif
     :: else -> skip
     fi;
 #endif
@@ -229,7 +240,7 @@ active [N] proctype rank()
 #endif
     wait_counts();                      /* step 4; recv := {j : n_ji = 1} */
 #ifdef EARLY_RELEASE
-    publish_dones();                    /* FAULT-ish: done before the rows are read */
+    publish_dones();                    /* VARIANT: done before the rows are read */
 #endif
 
     /* step 5: read the rows that arrived: each slot must hold exactly round r */
