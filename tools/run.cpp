@@ -74,12 +74,17 @@ int run_command(const RunOptions& o) {
   // Validates shape, ranks and options before anything big is allocated.
   const LayerConfig config0 = make_config(shape, precision, 0, o.ranks, options);
 
-  if (o.executor == "cuda")
-    throw Error(ErrorCode::unsupported,
-                "--executor=cuda: the CUDA executor is not built yet; use --executor=cpu");
-  if (o.executor != "auto" && o.executor != "cpu")
+  if (o.executor != "auto" && o.executor != "cpu" && o.executor != "cuda")
     throw Error(ErrorCode::invalid_argument,
                 "--executor=" + o.executor + ": must be auto, cpu or cuda");
+  // The GPUs when this build has the CUDA executor and there is one GPU per rank.
+  const int gpus = cuda_device_count();
+  const bool on_gpus = o.executor == "cuda" || (o.executor == "auto" && gpus >= o.ranks);
+  if (on_gpus && gpus < o.ranks)
+    throw Error(ErrorCode::invalid_argument, "--executor=cuda --ranks=" + std::to_string(o.ranks) +
+                                                 ": needs one GPU per rank, " +
+                                                 std::to_string(gpus) + " visible");
+  const Backend backend = on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
 
   // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
   // reference's copies of the experts it touches (fp32).
@@ -88,7 +93,7 @@ int run_command(const RunOptions& o) {
       params * (2 + 4) + std::min(shape.num_experts, o.ranks * o.tokens * shape.top_k) * 3 *
                              shape.intermediate * shape.hidden * 4;
   const std::int64_t have = available_host_bytes();
-  if (have > 0 && need > have * 9 / 10) {
+  if (!on_gpus && have > 0 && need > have * 9 / 10) {
     const std::int64_t fit = std::max<std::int64_t>(
         o.ranks, shape.num_experts * (have * 8 / 10) / need / o.ranks * o.ranks);
     throw Error(ErrorCode::invalid_argument,
@@ -102,7 +107,11 @@ int run_command(const RunOptions& o) {
               static_cast<long long>(shape.hidden), static_cast<long long>(shape.intermediate),
               static_cast<long long>(shape.num_experts), static_cast<long long>(shape.top_k),
               to_string(precision), to_string(options.combine));
-  std::printf("executor: cpu (%d rank threads; the CUDA executor is not built yet)\n", o.ranks);
+  if (on_gpus)
+    std::printf("executor: cuda (%d GPUs, one rank each; NCCL symmetric windows)\n", o.ranks);
+  else
+    std::printf("executor: cpu (%d rank threads%s)\n", o.ranks,
+                gpus == 0 ? "; no GPU visible" : "; fewer GPUs than ranks");
   std::printf("ranks=%d tokens/rank=%lld rounds=%d seed=%llu  workspace %.1f MiB/rank\n", o.ranks,
               static_cast<long long>(o.tokens), o.rounds, static_cast<unsigned long long>(o.seed),
               static_cast<double>(config0.workspace_bytes()) / (1 << 20));
@@ -114,7 +123,7 @@ int run_command(const RunOptions& o) {
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
   std::fprintf(stderr, "[prepare] quantizing %lld experts on %d rank threads...\n",
                static_cast<long long>(shape.num_experts), o.ranks);
-  HostCluster cluster(shape, precision, options, o.ranks, weights);
+  HostCluster cluster(shape, precision, options, o.ranks, weights, backend);
   std::fprintf(stderr, "[prepare] done in %.1f s\n", seconds_since(t0));
 
   std::vector<RankReport> reports(static_cast<std::size_t>(o.ranks));
@@ -129,8 +138,9 @@ int run_command(const RunOptions& o) {
             o.seed * 7919 + static_cast<std::uint64_t>(r * o.ranks + rank));
         rep.tokens = batch.tokens;
         const auto start = Clock::now();
-        const auto y = cluster.forward(rank, batch);
-        rep.latency_ms.push_back(seconds_since(start) * 1e3);
+        double device_ms = 0.0;
+        const auto y = cluster.forward(rank, batch, &device_ms);
+        rep.latency_ms.push_back(on_gpus ? device_ms : seconds_since(start) * 1e3);
         const auto ref = cluster.reference(rank).forward(batch);
         const auto err = options.combine == Combine::staged
                              ? reference::compare_bf16(y, ref)

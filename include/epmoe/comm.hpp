@@ -1,7 +1,12 @@
 // Communicators: who the ranks of an expert-parallel group are and how their windows are shared.
 #pragma once
 
+#include <array>
 #include <memory>
+#include <span>
+#include <vector>
+
+#include "epmoe/tensor.hpp"
 
 namespace epmoe {
 
@@ -14,6 +19,7 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world() const = 0;
   virtual Backend backend() const = 0;
+  virtual Device device() const = 0;  // where this rank's tensors must live
 };
 
 // The CPU executor: `world` ranks in one process, each rank driven by its own thread, each rank's
@@ -21,5 +27,22 @@ class Communicator {
 class HostGroup;
 std::shared_ptr<HostGroup> make_host_group(int world);
 std::unique_ptr<Communicator> make_host_communicator(std::shared_ptr<HostGroup> group, int rank);
+
+// The CUDA executor: one rank per GPU over NCCL 2.28 (symmetric windows, LSA pointers). These
+// throw Error(unsupported) in a build without CUDA.
+//
+// One process per GPU: rank 0 calls get_unique_id(), the engine broadcasts the 128 bytes, then
+// every process calls make_nccl_communicator(id, rank, world, device).
+struct UniqueId {
+  std::array<char, 128> bytes{};
+};
+UniqueId get_unique_id();
+std::unique_ptr<Communicator> make_nccl_communicator(const UniqueId& id, int rank, int world,
+                                                     int device);
+// One process driving several GPUs (tools, tests): rank i runs on devices[i]. Each rank's Layer
+// must then be created and driven from its own host thread.
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int> devices);
+// GPUs visible to this process (0 when the CUDA runtime or driver is missing).
+int cuda_device_count();
 
 }  // namespace epmoe

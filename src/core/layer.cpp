@@ -3,6 +3,9 @@
 #include "core/layer_impl.hpp"
 #include "epmoe/testing.hpp"
 #include "host/host_layer.hpp"
+#if defined(EPMOE_HAS_CUDA)
+#include "cuda/cuda_layer.hpp"
+#endif
 
 namespace epmoe {
 
@@ -21,7 +24,12 @@ Layer::Layer(Communicator& comm, const LayerConfig& config, const ExpertWeights&
       impl_ = make_host_layer(comm, config, local_weights);
       break;
     case Backend::cuda_nccl:
-      throw Error(ErrorCode::unsupported, "Layer: the CUDA executor is not built yet");
+#if defined(EPMOE_HAS_CUDA)
+      impl_ = cuda::make_cuda_layer(comm, config, local_weights);
+#else
+      throw Error(ErrorCode::unsupported, "Layer: this build of epmoe has no CUDA executor");
+#endif
+      break;
   }
 }
 

@@ -1,6 +1,9 @@
 #include "host/host_cluster.hpp"
 
 #include "host/rank_threads.hpp"
+#if defined(EPMOE_HAS_CUDA)
+#include "cuda/device_batch.hpp"
+#endif
 
 namespace epmoe {
 
@@ -17,26 +20,58 @@ ExpertWeights local_weight_views(const reference::LayerWeights& weights, const L
   return w;
 }
 
+#if defined(EPMOE_HAS_CUDA)
+struct HostCluster::DeviceBuffers : cuda::DeviceBatch {
+  using cuda::DeviceBatch::DeviceBatch;
+};
+#else
+struct HostCluster::DeviceBuffers {};
+#endif
+
 HostCluster::HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
-                         int world, const reference::LayerWeights& weights)
+                         int world, const reference::LayerWeights& weights, Backend backend)
     : world_(world),
-      group_(make_host_group(world)),
+      backend_(backend),
+      group_(backend == Backend::cpu_threads ? make_host_group(world) : nullptr),
       comms_(static_cast<std::size_t>(world)),
       layers_(static_cast<std::size_t>(world)),
       reference_(std::make_unique<reference::ReferenceModel>(shape, precision, options, weights)) {
+  if (backend == Backend::cuda_nccl) {
+    std::vector<int> devices;
+    for (int d = 0; d < world; ++d) devices.push_back(d);
+    comms_ = make_nccl_communicators(devices);
+    device_.resize(static_cast<std::size_t>(world));
+  }
   run_on_rank_threads(world, [&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
-    comms_[r] = make_host_communicator(group_, rank);
+    if (backend == Backend::cpu_threads) comms_[r] = make_host_communicator(group_, rank);
     const LayerConfig config = make_config(shape, precision, rank, world, options);
     layers_[r] = std::make_unique<Layer>(*comms_[r], config,
                                          local_weight_views(weights, shape, rank, world));
+#if defined(EPMOE_HAS_CUDA)
+    if (backend == Backend::cuda_nccl) device_[r] = std::make_unique<DeviceBuffers>(rank, shape);
+#endif
   });
 }
 
-HostCluster::~HostCluster() = default;
+HostCluster::~HostCluster() {
+  // Tearing down a layer (and an NCCL communicator) is collective: every rank at once.
+  run_on_rank_threads(world_, [&](int rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    layers_[r].reset();
+    if (!device_.empty()) device_[r].reset();
+    comms_[r].reset();
+  });
+}
 
-std::vector<std::uint16_t> HostCluster::forward(int rank, const reference::Batch& batch) {
+std::vector<std::uint16_t> HostCluster::forward(int rank, const reference::Batch& batch,
+                                                double* device_ms) {
   Layer& l = layer(rank);
+#if defined(EPMOE_HAS_CUDA)
+  if (backend_ == Backend::cuda_nccl)
+    return device_[static_cast<std::size_t>(rank)]->forward(l, batch, device_ms);
+#endif
+  (void)device_ms;
   const LayerShape& s = l.config().shape();
   std::vector<std::uint16_t> y(static_cast<std::size_t>(batch.tokens * s.hidden));
   l.forward(view(batch.x.data(), DType::bf16, {batch.tokens, s.hidden}),

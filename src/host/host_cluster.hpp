@@ -1,6 +1,7 @@
-// Every rank of a CPU-executor group in one object: the layers (created collectively, one thread
-// per rank) and the reference model every rank thread checks its own rounds with.
-// Used by the tests and by `epmoe run` / `epmoe stress`.
+// Every rank of a group in one process: the layers (created collectively, one thread per rank)
+// and the reference model every rank thread checks its own rounds with. The CPU executor
+// (ranks are threads) or the CUDA executor (rank r on GPU r, inputs staged through device
+// buffers). Used by the tests and by `epmoe run` / `epmoe stress`.
 #pragma once
 
 #include <cstdint>
@@ -16,22 +17,29 @@ class HostCluster {
  public:
   // `weights` holds every expert (all ranks) and must outlive the cluster.
   HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
-              const reference::LayerWeights& weights);
+              const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads);
   ~HostCluster();
 
   int world() const { return world_; }
   Layer& layer(int rank) { return *layers_[static_cast<std::size_t>(rank)]; }
   reference::ReferenceModel& reference(int /*rank*/) { return *reference_; }
 
+  Backend backend() const { return backend_; }
+
   // One forward() of `rank` (call it from that rank's thread). Returns y [T, H] bf16.
-  std::vector<std::uint16_t> forward(int rank, const reference::Batch& batch);
+  // `device_ms`: on the CUDA executor, the forward alone timed with CUDA events.
+  std::vector<std::uint16_t> forward(int rank, const reference::Batch& batch,
+                                     double* device_ms = nullptr);
 
   // Collective reset(): runs reset() on every rank's thread.
   void reset_all();
 
  private:
   int world_;
+  Backend backend_;
   std::shared_ptr<HostGroup> group_;
+  struct DeviceBuffers;  // CUDA executor only
+  std::vector<std::unique_ptr<DeviceBuffers>> device_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<reference::ReferenceModel> reference_;

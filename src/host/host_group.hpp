@@ -69,6 +69,7 @@ class HostCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world() const override { return group_->world(); }
   Backend backend() const override { return Backend::cpu_threads; }
+  Device device() const override { return Device{}; }
   HostGroup& group() const { return *group_; }
 
  private:

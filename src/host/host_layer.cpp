@@ -28,32 +28,12 @@ struct HostPeers {
 };
 using Session = protocol::RoundSession<HostPeers>;
 
-std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::int64_t rows,
-                               std::int64_t cols) {
-  const auto n = static_cast<std::size_t>(rows * cols);
-  const std::size_t first = static_cast<std::size_t>(expert) * n;
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; ++i)
-    out[i] = t.dtype == DType::f32 ? t.as<const float>()[first + i]
-                                   : formats::bf16_to_float(t.as<const std::uint16_t>()[first + i]);
-  return out;
-}
-
 class HostLayer final : public LayerImpl {
  public:
   HostLayer(HostCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
       : LayerImpl(config), rank_(comm.rank()), layout_(protocol::make_workspace_layout(config)) {
     validate_weights(config, weights, Device{});
-    const LayerShape& s = config.shape();
-    const ScaleRounding rounding = config.options().mxfp8_scale_rounding;
-    for (std::int64_t e = 0; e < config.local_experts(); ++e) {
-      const auto w13 = load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden);
-      const auto w2 = load_matrix(weights.w2, e, s.hidden, s.intermediate);
-      w13_.push_back(reference::emulate_weight_matrix(w13.data(), 2 * s.intermediate, s.hidden,
-                                                      config.precision(), rounding));
-      w2_.push_back(reference::emulate_weight_matrix(w2.data(), s.hidden, s.intermediate,
-                                                     config.precision(), rounding));
-    }
+    experts_ = reference::emulate_expert_weights(config, weights);
     windows_ = comm.group().join_layer(rank_, layout_.total, config.describe(), timeout());
   }
 
@@ -209,10 +189,15 @@ class HostLayer final : public LayerImpl {
             reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
         for (std::int32_t i = 0; i < header.num_entries; ++i) {
           const protocol::WireEntry entry = entries[i];
+          if (entry.local_expert < 0 || entry.local_expert >= config().local_experts() ||
+              entry.slot < 0 || entry.slot >= s.top_k)
+            fail_payload(src, header, session);
           const auto e = static_cast<std::size_t>(entry.local_expert);
-          reference::expert_forward_row(x.data(), {w13_[e].data(), w2_[e].data()}, s,
-                                        config().precision(), config().options(), out.data(),
-                                        scratch);
+          const reference::ExpertMatrices expert{
+              experts_.w13.data() + e * static_cast<std::size_t>(2 * s.intermediate * s.hidden),
+              experts_.w2.data() + e * static_cast<std::size_t>(s.hidden * s.intermediate)};
+          reference::expert_forward_row(x.data(), expert, s, config().precision(),
+                                        config().options(), out.data(), scratch);
           send_home(src, header.token, entry, out);
         }
       }
@@ -311,7 +296,7 @@ class HostLayer final : public LayerImpl {
   int rank_;
   protocol::WorkspaceLayout layout_;
   std::shared_ptr<HostLayerWindows> windows_;
-  std::vector<std::vector<float>> w13_, w2_;  // per local expert, quantization emulated
+  reference::EmulatedExperts experts_;  // quantization emulated
   std::uint32_t round_ = protocol::kFirstRound;
   std::uint32_t reset_epoch_ = 0;
   Health health_{};

@@ -1,19 +1,10 @@
 #include "reference/expert.hpp"
 
-#include <algorithm>
 #include <cmath>
 
 #include "reference/quantize.hpp"
 
 namespace epmoe::reference {
-
-double swiglu(double gate, double up, float limit) {
-  if (limit > 0.0f) {
-    gate = std::min(gate, double{limit});
-    up = std::clamp(up, -double{limit}, double{limit});
-  }
-  return gate / (1.0 + std::exp(-gate)) * up;
-}
 
 void expert_forward_row(const float* x, const ExpertMatrices& expert, const LayerShape& shape,
                         Precision precision, const LayerOptions& options, float* out,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "epmoe/config.hpp"
+#include "reference/swiglu.hpp"
 
 namespace epmoe::reference {
 
@@ -15,9 +16,6 @@ struct ExpertMatrices {
   const float* w13 = nullptr;  // [2I, H]: gate rows then up rows (already quantize-emulated)
   const float* w2 = nullptr;   // [H, I]
 };
-
-// silu(gate) * up, with the gpt-oss clamp when limit > 0: gate <= limit, |up| <= limit.
-double swiglu(double gate, double up, float limit);
 
 // x: [H] input row after its wire quantization; out: [H] fp32 FC2 row.
 // `scratch` is resized as needed (2I floats).

@@ -41,4 +41,40 @@ std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std:
   return out;
 }
 
+namespace {
+
+std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::int64_t rows,
+                               std::int64_t cols) {
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const std::size_t first = static_cast<std::size_t>(expert) * n;
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = t.dtype == DType::f32 ? t.as<const float>()[first + i]
+                                   : formats::bf16_to_float(t.as<const std::uint16_t>()[first + i]);
+  return out;
+}
+
+void append(std::vector<float>& to, const std::vector<float>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+}  // namespace
+
+EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWeights& weights) {
+  const LayerShape& s = config.shape();
+  const ScaleRounding rounding = config.options().mxfp8_scale_rounding;
+  EmulatedExperts out;
+  out.w13.reserve(static_cast<std::size_t>(config.local_experts() * 2 * s.intermediate * s.hidden));
+  out.w2.reserve(static_cast<std::size_t>(config.local_experts() * s.hidden * s.intermediate));
+  for (std::int64_t e = 0; e < config.local_experts(); ++e) {
+    const auto w13 = load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden);
+    const auto w2 = load_matrix(weights.w2, e, s.hidden, s.intermediate);
+    append(out.w13, emulate_weight_matrix(w13.data(), 2 * s.intermediate, s.hidden,
+                                          config.precision(), rounding));
+    append(out.w2, emulate_weight_matrix(w2.data(), s.hidden, s.intermediate, config.precision(),
+                                         rounding));
+  }
+  return out;
+}
+
 }  // namespace epmoe::reference

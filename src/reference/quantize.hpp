@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "epmoe/config.hpp"
+#include "epmoe/layer.hpp"
 
 namespace epmoe::reference {
 
@@ -18,5 +19,13 @@ void emulate_activation_row(float* row, std::int64_t n, Precision precision,
 // whole matrix (per expert, per FC).
 std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std::int64_t cols,
                                          Precision precision, ScaleRounding rounding);
+
+// A rank's experts as the GEMMs see them: every local expert's w13 [2I, H] then w2 [H, I], each
+// quantize-emulated, contiguous over experts. `weights` must be host tensors (bf16 or f32).
+struct EmulatedExperts {
+  std::vector<float> w13;  // [E_local, 2I, H]
+  std::vector<float> w2;   // [E_local, H, I]
+};
+EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWeights& weights);
 
 }  // namespace epmoe::reference

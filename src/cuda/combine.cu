@@ -1,0 +1,81 @@
+// Combine (DESIGN §3 step 7): every CTA waits until every rank's experts are done, then finishes
+// its tokens of y. Staged: the fp32 weighted sum of the bf16 FC2 rows over slots 0..K-1, in that
+// order, with no FMA contraction, so y is deterministic and equals the reference bit for bit.
+// In-kernel reduce: y is the accumulator the experts added into, rounded to bf16. The last CTA
+// advances the round.
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.hpp"
+
+namespace epmoe::cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
+  __shared__ bool skip;
+  __shared__ std::uint32_t round;
+  if (threadIdx.x == 0) {
+    skip = round_failed(p);
+    round = p.state->round;
+    if (!skip) {
+      const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
+      DevicePlatform platform;
+      const protocol::WaitOutcome w =
+          session.await_done(protocol::deadline_after_ms(platform, p.timeout_ms), platform);
+      if (w.status != protocol::WaitStatus::ok) {
+        fail_round(p, session, w, Phase::expert_done);
+        skip = true;
+      }
+    }
+  }
+  __syncthreads();
+  if (skip) return;
+
+  const std::uint8_t* combine = p.peer_windows[p.rank] + p.layout.combine;
+  for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+    std::uint16_t* y = p.y + t * p.hidden;
+    if (p.combine == Combine::in_kernel_reduce) {
+      const auto* acc = reinterpret_cast<const float*>(combine + static_cast<std::size_t>(t) *
+                                                                     p.layout.combine_row_bytes);
+      for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
+        y[i] = formats::float_to_bf16(acc[i]);
+      continue;
+    }
+    for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+      float acc = 0.0f;
+      for (std::int64_t k = 0; k < p.top_k; ++k) {
+        const std::int64_t slot = t * p.top_k + k;
+        const std::int64_t id = p.ids_are_i64 ? static_cast<const std::int64_t*>(p.topk_ids)[slot]
+                                              : static_cast<const std::int32_t*>(p.topk_ids)[slot];
+        if (id < 0 || id >= p.num_experts) continue;
+        const auto* row = reinterpret_cast<const std::uint16_t*>(
+            combine + static_cast<std::size_t>(slot) * p.layout.combine_row_bytes);
+        acc = __fadd_rn(acc, __fmul_rn(p.topk_weights[slot], formats::bf16_to_float(row[i])));
+      }
+      y[i] = formats::float_to_bf16(acc);
+    }
+  }
+
+  if (last_cta_done(&p.state->tickets[2])) p.state->round = round + 1;
+}
+
+}  // namespace
+
+KernelShape combine_shape(const ForwardParams& p, int device) {
+  (void)p;
+  KernelShape s;
+  int per_sm = 0, sms = 0;
+  EPMOE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, combine_kernel, kThreads, 0));
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  s.grid = std::max(1, per_sm) * sms;
+  return s;
+}
+
+void launch_combine(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+  combine_kernel<<<s.grid, kThreads, 0, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda

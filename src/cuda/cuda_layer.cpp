@@ -1,0 +1,319 @@
+#include "cuda/cuda_layer.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/forward_params.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "cuda/peers.hpp"
+#include "protocol/message.hpp"
+#include "reference/quantize.hpp"
+
+namespace epmoe::cuda {
+namespace {
+
+// A host copy of a tensor that may live on the GPU (weights are quantized on the host once).
+struct HostTensor {
+  std::vector<std::uint8_t> bytes;
+  TensorView view;
+};
+HostTensor to_host(const TensorView& t) {
+  HostTensor h;
+  h.view = t;
+  if (t.device.kind == DeviceKind::cpu) return h;
+  h.bytes.resize(static_cast<std::size_t>(t.numel()) * dtype_bytes(t.dtype));
+  EPMOE_CUDA_CHECK(cudaMemcpy(h.bytes.data(), t.data, h.bytes.size(), cudaMemcpyDeviceToHost));
+  h.view.data = h.bytes.data();
+  h.view.device = Device{};
+  return h;
+}
+
+template <class T>
+T* device_copy(const std::vector<T>& v) {
+  T* d = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&d, std::max<std::size_t>(1, v.size()) * sizeof(T)));
+  EPMOE_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+constexpr std::size_t kDescribeBytes = 4096;
+
+class CudaLayer final : public LayerImpl {
+ public:
+  CudaLayer(NcclCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
+      : LayerImpl(config), comm_(comm), device_(comm.cuda_device()) {
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    const Device d = comm.device();
+    // Weights: on this GPU or on the host; quantization emulated once, on the host.
+    for (const TensorView* t : {&weights.w13, &weights.w2})
+      if (!(t->device == d) && t->device.kind != DeviceKind::cpu)
+        throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
+                                                     to_string(t->device) + ", expected cpu or " +
+                                                     to_string(d));
+    const HostTensor w13 = to_host(weights.w13), w2 = to_host(weights.w2);
+    validate_weights(config, ExpertWeights{w13.view, w2.view}, Device{});
+    const reference::EmulatedExperts experts =
+        reference::emulate_expert_weights(config, ExpertWeights{w13.view, w2.view});
+
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    check_same_config_on_every_rank();
+
+    // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank.
+    const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
+    EPMOE_NCCL_CHECK(ncclMemAlloc(&window_base_, layout.total));
+    EPMOE_CUDA_CHECK(cudaMemset(window_base_, 0, layout.total));
+    EPMOE_NCCL_CHECK(ncclCommWindowRegister(comm.nccl(), window_base_, layout.total, &window_,
+                                            NCCL_WIN_COLL_SYMMETRIC));
+    ncclDevCommRequirements reqs;
+    std::memset(&reqs, 0, sizeof reqs);
+    EPMOE_NCCL_CHECK(ncclDevCommCreate(comm.nccl(), &reqs, &dev_comm_));
+    dev_comm_created_ = true;
+    EPMOE_CUDA_CHECK(cudaMalloc(&peer_windows_, sizeof(std::uint8_t*) * kMaxWorld));
+    compute_peer_windows(window_, dev_comm_, peer_windows_, config.world(), stream_);
+
+    // Round state (device), health record and reset outcome (mapped pinned host memory).
+    RoundState state{};
+    state.round = protocol::kFirstRound;
+    EPMOE_CUDA_CHECK(cudaMalloc(&state_, sizeof(RoundState)));
+    EPMOE_CUDA_CHECK(cudaMemcpy(state_, &state, sizeof state, cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&health_host_), sizeof(HealthRecord),
+                                   cudaHostAllocMapped));
+    std::memset(health_host_, 0, sizeof(HealthRecord));
+    EPMOE_CUDA_CHECK(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&health_device_), health_host_, 0));
+    EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&reset_outcome_host_),
+                                   sizeof(std::int32_t), cudaHostAllocMapped));
+    EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&reset_outcome_device_),
+                                              reset_outcome_host_, 0));
+
+    w13_ = device_copy(experts.w13);
+    w2_ = device_copy(experts.w2);
+
+    const LayerShape& s = config.shape();
+    base_ = ForwardParams{};
+    base_.layout = layout;
+    base_.peer_windows = peer_windows_;
+    base_.rank = config.rank();
+    base_.world = config.world();
+    base_.hidden = s.hidden;
+    base_.intermediate = s.intermediate;
+    base_.top_k = s.top_k;
+    base_.local_experts = config.local_experts();
+    base_.num_experts = s.num_experts;
+    base_.precision = config.precision();
+    base_.combine = config.options().combine;
+    base_.rounding = config.options().mxfp8_scale_rounding;
+    base_.swiglu_limit = config.options().swiglu_limit;
+    base_.timeout_ms = config.options().timeout_ms;
+    base_.w13 = w13_;
+    base_.w2 = w2_;
+    base_.state = state_;
+    base_.health = health_device_;
+    dispatch_ = dispatch_shape(base_, device_);
+    experts_ = experts_shape(base_, device_);
+    combine_ = combine_shape(base_, device_);
+  }
+
+  ~CudaLayer() override {
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    if (dev_comm_created_) ncclDevCommDestroy(comm_.nccl(), &dev_comm_);
+    if (window_ != nullptr) ncclCommWindowDeregister(comm_.nccl(), window_);
+    if (window_base_ != nullptr) ncclMemFree(window_base_);
+    cudaFree(peer_windows_);
+    cudaFree(state_);
+    cudaFree(w13_);
+    cudaFree(w2_);
+    cudaFreeHost(health_host_);
+    cudaFreeHost(reset_outcome_host_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+               const TensorView& y, Stream stream) override {
+    const ForwardArgs a =
+        validate_forward(config(), x, topk_ids, topk_weights, y, comm_.device(), false);
+    refuse_if_unhealthy();
+    if (a.tokens == 0 && fault_fires(testing::Fault::skip_launch_when_idle)) return;
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    auto* s = static_cast<cudaStream_t>(stream.handle);
+    if (fault_fires(testing::Fault::round_jump)) launch_round_jump(state_, 2, s);
+    ForwardParams p = base_;
+    p.tokens = a.tokens;
+    p.x = a.x;
+    p.topk_ids = a.topk_ids;
+    p.ids_are_i64 = a.id_dtype == DType::i64;
+    p.topk_weights = a.topk_weights;
+    p.y = a.y;
+    launch_dispatch(p, dispatch_, s);
+    if (fault_fires(testing::Fault::stall))
+      launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
+    launch_experts(p, experts_, s);
+    launch_combine(p, combine_, s);
+    last_stream_ = s;
+  }
+
+  Health health() const override {
+    read_health_record();
+    return health_;
+  }
+
+  void reset() override {
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(last_stream_));  // every wait is bounded: this returns
+    *reset_outcome_host_ = -1;
+    launch_reset(base_, reset_epoch_ + 1, reset_outcome_device_, stream_);
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const std::int32_t outcome = *reset_outcome_host_;
+    if (outcome != 0) {
+      health_ = Health{};
+      health_.ok = false;
+      health_.code = ErrorCode::timeout;
+      health_.rank = config().rank();
+      health_.peer = outcome - 1;
+      health_.phase = Phase::reset;
+      health_.what = "rank " + std::to_string(config().rank()) + ": reset() timed out: rank " +
+                     std::to_string(outcome - 1) + " did not call reset() within " +
+                     std::to_string(config().options().timeout_ms) + " ms";
+      throw Error(ErrorCode::timeout, health_.what);
+    }
+    reset_epoch_ += 2;
+    std::memset(health_host_, 0, sizeof(HealthRecord));
+    health_ = Health::healthy();
+  }
+
+  std::uint32_t next_round() const override {
+    RoundState s;
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    EPMOE_CUDA_CHECK(cudaMemcpy(&s, state_, sizeof s, cudaMemcpyDeviceToHost));
+    return s.round;
+  }
+
+ private:
+  // Layer creation fails on every rank, naming the ranks, if they were given different configs.
+  void check_same_config_on_every_rank() {
+    std::string mine = config().describe();
+    mine.resize(kDescribeBytes, '\0');
+    char* d = nullptr;
+    const std::size_t world = static_cast<std::size_t>(config().world());
+    EPMOE_CUDA_CHECK(cudaMalloc(&d, kDescribeBytes * (world + 1)));
+    EPMOE_CUDA_CHECK(cudaMemcpy(d, mine.data(), kDescribeBytes, cudaMemcpyHostToDevice));
+    EPMOE_NCCL_CHECK(
+        ncclAllGather(d, d + kDescribeBytes, kDescribeBytes, ncclChar, comm_.nccl(), stream_));
+    std::vector<char> all(kDescribeBytes * world);
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + kDescribeBytes, all.size(),
+                                     cudaMemcpyDeviceToHost, stream_));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EPMOE_CUDA_CHECK(cudaFree(d));
+    const std::string first(all.data());
+    for (std::size_t r = 1; r < world; ++r) {
+      const std::string other(all.data() + r * kDescribeBytes);
+      if (other != first)
+        throw Error(ErrorCode::invalid_argument,
+                    "Layer creation: rank " + std::to_string(r) +
+                        " was given a different config than rank 0:\n  rank 0: " + first +
+                        "\n  rank " + std::to_string(r) + ": " + other);
+    }
+  }
+
+  void read_health_record() const {
+    const auto* h = static_cast<const volatile HealthRecord*>(health_host_);
+    if (h->published == 0 || !health_.ok) return;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    Health out;
+    out.ok = false;
+    out.code = static_cast<ErrorCode>(h->code);
+    out.rank = h->rank;
+    out.peer = h->peer;
+    out.phase = static_cast<Phase>(h->phase);
+    out.round = h->round;
+    out.observed = h->observed;
+    out.expected = h->expected;
+    const std::string me = "rank " + std::to_string(out.rank);
+    const std::string where =
+        std::string(" in phase ") + to_string(out.phase) + " of round " + std::to_string(out.round);
+    switch (out.code) {
+      case ErrorCode::timeout:
+        out.what = me + " timed out after " + std::to_string(config().options().timeout_ms) +
+                   " ms" + where + " waiting for rank " + std::to_string(out.peer) +
+                   " (last saw its round " + std::to_string(out.observed) + ", expected " +
+                   std::to_string(out.expected) + ")";
+        break;
+      case ErrorCode::peer_aborted:
+        out.what = me + ": round aborted: rank " + std::to_string(h->reporter) +
+                   " gave up waiting for rank " +
+                   (out.peer < 0 ? std::string("?") : std::to_string(out.peer)) + where;
+        break;
+      case ErrorCode::protocol_violation:
+        out.what = me + where + ": rank " + std::to_string(out.peer) + " is at round " +
+                   std::to_string(out.observed) + ", more than one round away (protocol violation)";
+        break;
+      case ErrorCode::invalid_argument:
+        out.what = "forward: topk_ids[" + std::to_string(h->bad_token) + ", " +
+                   std::to_string(h->bad_slot) + "]=" + std::to_string(h->bad_value) +
+                   ": must be -1 (no expert) or in [0, num_experts=" +
+                   std::to_string(config().shape().num_experts) +
+                   ") (device-resident ids are checked in the kernel; that slot was dropped)";
+        break;
+      default:
+        out.what = me + ": " + to_string(out.code);
+        break;
+    }
+    health_ = out;
+  }
+
+  void refuse_if_unhealthy() {
+    read_health_record();
+    if (health_.ok) return;
+    if (health_.code == ErrorCode::invalid_argument) {
+      // A bad id is the caller's error for one round; the protocol ran, the layer stays usable.
+      const std::string what = health_.what;
+      std::memset(health_host_, 0, sizeof(HealthRecord));
+      health_ = Health::healthy();
+      throw Error(ErrorCode::invalid_argument, what);
+    }
+    throw Error(health_.code, "forward on rank " + std::to_string(config().rank()) +
+                                  " refused until a collective reset(): " + health_.what);
+  }
+
+  NcclCommunicator& comm_;
+  int device_;
+  cudaStream_t stream_ = nullptr;       // creation and reset
+  cudaStream_t last_stream_ = nullptr;  // the caller's stream of the last forward
+  void* window_base_ = nullptr;
+  ncclWindow_t window_ = nullptr;
+  ncclDevComm dev_comm_{};
+  bool dev_comm_created_ = false;
+  std::uint8_t** peer_windows_ = nullptr;
+  RoundState* state_ = nullptr;
+  HealthRecord* health_host_ = nullptr;
+  HealthRecord* health_device_ = nullptr;
+  std::int32_t* reset_outcome_host_ = nullptr;
+  std::int32_t* reset_outcome_device_ = nullptr;
+  float* w13_ = nullptr;
+  float* w2_ = nullptr;
+  ForwardParams base_{};
+  KernelShape dispatch_, experts_, combine_;
+  std::uint32_t reset_epoch_ = 0;
+  mutable Health health_{};
+};
+
+}  // namespace
+
+std::unique_ptr<LayerImpl> make_cuda_layer(Communicator& comm, const LayerConfig& config,
+                                           const ExpertWeights& local_weights) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl == nullptr)
+    throw Error(ErrorCode::invalid_argument,
+                "Layer: a cuda_nccl communicator must come from make_nccl_communicator(s)");
+  return std::make_unique<CudaLayer>(*nccl, config, local_weights);
+}
+
+}  // namespace epmoe::cuda

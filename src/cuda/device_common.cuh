@@ -1,0 +1,131 @@
+// Device-side pieces every epmoe kernel uses: the protocol's platform (clock + backoff), peers as
+// LSA base pointers, the failure path of a bounded wait, and the "last CTA publishes" ticket.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/forward_params.hpp"
+#include "epmoe/errors.hpp"
+#include "protocol/round.hpp"
+
+namespace epmoe::cuda {
+
+struct DevicePlatform {
+  __host__ __device__ std::uint64_t now_ns() const {
+#if defined(__CUDA_ARCH__)
+    std::uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#else
+    return 0;
+#endif
+  }
+  // __nanosleep from 64 ns doubling to 2 us: cheap for the NVLink round trip, polite to the SM.
+  __host__ __device__ void pause(std::uint32_t attempt) const {
+#if defined(__CUDA_ARCH__)
+    const std::uint32_t shift = attempt < 16 ? attempt / 4 : 5;
+    __nanosleep(64u << shift);
+#else
+    (void)attempt;
+#endif
+  }
+};
+
+struct DevicePeers {
+  std::uint8_t* const* windows;
+  __host__ __device__ std::uint8_t* window(int rank) const { return windows[rank]; }
+};
+using DeviceSession = protocol::RoundSession<DevicePeers>;
+
+__device__ inline void publish_health(HealthRecord* h) {
+  __threadfence_system();
+  protocol::system_ref<std::uint32_t>(h->published).store(1, ::cuda::std::memory_order_release);
+}
+
+// I3 on the GPU: the first failing thread of this rank writes the record, raises abort on every
+// peer (only when it detected the failure itself), and marks the round state failed so every
+// later kernel of this rank returns at once. One thread calls it; the kernel then returns.
+__device__ inline void fail_round(const ForwardParams& p, const DeviceSession& session,
+                                  const protocol::WaitOutcome& w, Phase phase) {
+  using protocol::WaitStatus;
+  if (w.status != WaitStatus::aborted) session.raise_abort(phase, w.peer);
+  protocol::system_ref<std::uint32_t>(p.state->failed).store(1, ::cuda::std::memory_order_relaxed);
+  std::uint32_t expected = 0;
+  if (!protocol::system_ref<std::uint32_t>(p.health->claimed)
+           .compare_exchange_strong(expected, 1u, ::cuda::std::memory_order_acq_rel))
+    return;
+  HealthRecord* h = p.health;
+  h->rank = p.rank;
+  h->round = session.round();
+  h->expected = session.round();
+  h->observed = w.observed;
+  if (w.status == WaitStatus::aborted) {
+    const protocol::AbortRecord a = protocol::unpack_abort(w.abort_word);
+    h->code = static_cast<std::uint32_t>(ErrorCode::peer_aborted);
+    h->peer = a.culprit == protocol::kUnknownRank ? -1 : static_cast<std::int32_t>(a.culprit);
+    h->reporter = static_cast<std::int32_t>(a.reporter);
+    h->phase = a.phase;
+    h->round = a.round;
+  } else {
+    h->code = static_cast<std::uint32_t>(
+        w.status == WaitStatus::timeout ? ErrorCode::timeout : ErrorCode::protocol_violation);
+    h->peer = w.peer;
+    h->reporter = p.rank;
+    h->phase = static_cast<std::uint32_t>(phase);
+  }
+  publish_health(h);
+}
+
+// Whether this rank's round already failed (read by one thread per CTA at kernel start).
+__device__ inline bool round_failed(const ForwardParams& p) {
+  return protocol::system_ref<std::uint32_t>(p.state->failed)
+             .load(::cuda::std::memory_order_relaxed) != 0;
+}
+
+// Every CTA calls this once when its part of the kernel is done (all its stores issued); returns
+// true in exactly one thread of the last CTA, after every other CTA's stores are visible system
+// wide. That thread then publishes the round's message and re-arms the ticket.
+__device__ inline bool last_cta_done(std::uint32_t* ticket) {
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (last) {
+      __threadfence_system();
+      *ticket = 0;
+    }
+  }
+  return last;
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ inline double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Max of |x| over finite values (the NVFP4 group amax) across the CTA; `scratch` holds one float
+// per warp. Max is order-free, so this equals the host's formats::nvfp4_group_amax exactly.
+__device__ inline float block_finite_amax(const float* x, std::int64_t n, float* scratch) {
+  float m = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float a = fabsf(x[i]);
+    if (a <= 3.402823466e38f) m = fmaxf(m, a);  // skips NaN and Inf
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = m;
+  __syncthreads();
+  float r = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) r = fmaxf(r, scratch[w]);
+  __syncthreads();
+  return r;
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,129 @@
+// Dispatch (DESIGN §3 steps 1-3): every CTA takes tokens in a grid-stride loop, stages the
+// token's wire row in shared memory once (quantized on the fly), and copies it with 16-byte stores
+// into each owner rank's receive rows, carrying all the token's (slot, expert, weight) entries
+// there. The last CTA to finish publishes (round, rows) to every rank, zero rows included.
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_common.cuh"
+#include "cuda/kernels.hpp"
+#include "cuda/row_codec.cuh"
+
+namespace epmoe::cuda {
+namespace {
+
+// Shared memory: [wire row: header + entries + payload][x: H floats][scratch: one float per warp]
+std::size_t dispatch_smem(const ForwardParams& p) {
+  return p.layout.row_bytes + static_cast<std::size_t>(p.hidden) * 4 + 32 * 4;
+}
+
+__device__ std::int64_t expert_id(const ForwardParams& p, std::int64_t t, std::int64_t k) {
+  const std::int64_t i = t * p.top_k + k;
+  return p.ids_are_i64 ? static_cast<const std::int64_t*>(p.topk_ids)[i]
+                       : static_cast<const std::int32_t*>(p.topk_ids)[i];
+}
+
+// Device-resident ids cannot be checked before the launch: an id outside [-1, E) is dropped
+// (treated as -1) and reported once; the next forward() throws invalid_argument naming it.
+__device__ void report_bad_id(const ForwardParams& p, std::int64_t t, std::int64_t k,
+                              std::int64_t id) {
+  std::uint32_t expected = 0;
+  if (!protocol::system_ref<std::uint32_t>(p.health->claimed)
+           .compare_exchange_strong(expected, 1u, ::cuda::std::memory_order_acq_rel))
+    return;
+  p.health->code = static_cast<std::uint32_t>(ErrorCode::invalid_argument);
+  p.health->rank = p.rank;
+  p.health->bad_token = t;
+  p.health->bad_slot = k;
+  p.health->bad_value = id;
+  publish_health(p.health);
+}
+
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  std::uint8_t* row = smem;
+  auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
+  float* scratch = x + p.hidden;
+  __shared__ bool skip;
+  __shared__ std::uint32_t round;
+  __shared__ std::uint8_t* destination;
+  if (threadIdx.x == 0) {
+    skip = round_failed(p);
+    round = p.state->round;
+  }
+  __syncthreads();
+  if (skip) return;
+
+  // 1. This round's accumulator rows start at zero (in-kernel reduce adds into them remotely).
+  if (p.combine == Combine::in_kernel_reduce) {
+    auto* acc = reinterpret_cast<float*>(p.peer_windows[p.rank] + p.layout.combine);
+    for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * p.hidden;
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+      acc[i] = 0.0f;
+  }
+
+  // 2. Rows to their owners.
+  auto* header = reinterpret_cast<protocol::WireRowHeader*>(row);
+  auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
+  std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
+  for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+    for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
+      x[i] = formats::bf16_to_float(p.x[t * p.hidden + i]);
+    __syncthreads();
+    const float s_enc = encode_row_block(x, p.hidden, p.precision, p.rounding, payload, scratch);
+    for (int dest = 0; dest < p.world; ++dest) {
+      if (threadIdx.x == 0) {
+        std::int32_t n = 0;
+        for (std::int64_t k = 0; k < p.top_k; ++k) {
+          const std::int64_t id = expert_id(p, t, k);
+          if (id < -1 || id >= p.num_experts) {
+            if (dest == 0) report_bad_id(p, t, k, id);
+            continue;
+          }
+          if (id < 0 || id / p.local_experts != dest) continue;
+          entries[n++] = protocol::WireEntry{static_cast<std::int16_t>(k),
+                                             static_cast<std::int16_t>(id - dest * p.local_experts),
+                                             p.topk_weights[t * p.top_k + k]};
+        }
+        *header = protocol::WireRowHeader{static_cast<std::int32_t>(t), n, s_enc, round};
+        destination = nullptr;
+        if (n > 0) {
+          const std::uint32_t slot = atomicAdd(&p.state->rows_to[dest], 1u);
+          destination = p.peer_windows[dest] + p.layout.recv_row(round, p.rank, slot);
+        }
+      }
+      __syncthreads();
+      if (destination != nullptr) copy_16B(destination, row, p.layout.row_bytes);
+      __syncthreads();
+    }
+  }
+
+  // 3. The last CTA publishes (round, rows) to every rank, then re-arms the row counters.
+  if (last_cta_done(&p.state->tickets[0])) {
+    const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
+    for (int dest = 0; dest < p.world; ++dest)
+      session.publish_count(dest, atomicExch(&p.state->rows_to[dest], 0u));
+  }
+}
+
+}  // namespace
+
+KernelShape dispatch_shape(const ForwardParams& p, int device) {
+  KernelShape s;
+  s.smem = dispatch_smem(p);
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(
+      dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem)));
+  int per_sm = 0, sms = 0;
+  EPMOE_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch_kernel, kThreads, s.smem));
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  s.grid = std::max(1, per_sm) * sms;
+  return s;
+}
+
+void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+  dispatch_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda

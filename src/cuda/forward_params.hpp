@@ -1,0 +1,68 @@
+// What the CUDA kernels of one forward() share: a small params struct passed by value, the
+// round state in device memory, and the health record in mapped pinned host memory.
+#pragma once
+
+#include <cstdint>
+
+#include "epmoe/config.hpp"
+#include "protocol/workspace.hpp"
+
+namespace epmoe::cuda {
+
+inline constexpr int kMaxWorld = 64;
+
+// Lives in device memory; advanced by the kernels themselves (never by the host), so a captured
+// CUDA graph replays rounds correctly.
+struct RoundState {
+  std::uint32_t round;                 // the round the next forward runs
+  std::uint32_t failed;                // set when a wait failed: later kernels do nothing
+  std::uint32_t tickets[3];            // CTAs finished per kernel: the last one publishes
+  std::uint32_t rows_to[kMaxWorld];    // dispatch: rows written to each rank this round
+  std::uint32_t rows_from[kMaxWorld];  // counts received this round (written by the last waiter)
+};
+
+// The diagnostic record of DESIGN I3, in mapped pinned host memory: the host reads it without
+// synchronising the stream. `claimed` is taken with a CAS by the first writer; `published` is
+// stored after every field, so the host never reads a half-written record.
+struct HealthRecord {
+  std::uint32_t claimed;
+  std::uint32_t published;
+  std::uint32_t code;  // ErrorCode
+  std::int32_t rank;
+  std::int32_t peer;
+  std::uint32_t phase;  // Phase
+  std::uint32_t round;
+  std::uint32_t observed;
+  std::uint32_t expected;
+  std::int32_t reporter;   // peer_aborted: the rank that gave up
+  std::int64_t bad_token;  // invalid_argument: first out-of-range topk_ids entry
+  std::int64_t bad_slot;
+  std::int64_t bad_value;
+};
+
+struct ForwardParams {
+  // The layer
+  protocol::WorkspaceLayout layout;
+  std::uint8_t* const* peer_windows;  // [world] LSA base pointer of each rank's window
+  int rank;
+  int world;
+  std::int64_t hidden, intermediate, top_k, local_experts, num_experts;
+  Precision precision;
+  Combine combine;
+  ScaleRounding rounding;
+  float swiglu_limit;
+  std::uint32_t timeout_ms;
+  const float* w13;  // [E_local, 2I, H], quantization emulated
+  const float* w2;   // [E_local, H, I]
+  RoundState* state;
+  HealthRecord* health;  // device pointer of the mapped record
+  // This round's tensors
+  std::int64_t tokens;
+  const std::uint16_t* x;  // [T, H] bf16
+  const void* topk_ids;    // [T, K] i32 or i64
+  bool ids_are_i64;
+  const float* topk_weights;  // [T, K]
+  std::uint16_t* y;           // [T, H] bf16
+};
+
+}  // namespace epmoe::cuda

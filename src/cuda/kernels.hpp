@@ -1,0 +1,43 @@
+// Launchers of the CUDA executor's kernels, one per phase of the round (DESIGN §3), each a plain
+// function of the params struct and a stream. Grids come from occupancy (I5), never from T.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/forward_params.hpp"
+
+namespace epmoe::cuda {
+
+inline constexpr int kThreads = 256;  // every kernel: 8 warps
+
+struct KernelShape {
+  int grid = 0;
+  std::size_t smem = 0;
+};
+
+// Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
+// counts to every rank.
+KernelShape dispatch_shape(const ForwardParams& p, int device);
+void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+
+// Steps 4-6: wait for every count, run FC1 -> SwiGLU -> FC2 on every arrived (row, expert),
+// send results home, publish done to every rank.
+KernelShape experts_shape(const ForwardParams& p, int device);
+void launch_experts(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+
+// Step 7: wait for every done, finish y, advance the round.
+KernelShape combine_shape(const ForwardParams& p, int device);
+void launch_combine(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+
+// The collective reset(): two bounded meetings, own inboxes and the round state cleared between.
+// `outcome` (mapped host memory): 0 = ok, else 1 + the peer that did not arrive.
+void launch_reset(const ForwardParams& p, std::uint32_t first_epoch, std::int32_t* outcome,
+                  cudaStream_t stream);
+
+// Fault switches (test builds): sleep on the GPU; move the device round counter.
+void launch_stall(std::uint64_t ns, cudaStream_t stream);
+void launch_round_jump(RoundState* state, std::uint32_t by, cudaStream_t stream);
+
+}  // namespace epmoe::cuda

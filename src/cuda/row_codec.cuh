@@ -1,0 +1,82 @@
+// One activation row encoded into / decoded from its wire payload by a whole CTA: each thread
+// takes whole blocks of the format (32 for MXFP8, 16 for NVFP4), so the bytes are exactly those of
+// the serial protocol/wire_codec.hpp the CPU executor and the reference use.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_common.cuh"
+#include "formats/codec.hpp"
+#include "protocol/wire.hpp"
+
+namespace epmoe::cuda {
+
+// x: [n] floats in shared memory; payload: wire bytes (shared or global). Returns s_enc (NVFP4)
+// or 1. `scratch`: one float per warp. Every thread of the CTA must call it.
+__device__ inline float encode_row_block(const float* x, std::int64_t n, Precision precision,
+                                         ScaleRounding rounding, std::uint8_t* payload,
+                                         float* scratch) {
+  using namespace formats;
+  switch (precision) {
+    case Precision::bf16: {
+      auto* out = reinterpret_cast<std::uint16_t*>(payload);
+      for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = float_to_bf16(x[i]);
+      return 1.0f;
+    }
+    case Precision::mxfp8:
+      for (std::int64_t b = threadIdx.x; b * kMxfp8Block < n; b += blockDim.x)
+        mxfp8_encode_block(x + b * kMxfp8Block, kMxfp8Block, rounding, payload + b * kMxfp8Block,
+                           payload + n + b);
+      return 1.0f;
+    case Precision::nvfp4: {
+      const float s_enc = nvfp4_tensor_scale(block_finite_amax(x, n, scratch));
+      for (std::int64_t b = threadIdx.x; b * kNvfp4Block < n; b += blockDim.x)
+        nvfp4_encode_block(x + b * kNvfp4Block, kNvfp4Block, s_enc, payload + b * (kNvfp4Block / 2),
+                           payload + n / 2 + b);
+      return s_enc;
+    }
+  }
+  return 1.0f;
+}
+
+__device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_t n,
+                                        Precision precision, float row_scale, float* out) {
+  using namespace formats;
+  switch (precision) {
+    case Precision::bf16: {
+      const auto* in = reinterpret_cast<const std::uint16_t*>(payload);
+      for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = bf16_to_float(in[i]);
+      return;
+    }
+    case Precision::mxfp8:
+      for (std::int64_t b = threadIdx.x; b * kMxfp8Block < n; b += blockDim.x)
+        mxfp8_decode_block(payload + b * kMxfp8Block, payload[n + b], kMxfp8Block,
+                           out + b * kMxfp8Block);
+      return;
+    case Precision::nvfp4:
+      for (std::int64_t b = threadIdx.x; b * kNvfp4Block < n; b += blockDim.x)
+        nvfp4_decode_block(payload + b * (kNvfp4Block / 2), payload[n / 2 + b], row_scale,
+                           kNvfp4Block, out + b * kNvfp4Block);
+      return;
+  }
+}
+
+// A quantization point in place (the FC2 input): decode(encode(x)). `bytes`: scratch of
+// wire_payload_bytes(precision, n).
+__device__ inline void quantize_row_block(float* x, std::int64_t n, Precision precision,
+                                          ScaleRounding rounding, std::uint8_t* bytes,
+                                          float* scratch) {
+  const float s_enc = encode_row_block(x, n, precision, rounding, bytes, scratch);
+  __syncthreads();
+  decode_row_block(bytes, n, precision, s_enc, x);
+  __syncthreads();
+}
+
+// 16-byte copies of a CTA-staged buffer to (peer) global memory; `bytes` is a multiple of 16.
+__device__ inline void copy_16B(std::uint8_t* dst, const std::uint8_t* src, std::size_t bytes) {
+  auto* d = reinterpret_cast<uint4*>(dst);
+  const auto* s = reinterpret_cast<const uint4*>(src);
+  for (std::size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,274 @@
+// The CUDA executor on 1 and 2 GPUs (run by tests/gpu/run.sh on a GPU machine; CI reports the GPU
+// suite as skipped). Every check compares against the reference forward: staged combine within
+// one bf16 ulp (the GEMV kernels sum in float64 in another order than the reference), in-kernel
+// reduce likewise.
+#include <cuda_runtime.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <thread>
+
+#include "cuda/device_batch.hpp"
+#include "epmoe/epmoe.hpp"
+#include "epmoe/testing.hpp"
+#include "host/host_cluster.hpp"
+#include "host/rank_threads.hpp"
+#include "reference/problem.hpp"
+
+namespace epmoe {
+namespace {
+
+using reference::Batch;
+using reference::Routing;
+using ::testing::HasSubstr;
+
+const LayerShape kShape{
+    .hidden = 256, .intermediate = 128, .num_experts = 8, .top_k = 4, .max_tokens_per_rank = 1000};
+
+int gpus() {
+  return cuda_device_count();
+}
+
+template <class Fn>
+void within_seconds(int seconds, const char* what, Fn&& fn) {
+  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
+  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
+    std::fprintf(stderr, "HANG: %s did not finish within %d s\n", what, seconds);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  done.get();
+}
+
+void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, HostCluster& c,
+                    const std::string& where) {
+  const auto ref = c.reference(0).forward(b);
+  const auto err = reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
+  EXPECT_EQ(err.mismatches, 0) << where << " max_abs=" << err.max_abs;
+}
+
+struct Scenario {
+  Precision precision;
+  Combine combine;
+  int world;
+};
+
+class GpuMatchesReference : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
+  const Scenario sc = GetParam();
+  if (gpus() < sc.world) GTEST_SKIP() << "needs " << sc.world << " GPUs";
+  LayerOptions options;
+  options.combine = sc.combine;
+  options.timeout_ms = 20'000;
+  const auto weights = reference::make_random_weights(kShape, 3);
+  HostCluster cluster(kShape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
+  const std::vector<std::int64_t> token_counts{0, 1, 7, 64, 1000};
+  within_seconds(300, "rounds", [&] {
+    run_on_rank_threads(sc.world, [&](int rank) {
+      for (std::size_t i = 0; i < token_counts.size() + 1; ++i) {
+        // The last round: rank 0 idle while the others are full.
+        const std::int64_t t = i < token_counts.size()
+                                   ? token_counts[i]
+                                   : (rank == 0 ? 0 : kShape.max_tokens_per_rank);
+        const Batch b = reference::make_random_batch(kShape, sc.world, t, Routing::uniform, 0,
+                                                     100 * i + static_cast<std::uint64_t>(rank));
+        const auto y = cluster.forward(rank, b);
+        expect_matches(y, b, cluster, "rank " + std::to_string(rank) + " T=" + std::to_string(t));
+      }
+    });
+  });
+  for (int r = 0; r < sc.world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
+}
+
+std::vector<Scenario> all_scenarios() {
+  std::vector<Scenario> out;
+  for (int world : {1, 2})
+    for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4})
+      for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) out.push_back({p, c, world});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuMatchesReference, ::testing::ValuesIn(all_scenarios()),
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param.precision)) + "_" +
+                                  to_string(param_info.param.combine) + "_world" +
+                                  std::to_string(param_info.param.world);
+                         });
+
+TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
+  const int world = std::min(gpus(), 2);
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const LayerShape shape{256, 128, 8, 4, 64};
+  LayerOptions options;
+  options.timeout_ms = 20'000;
+  const auto weights = reference::make_random_weights(shape, 9);
+  HostCluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
+  std::atomic<int> idle{0}, total{0};
+  within_seconds(300, "500 rounds", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      reference::Rng rng(77 + static_cast<std::uint64_t>(rank));
+      for (int r = 0; r < 500; ++r) {
+        const std::int64_t t = rng.uniform() < 0.4 ? 0 : 1 + rng.below(shape.max_tokens_per_rank);
+        const Routing routing = rng.uniform() < 0.2 ? Routing::one_rank : Routing::uniform;
+        const Batch b =
+            reference::make_random_batch(shape, world, t, routing, rng.below(world), rng.next());
+        if (rng.uniform() < 0.3)
+          std::this_thread::sleep_for(std::chrono::microseconds(rng.below(2000)));
+        idle += t == 0;
+        ++total;
+        const auto y = cluster.forward(rank, b);
+        if (r % 10 == 0) expect_matches(y, b, cluster, "round " + std::to_string(r));
+      }
+    });
+  });
+  EXPECT_GE(idle.load() * 10, total.load() * 3) << "at least 30% zero-token rounds";
+  for (int r = 0; r < world; ++r) EXPECT_EQ(cluster.layer(r).next_round(), 501u);
+}
+
+TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
+  const int world = std::min(gpus(), 2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const auto weights = reference::make_random_weights(kShape, 5);
+  HostCluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
+  within_seconds(300, "one-rank routing", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      const Batch b = reference::make_random_batch(kShape, world, kShape.max_tokens_per_rank,
+                                                   Routing::one_rank, world - 1, 50 + rank);
+      expect_matches(cluster.forward(rank, b), b, cluster, "one_rank");
+    });
+  });
+}
+
+TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
+  const int world = std::min(gpus(), 2);
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
+  LayerOptions options;
+  options.timeout_ms = 500;
+  const LayerShape shape{256, 128, 8, 4, 16};
+  const auto weights = reference::make_random_weights(shape, 6);
+  HostCluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
+  testing::inject_fault(cluster.layer(1), {testing::Fault::skip_launch_when_idle});
+  std::vector<Health> health(2);
+  std::vector<double> seconds(2);
+  within_seconds(60, "skip-launch fault", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      const auto start = std::chrono::steady_clock::now();
+      const Batch b =
+          reference::make_random_batch(shape, world, rank == 1 ? 0 : 8, Routing::uniform, 0, 3);
+      cluster.forward(rank, b);  // the GPU path returns; the error shows in health()
+      seconds[rank] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      health[rank] = cluster.layer(rank).health();
+    });
+  });
+  EXPECT_FALSE(health[0].ok);
+  EXPECT_EQ(health[0].peer, 1) << health[0].what;
+  EXPECT_EQ(health[0].phase, Phase::dispatch_counts) << health[0].what;
+  EXPECT_EQ(health[0].round, 1u) << health[0].what;
+  EXPECT_LT(seconds[0], 0.5 + 1.0);
+  EXPECT_THAT(health[0].what, HasSubstr("rank 1"));
+  // The next forward on rank 0 is refused without waiting; the CUDA context still works.
+  const Batch b = reference::make_random_batch(shape, world, 2, Routing::uniform, 0, 4);
+  EXPECT_THROW(cluster.forward(0, b), Error);
+  EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  within_seconds(60, "reset", [&] { cluster.reset_all(); });
+  within_seconds(60, "rounds after reset", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      for (int r = 0; r < 3; ++r) {
+        const Batch bb =
+            reference::make_random_batch(shape, world, 5 + r, Routing::uniform, 0, 10 * r + rank);
+        expect_matches(cluster.forward(rank, bb), bb, cluster, "after reset");
+      }
+    });
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
+}
+
+TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
+  const int world = std::min(gpus(), 2);
+  if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
+  LayerOptions options;
+  options.timeout_ms = 300;
+  const LayerShape shape{256, 128, 8, 4, 16};
+  const auto weights = reference::make_random_weights(shape, 6);
+  HostCluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
+  testing::inject_fault(cluster.layer(1), {testing::Fault::stall, 1500, 1});
+  std::vector<Health> health(2);
+  within_seconds(60, "stall fault", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      cluster.forward(rank, reference::make_random_batch(shape, world, 4, Routing::uniform, 0, 1));
+      health[rank] = cluster.layer(rank).health();
+    });
+  });
+  EXPECT_EQ(health[0].peer, 1) << health[0].what;
+  EXPECT_EQ(health[0].phase, Phase::expert_done) << health[0].what;
+  EXPECT_FALSE(health[1].ok) << "the stalled rank learns its round was aborted";
+  within_seconds(60, "reset", [&] { cluster.reset_all(); });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
+}
+
+TEST(Gpu, BadDeviceIdIsReportedByTheNextForwardAndTheLayerStaysUsable) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  const auto weights = reference::make_random_weights(kShape, 8);
+  HostCluster cluster(kShape, Precision::bf16, LayerOptions{}, 1, weights, Backend::cuda_nccl);
+  Batch b = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 2);
+  b.topk_ids[5] = 99;
+  cluster.forward(0, b);
+  try {
+    cluster.forward(0, b);
+    FAIL() << "a bad id went unreported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+    EXPECT_THAT(std::string(e.what()), HasSubstr("topk_ids[1, 1]=99"));
+  }
+  b.topk_ids[5] = -1;
+  expect_matches(cluster.forward(0, b), b, cluster, "after a bad id");
+}
+
+TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
+  const int world = std::min(gpus(), 2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const std::int64_t t = 64;
+  LayerOptions options;
+  options.timeout_ms = 20'000;
+  const auto weights = reference::make_random_weights(kShape, 12);
+  HostCluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
+  std::vector<std::unique_ptr<cuda::DeviceBatch>> buffers(static_cast<std::size_t>(world));
+  within_seconds(300, "graph replays", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      auto& buf = buffers[static_cast<std::size_t>(rank)];
+      buf = std::make_unique<cuda::DeviceBatch>(rank, kShape);
+      auto stream = static_cast<cudaStream_t>(buf->stream());
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      cluster.layer(rank).forward(buf->x(t), buf->topk_ids(t), buf->topk_weights(t), buf->y(t),
+                                  Stream{buf->stream()});
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int replay = 0; replay < 110; ++replay) {
+        const Routing routing = replay % 10 == 9 ? Routing::all_dropped : Routing::uniform;
+        const Batch b =
+            reference::make_random_batch(kShape, world, t, routing, 0, 1000 * replay + rank);
+        buf->upload(b);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        expect_matches(buf->download_y(t), b, cluster, "replay " + std::to_string(replay));
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      buf.reset();
+    });
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(cluster.layer(r).health().ok) << cluster.layer(r).health().what;
+    EXPECT_EQ(cluster.layer(r).next_round(), 111u) << "the round advanced inside the graph";
+  }
+}
+
+}  // namespace
+}  // namespace epmoe

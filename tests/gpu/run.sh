@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU suite, on a GPU machine: build for sm_90a with every core against the NCCL whose headers
+# match its library, run the GPU tests and `epmoe run` on the GPUs, print a short table last.
+# Full logs go to $OUT (the device tool's folder) or build/gpu-logs.
+#   tests/gpu/run.sh              # everything
+#   EPMOE_GPU_FILTER='Gpu.*Graph*' tests/gpu/run.sh
+# A machine without googletest or CLI11 needs them carried in $EPMOE_GPU_DEPS (default .gpu_deps):
+# googletest/ (the source tree of Debian's googletest package) and cli11/CLI/ (headers).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+out=${OUT:-build/gpu-logs}
+mkdir -p "$out"
+deps=${EPMOE_GPU_DEPS:-.gpu_deps}
+jobs=$(nproc)
+start=$(date +%s)
+
+# NCCL: the 2.28.9 wheel (headers and library must match exactly; /usr has 2.28.3 there).
+nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)}
+[ -n "$nccl_root" ] && export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
+extra=()
+if [ ! -f /usr/include/gtest/gtest.h ] && [ -d "$deps/googletest" ]; then
+  cmake -S "$deps/googletest" -B build/gtest -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX="$PWD/build/gtest-prefix" >"$out/gtest_build.log" 2>&1 &&
+    cmake --build build/gtest -j "$jobs" --target install >>"$out/gtest_build.log" 2>&1
+  extra+=(-DCMAKE_PREFIX_PATH="$PWD/build/gtest-prefix")
+fi
+[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
+generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
+
+echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from ${nccl_root:-system})"
+if ! { cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+         -DNCCL_ROOT="$nccl_root" "${extra[@]}" &&
+       cmake --build build/gpu -j "$jobs"; } >"$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1
+fi
+echo "built in $(( $(date +%s) - start )) s"
+nvidia-smi -L
+
+echo "== GPU tests"
+build/gpu/tests/gpu/gpu_layer_test --gtest_filter="${EPMOE_GPU_FILTER:-*}" 2>&1 | tee "$out/gpu_tests.log" |
+  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|Expected|Which is|HANG|error' | head -120
+tests_rc=${PIPESTATUS[0]}
+
+echo "== epmoe run on the GPUs"
+gpus=$(nvidia-smi -L | wc -l)
+run_rc=0
+for p in bf16 mxfp8 nvfp4; do
+  for c in staged in_kernel_reduce; do
+    build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+      --precision $p --combine $c >"$out/run_${p}_${c}.log" 2>&1 || run_rc=1
+    echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
+  done
+done
+cat "$out/run_bf16_staged.log"
+
+echo "== summary ($(( $(date +%s) - start )) s)"
+grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/gpu_tests.log" | tail -3
+echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ]
