@@ -45,8 +45,8 @@ tests_rc=${PIPESTATUS[0]}
 echo "== epmoe run on the GPUs"
 gpus=$(nvidia-smi -L | wc -l)
 run_rc=0
-for p in bf16 mxfp8 nvfp4; do
-  for c in staged in_kernel_reduce; do
+for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do
+  for c in ${EPMOE_GPU_RUN_COMBINES:-staged in_kernel_reduce}; do
     build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
       --precision $p --combine $c >"$out/run_${p}_${c}.log" 2>&1 || run_rc=1
     echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
