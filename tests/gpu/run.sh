@@ -16,7 +16,10 @@ jobs=$(nproc)
 start=$(date +%s)
 
 # NCCL: the 2.28.9 wheel (headers and library must match exactly; /usr has 2.28.3 there).
-nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)}
+nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
+if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then
+  echo "NCCL wheel not found (python3 -c 'import nvidia.nccl'); set NCCL_ROOT"; exit 1
+fi
 [ -n "$nccl_root" ] && export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
 extra=()
 if [ ! -f /usr/include/gtest/gtest.h ] && [ -d "$deps/googletest" ]; then
