@@ -1,0 +1,323 @@
+"""epmoe: an expert-parallel Mixture-of-Experts layer.
+
+Every rank creates a :class:`Layer` (collectively) and calls :meth:`Layer.forward` once per step,
+whatever its token count (T may be 0), with no barrier between steps. Tensors are taken through
+DLPack without a copy (numpy, torch, cupy, jax, ...); a wrong dtype, shape, device or stride is
+rejected by the C++ library, before anything runs, with an :class:`Error` that names the argument.
+
+bf16 tensors: torch.bfloat16 (DLPack kDLBfloat), numpy arrays of ``ml_dtypes.bfloat16``, or numpy
+``uint16`` arrays holding bf16 bits (numpy has no bfloat16 of its own) are all read as bf16.
+
+Backends: the CPU executor (:class:`HostGroup`) runs every rank as a thread of this process. The
+CUDA executor (NCCL, one process per GPU, ``get_unique_id``) is not built yet.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any, Optional, Tuple, Union
+
+from . import _epmoe as _ext
+from ._epmoe import (
+    Communicator,
+    Error,
+    Health,
+    HostGroup,
+    LayerConfig,
+    LayerShape,
+    ModelShape,
+    find_model,
+    known_models,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Combine",
+    "Communicator",
+    "Error",
+    "Health",
+    "HostGroup",
+    "Layer",
+    "LayerConfig",
+    "LayerShape",
+    "ModelShape",
+    "Nvfp4Group",
+    "Precision",
+    "ScaleRounding",
+    "dequantize_mxfp8",
+    "dequantize_nvfp4",
+    "find_model",
+    "known_models",
+    "make_config",
+    "quantize_mxfp8",
+    "quantize_nvfp4",
+]
+
+#: True when the module was built with the fault switches (test builds); then ``epmoe._testing``
+#: holds ``inject_fault(layer, fault, stall_ms=0, times=1)``.
+fault_injection_available: bool = _ext.fault_injection_available
+
+if hasattr(_ext, "_testing"):
+    _testing = _ext._testing
+    sys.modules[__name__ + "._testing"] = _testing
+
+
+class _Named(str, enum.Enum):
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Precision(_Named):
+    """Weights, wire and GEMM inputs. Anywhere a Precision is taken, its name works too."""
+
+    bf16 = "bf16"
+    mxfp8 = "mxfp8"
+    nvfp4 = "nvfp4"
+
+
+class Combine(_Named):
+    """How expert outputs come home: ``staged`` (deterministic fp32 sum in slot order on the home
+    rank) or ``in_kernel_reduce`` (weighted adds into the home rank's accumulator)."""
+
+    staged = "staged"
+    in_kernel_reduce = "in_kernel_reduce"
+
+
+class ScaleRounding(_Named):
+    """MXFP8 E8M0 scale rule: ``rceil`` (no element saturates) or ``ocp_floor`` (OCP MX v1.0)."""
+
+    rceil = "rceil"
+    ocp_floor = "ocp_floor"
+
+
+class Nvfp4Group(_Named):
+    """The group one NVFP4 fp32 scale covers: the whole array, or each row."""
+
+    per_tensor = "per_tensor"
+    per_row = "per_row"
+
+
+NameOr = Union[str, enum.Enum]
+
+
+def _name(value: NameOr) -> str:
+    return str(value.value) if isinstance(value, enum.Enum) else value
+
+
+def make_config(
+    shape: LayerShape,
+    precision: NameOr = "bf16",
+    rank: int = 0,
+    world: int = 1,
+    *,
+    combine: NameOr = "staged",
+    deterministic: bool = False,
+    timeout_ms: int = 10_000,
+    swiglu_limit: float = 0.0,
+    mxfp8_scale_rounding: NameOr = "rceil",
+) -> LayerConfig:
+    """A validated :class:`LayerConfig`; raises :class:`Error` naming the field, value and rule.
+
+    ``timeout_ms`` bounds every cross-rank wait (0 = wait forever); ``swiglu_limit`` > 0 clamps the
+    SwiGLU as gpt-oss does; ``deterministic`` requires ``combine="staged"``.
+    """
+    return _ext.make_config(
+        shape,
+        _name(precision),
+        rank,
+        world,
+        combine=_name(combine),
+        deterministic=deterministic,
+        timeout_ms=timeout_ms,
+        swiglu_limit=swiglu_limit,
+        mxfp8_scale_rounding=_name(mxfp8_scale_rounding),
+    )
+
+
+# ---- tensors ----
+
+
+def _is_numpy(a: Any) -> bool:
+    return type(a).__module__ == "numpy" and type(a).__name__ == "ndarray"
+
+
+def _tensor(a: Any) -> Any:
+    """The object to hand to C++: numpy arrays of ml_dtypes.bfloat16 cannot leave through DLPack,
+    so they go as a uint16 view of the same memory (read as bf16 bits); all else as is."""
+    if _is_numpy(a) and a.dtype.name == "bfloat16":
+        return a.view("uint16")
+    return a
+
+
+def _new_output(x: Any, hidden: int) -> Any:
+    """An uninitialised [T, H] output of x's kind: same framework, device and (bf16) dtype."""
+    rows = x.shape[0] if len(getattr(x, "shape", ())) > 0 else 0
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return torch.empty((rows, hidden), dtype=torch.bfloat16, device=x.device)
+    if module == "numpy":
+        import numpy as np
+
+        dtype = x.dtype if x.dtype.name in ("bfloat16", "uint16") else np.uint16
+        return np.empty((rows, hidden), dtype=dtype)
+    if hasattr(x, "__array_namespace__"):
+        xp = x.__array_namespace__()
+        return xp.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    # Not a tensor we know: the library rejects x (naming it) before looking at this.
+    import numpy as np
+
+    return np.empty((0, hidden), dtype=np.uint16)
+
+
+def _stream_handle(stream: Any) -> int:
+    """cudaStream_t as an integer: None (default stream), an int, a torch/cupy stream, or any
+    object with the CUDA stream protocol (``__cuda_stream__``)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch.cuda.Stream, cupy Stream, others
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    raise TypeError(f"forward: stream must be None, an int or a CUDA stream, not {type(stream)}")
+
+
+# ---- the layer ----
+
+
+class Layer(_ext._Layer):
+    """One rank's expert-parallel MoE layer.
+
+    ``Layer(comm, shape, precision, w13, w2, *, combine=..., deterministic=..., timeout_ms=...,
+    swiglu_limit=..., mxfp8_scale_rounding=...)`` is collective: every rank of ``comm`` creates its
+    layer with the same shape and options (a mismatch is reported on every rank), each from its
+    own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
+    [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32;
+    the layer quantizes them to ``precision`` and keeps its own copy.
+    """
+
+    def __init__(
+        self,
+        comm: Communicator,
+        shape: LayerShape,
+        precision: NameOr,
+        w13: Any,
+        w2: Any,
+        *,
+        combine: NameOr = "staged",
+        deterministic: bool = False,
+        timeout_ms: int = 10_000,
+        swiglu_limit: float = 0.0,
+        mxfp8_scale_rounding: NameOr = "rceil",
+    ) -> None:
+        config = make_config(
+            shape,
+            precision,
+            comm.rank,
+            comm.world,
+            combine=combine,
+            deterministic=deterministic,
+            timeout_ms=timeout_ms,
+            swiglu_limit=swiglu_limit,
+            mxfp8_scale_rounding=mxfp8_scale_rounding,
+        )
+        self._init(comm, config, w13, w2)
+
+    @classmethod
+    def from_config(cls, comm: Communicator, config: LayerConfig, w13: Any, w2: Any) -> "Layer":
+        """A layer from a config made with :func:`make_config` (collective, as the constructor)."""
+        self = cls.__new__(cls)
+        self._init(comm, config, w13, w2)
+        return self
+
+    def _init(self, comm: Communicator, config: LayerConfig, w13: Any, w2: Any) -> None:
+        _ext._Layer.__init__(self, comm, config, _tensor(w13), _tensor(w2))
+        self._hidden = config.shape.hidden
+
+    def forward(
+        self,
+        x: Any,
+        topk_ids: Any,
+        topk_weights: Any,
+        out: Any = None,
+        stream: Any = None,
+    ) -> Any:
+        """One round: x [T, H] bf16, topk_ids [T, K] int32|int64 (-1 = no expert), topk_weights
+        [T, K] float32; writes and returns ``out`` [T, H] bf16 (allocated like x when None; the C++
+        library calls it ``y`` in its messages). Every rank calls it every step, T == 0 included.
+
+        Bad arguments raise :class:`Error` (code ``invalid_argument``) before anything runs; a
+        cross-rank failure raises ``timeout``, ``peer_aborted`` or ``protocol_violation`` and the
+        layer refuses work (``layer_unhealthy``) until every rank calls :meth:`reset`.
+        ``stream``: a CUDA stream (ignored by the CPU executor).
+        """
+        if out is None:
+            out = _new_output(x, self._hidden)
+        self._forward(
+            _tensor(x),
+            _tensor(topk_ids),
+            _tensor(topk_weights),
+            _tensor(out),
+            _stream_handle(stream),
+        )
+        return out
+
+    __call__ = forward
+
+
+# ---- formats (host arrays; numpy inputs are converted to float32) ----
+
+
+def _host_f32(x: Any) -> Any:
+    if isinstance(x, (list, tuple, float, int)):
+        import numpy as np
+
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if _is_numpy(x):
+        import numpy as np
+
+        if x.dtype == np.uint16:  # bf16 bits
+            x = (np.ascontiguousarray(x).astype(np.uint32) << 16).view(np.float32)
+        return np.ascontiguousarray(x, dtype=np.float32)
+    return x
+
+
+def quantize_mxfp8(x: Any, rounding: NameOr = "rceil") -> Tuple[Any, Any]:
+    """MXFP8 of x [..., cols] along its last dimension (cols a multiple of 32):
+    ``(elements uint8 [..., cols] E4M3 codes, scales uint8 [..., cols/32] E8M0 codes)``."""
+    return _ext.quantize_mxfp8(_host_f32(x), _name(rounding))
+
+
+def dequantize_mxfp8(elements: Any, scales: Any) -> Any:
+    """float32 [..., cols]: e4m3(elements) * 2^(scale - 127) (NaN for the 0xFF scale)."""
+    return _ext.dequantize_mxfp8(elements, scales)
+
+
+def quantize_nvfp4(
+    x: Any, group: NameOr = "per_tensor", tensor_scale: Optional[float] = None
+) -> Tuple[Any, Any, Any]:
+    """NVFP4 of x [..., cols] along its last dimension (cols a multiple of 16):
+    ``(packed uint8 [..., cols/2], scales uint8 [..., cols/16] E4M3 codes, tensor_scales float32)``.
+
+    ``group="per_tensor"``: one encode scale s_enc = 448*6/amax for the whole array (weights: pass
+    one expert's matrix); ``"per_row"``: one per row (activations), tensor_scales has one per row.
+    ``tensor_scale``: a static s_enc (per_tensor only). A value decodes as
+    e2m1 * block_scale / s_enc. Element c of a row is in byte c//2, low nibble when c is even.
+    """
+    return _ext.quantize_nvfp4(_host_f32(x), _name(group), tensor_scale)
+
+
+def dequantize_nvfp4(
+    packed: Any, scales: Any, tensor_scales: Any, group: Optional[NameOr] = None
+) -> Any:
+    """float32 [..., cols]. ``group`` defaults to what tensor_scales' size says (1 value:
+    per_tensor, one per row: per_row)."""
+    return _ext.dequantize_nvfp4(
+        packed, scales, tensor_scales, None if group is None else _name(group)
+    )

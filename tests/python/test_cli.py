@@ -1,0 +1,58 @@
+"""`python -m epmoe run` runs the same code as `epmoe run` (tools/run.cpp) and reports the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import epmoe
+
+
+def run(*args: str, timeout: float = 300):
+    env = dict(os.environ)
+    package_parent = str(Path(epmoe.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "epmoe", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_run_passes_on_a_real_model_shape_with_an_idle_round():
+    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "8", "--ranks", "2", "--tokens", "3",
+            "--rounds", "2", "--precision", "mxfp8")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "epmoe run: qwen3-30b-a3b  H=2048 I=768 E=8 K=8  precision=mxfp8" in p.stdout
+    assert "PASS: qwen3-30b-a3b" in p.stdout
+
+
+def test_run_with_zero_tokens_on_every_rank():
+    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "4", "--ranks", "4", "--tokens", "0",
+            "--rounds", "3")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "PASS" in p.stdout
+
+
+def test_run_errors_exit_2_with_the_library_message():
+    p = run("run", "--precision", "fp8")
+    assert p.returncode == 2
+    assert "epmoe: error (invalid_argument): precision=fp8: must be one of bf16, mxfp8, nvfp4" in p.stderr
+    p = run("run", "--model", "llama")
+    assert p.returncode == 2 and "qwen3-30b-a3b" in p.stderr
+
+
+def test_help_lists_the_options_of_the_tool():
+    p = run("run", "--help")
+    assert p.returncode == 0
+    for option in ("--model", "--ranks", "--tokens", "--experts", "--precision", "--combine",
+                   "--executor", "--rounds", "--seed", "--timeout-ms"):
+        assert option in p.stdout
+
+
+def test_type_stubs_ship_with_the_module():
+    stub = Path(epmoe._epmoe.__file__).parent / "_epmoe.pyi"
+    assert stub.is_file(), "python/CMakeLists.txt generates _epmoe.pyi next to the module"
+    text = stub.read_text()
+    for name in ("class LayerShape", "class _Layer", "def quantize_mxfp8", "class Health"):
+        assert name in text
+    assert (Path(epmoe.__file__).parent / "py.typed").is_file()

@@ -1,0 +1,176 @@
+"""epmoe.quantize_* / dequantize_* on host arrays (docs/formats.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import epmoe
+from epmoe_ref import f32_to_bf16_bits
+
+E4M3_MAX = 448.0
+
+
+def random(shape, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# ---- MXFP8 ----
+
+
+def test_mxfp8_worked_example_of_the_docs():
+    block = np.ones((1, 32), np.float32)
+    block[0, 0] = 500.0
+    e, s = epmoe.quantize_mxfp8(block, "ocp_floor")
+    assert (s[0, 0], e[0, 0], e[0, 1]) == (127, 0x7E, 0x38)
+    assert epmoe.dequantize_mxfp8(e, s)[0, 0] == 448.0
+    e, s = epmoe.quantize_mxfp8(block)  # rceil by default
+    assert (s[0, 0], e[0, 0], e[0, 1]) == (128, 0x78, 0x30)
+    out = epmoe.dequantize_mxfp8(e, s)
+    assert out[0, 0] == 512.0 and (out[0, 1:] == 1.0).all()
+
+
+@pytest.mark.parametrize("rounding", ["rceil", epmoe.ScaleRounding.ocp_floor])
+def test_mxfp8_round_trip_error_and_idempotence(rounding):
+    x = random((3, 5, 256), seed=1, scale=3.0)
+    elements, scales = epmoe.quantize_mxfp8(x, rounding)
+    assert elements.shape == (3, 5, 256) and elements.dtype == np.uint8
+    assert scales.shape == (3, 5, 8) and scales.dtype == np.uint8
+    y = epmoe.dequantize_mxfp8(elements, scales)
+    assert y.shape == x.shape and y.dtype == np.float32
+    # E4M3 keeps 3 mantissa bits: error <= 2^-4 of each block's largest value; ocp_floor also
+    # saturates (amax up to 512 * scale is clipped to 448 * scale): <= 2^-3.
+    amax = np.abs(x).reshape(3, 5, 8, 32).max(axis=-1, keepdims=True)
+    err = np.abs(y - x).reshape(3, 5, 8, 32)
+    bound = 2.0**-4 if rounding == "rceil" else 2.0**-3
+    assert (err <= amax * bound).all()
+    assert (err > 0).any()
+    # Decoded values are representable: they survive another round trip unchanged.
+    np.testing.assert_array_equal(epmoe.dequantize_mxfp8(*epmoe.quantize_mxfp8(y, rounding)), y)
+
+
+def test_mxfp8_special_blocks():
+    x = np.zeros((2, 64), np.float32)
+    x[1, 40] = np.nan
+    x[1, 0:32] = 1.0
+    e, s = epmoe.quantize_mxfp8(x)
+    assert s[0, 0] == 0 and (e[0] == 0).all()  # all-zero block: scale 2^-127, elements 0
+    assert s[1, 1] == 0xFF  # NaN in a block: NaN scale
+    y = epmoe.dequantize_mxfp8(e, s)
+    assert np.isnan(y[1, 32:]).all() and (y[1, :32] == 1.0).all() and (y[0] == 0).all()
+
+
+def test_mxfp8_inputs_are_converted_from_numpy_kinds():
+    x = random((4, 64), seed=2)
+    ref = epmoe.quantize_mxfp8(x)
+    for variant in (x.astype(np.float64), np.asfortranarray(x), x.tolist(),
+                    x.astype(np.float32)[:, :]):
+        for a, b in zip(epmoe.quantize_mxfp8(variant), ref):
+            np.testing.assert_array_equal(a, b)
+    bits = f32_to_bf16_bits(x)  # uint16 = bf16 bits
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    via_bits = epmoe.quantize_mxfp8(bits)
+    via_ml = epmoe.quantize_mxfp8((bits.astype(np.uint32) << 16).view(np.float32)
+                                  .astype(ml_dtypes.bfloat16))
+    for a, b in zip(via_bits, via_ml):
+        np.testing.assert_array_equal(a, b)
+
+
+# ---- NVFP4 ----
+
+
+def test_nvfp4_worked_example_of_the_docs():
+    block = np.array([3, -3, 1, 0.75, 0.1, 0.3, 2, -1.7, 0, 0.5, 2.9, -0.2, 1.2, 1.3, 0.6, 0.4],
+                     np.float32)
+    x = np.concatenate([block, np.zeros(16, np.float32)])
+    x[16] = 6.0  # group amax 6 -> s_enc = 448
+    packed, scales, s_enc = epmoe.quantize_nvfp4(x[None, :])
+    assert s_enc.shape == (1,) and s_enc[0] == 448.0
+    assert scales[0, 0] == 0x76
+    assert list(packed[0, :4]) == [0xF7, 0x34, 0x10, 0xD6]
+    decoded = epmoe.dequantize_nvfp4(packed, scales, s_enc)[0, :16]
+    np.testing.assert_array_equal(
+        decoded, np.array([3, -3, 1, 0.75, 0, 0.25, 2, -1.5, 0, 0.5, 3, -0.25, 1, 1.5, 0.5, 0.5],
+                          np.float32))
+
+
+@pytest.mark.parametrize("group", ["per_tensor", "per_row"])
+def test_nvfp4_round_trip_error(group):
+    x = random((6, 128), seed=3, scale=2.0)
+    x[2] *= 100  # rows of very different magnitude
+    packed, scales, s_enc = epmoe.quantize_nvfp4(x, group)
+    assert packed.shape == (6, 64) and scales.shape == (6, 8)
+    assert s_enc.shape == ((1,) if group == "per_tensor" else (6,)) and s_enc.dtype == np.float32
+    y = epmoe.dequantize_nvfp4(packed, scales, s_enc)  # group inferred from s_enc's size
+    np.testing.assert_array_equal(y, epmoe.dequantize_nvfp4(packed, scales, s_enc, group))
+    # docs/formats.md: |error| <= max(0.25, |q|/4) * block_scale / s_enc; bounded here by the
+    # block amax / 6 * (1 + 2^-3) slack of the E4M3 block scale.
+    blocks = np.abs(x).reshape(6, 8, 16).max(axis=-1, keepdims=True)
+    err = np.abs(y - x).reshape(6, 8, 16)
+    if group == "per_row":
+        assert (err <= blocks / 6 * 1.125 * 2 + 1e-6).all()
+    rel = np.linalg.norm(y - x) / np.linalg.norm(x)
+    assert rel < 0.15
+
+
+def test_nvfp4_static_tensor_scale_and_row_scales():
+    x = random((4, 32), seed=4)
+    packed, scales, s_enc = epmoe.quantize_nvfp4(x, "per_tensor", tensor_scale=100.0)
+    assert s_enc.tolist() == [100.0]
+    rows = epmoe.quantize_nvfp4(x, epmoe.Nvfp4Group.per_row)[2]
+    amax = np.abs(x).max(axis=1)
+    np.testing.assert_allclose(rows, 448 * 6 / amax, rtol=1e-6)
+    with pytest.raises(epmoe.Error, match="tensor_scale=-1.000000 must be finite and > 0"):
+        epmoe.quantize_nvfp4(x, tensor_scale=-1.0)
+    with pytest.raises(epmoe.Error, match="needs group=per_tensor"):
+        epmoe.quantize_nvfp4(x, "per_row", tensor_scale=2.0)
+
+
+# ---- rejections ----
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: epmoe.quantize_mxfp8(np.zeros((2, 40), np.float32)),
+     "quantize_mxfp8: cols=40 must be a multiple of 32"),
+    (lambda: epmoe.quantize_mxfp8(np.zeros((2, 32), np.float32), "nearest"),
+     "quantize_mxfp8: rounding=nearest: must be rceil or ocp_floor"),
+    (lambda: epmoe.quantize_mxfp8(np.float32(1.0)),
+     "quantize_mxfp8: x is 0-d; expected shape [..., cols]"),
+    (lambda: epmoe.dequantize_mxfp8(np.zeros((2, 64), np.uint8), np.zeros((2, 3), np.uint8)),
+     "dequantize_mxfp8: scales has shape [2, 3], expected [2, 2]"),
+    (lambda: epmoe.dequantize_mxfp8(np.zeros((2, 64), np.int8), np.zeros((2, 2), np.uint8)),
+     "dequantize_mxfp8: elements has dtype int8, which epmoe does not take"),
+    (lambda: epmoe.dequantize_mxfp8(np.zeros((2, 64), np.float32), np.zeros((2, 2), np.uint8)),
+     "dequantize_mxfp8: elements has dtype f32, expected u8"),
+    (lambda: epmoe.dequantize_mxfp8(np.zeros((2, 128), np.uint8)[:, ::2], np.zeros((2, 2), np.uint8)),
+     "dequantize_mxfp8: elements is not contiguous"),
+    (lambda: epmoe.dequantize_mxfp8("abc", np.zeros((2, 2), np.uint8)),
+     "dequantize_mxfp8: elements is a str, not a tensor"),
+    (lambda: epmoe.quantize_nvfp4(np.zeros((2, 24), np.float32)),
+     "quantize_nvfp4: cols=24 must be a multiple of 16"),
+    (lambda: epmoe.quantize_nvfp4(np.zeros((2, 32), np.float32), "per_block"),
+     "quantize_nvfp4: group=per_block: must be per_tensor or per_row"),
+    (lambda: epmoe.dequantize_nvfp4(np.zeros((2, 16), np.uint8), np.zeros((2, 1), np.uint8),
+                                    np.ones(1, np.float32)),
+     "dequantize_nvfp4: scales has shape [2, 1], expected [2, 2]"),
+    (lambda: epmoe.dequantize_nvfp4(np.zeros((3, 16), np.uint8), np.zeros((3, 2), np.uint8),
+                                    np.ones(2, np.float32)),
+     "dequantize_nvfp4: tensor_scales has 2 elements, expected 1 (per_tensor) or rows=3 (per_row)"),
+    (lambda: epmoe.dequantize_nvfp4(np.zeros((3, 16), np.uint8), np.zeros((3, 2), np.uint8),
+                                    np.ones(1, np.float32), "per_row"),
+     "dequantize_nvfp4: tensor_scales has 1 elements, expected 3 for group=per_row"),
+])
+def test_codec_rejections_name_function_and_argument(call, message):
+    with pytest.raises(epmoe.Error) as info:
+        call()
+    assert info.value.code == "invalid_argument"
+    assert message in str(info.value)
+
+
+def test_empty_arrays():
+    e, s = epmoe.quantize_mxfp8(np.zeros((0, 64), np.float32))
+    assert e.shape == (0, 64) and s.shape == (0, 2)
+    assert epmoe.dequantize_mxfp8(e, s).shape == (0, 64)
+    p, s, t = epmoe.quantize_nvfp4(np.zeros((0, 32), np.float32), "per_row")
+    assert p.shape == (0, 16) and s.shape == (0, 2) and t.shape == (0,)

@@ -1,0 +1,162 @@
+"""epmoe.Layer on the CPU executor against the numpy model of the layer (epmoe_ref.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import epmoe
+from epmoe_ref import (
+    NumpyLayer,
+    assert_within_bf16_ulps,
+    bf16_bits_to_f32,
+    make_batch,
+    make_layers,
+    make_problem,
+    raise_first,
+    rel_l2,
+    run_ranks,
+)
+
+SHAPE = dict(hidden=128, intermediate=64, num_experts=8, top_k=4, max_tokens_per_rank=16)
+
+# Tokens per rank per round: every world has rounds where some ranks (or all) have T == 0.
+TOKENS = {
+    1: [[5], [0], [16], [0], [3]],
+    2: [[5, 0], [0, 7], [0, 0], [16, 1], [2, 3]],
+    4: [[5, 0, 0, 3], [0, 0, 0, 0], [1, 16, 0, 0], [0, 2, 9, 4], [0, 0, 0, 1]],
+}
+# rel-L2 against the unquantized float64 forward that each precision stays under (as `epmoe run`).
+EXACT_BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35}
+
+
+def shape(**overrides):
+    return epmoe.LayerShape(**{**SHAPE, **overrides})
+
+
+def run_rounds(world, precision="bf16", combine="staged", swiglu_limit=0.0, ids_dtype=np.int32):
+    problem = make_problem(shape(), world, seed=11 * world)
+    layers = make_layers(problem, precision, combine=combine, swiglu_limit=swiglu_limit,
+                         timeout_ms=20_000)
+    model = NumpyLayer(problem, precision, combine, swiglu_limit)
+    for r, tokens in enumerate(TOKENS[world]):
+        batches = [make_batch(problem.shape, tokens[rank], seed=1000 * r + rank)
+                   for rank in range(world)]
+
+        def step(rank):
+            b = batches[rank]
+            return layers[rank].forward(b.x, b.ids.astype(ids_dtype), b.weights)
+
+        outputs = raise_first(run_ranks(world, step))
+        for rank in range(world):
+            y, b = outputs[rank], batches[rank]
+            assert y.shape == (tokens[rank], SHAPE["hidden"]) and y.dtype == np.uint16
+            differing = assert_within_bf16_ulps(y, model.forward(b))
+            assert differing <= y.size // 100  # only float64 summation order differs
+            if tokens[rank] > 0:
+                err = rel_l2(y, model.forward_exact(b))
+                assert err < EXACT_BOUND[precision], (rank, r, err)
+    for layer in layers:
+        assert layer.health().ok
+        assert layer.next_round == len(TOKENS[world]) + 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_bf16_forward_matches_numpy_model_with_idle_ranks(world):
+    run_rounds(world, "bf16")
+
+
+@pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
+def test_quantized_forward_matches_numpy_model(precision):
+    run_rounds(2, precision)
+
+
+def test_in_kernel_reduce_matches_fp32_sum_within_one_ulp():
+    run_rounds(2, "bf16", combine="in_kernel_reduce")
+
+
+def test_swiglu_clamp_and_int64_ids():
+    run_rounds(2, "bf16", swiglu_limit=0.5, ids_dtype=np.int64)
+
+
+def test_bf16_inputs_of_every_kind_give_the_same_bits():
+    """uint16 bits, ml_dtypes.bfloat16 and f32/bf16 weights; out= is written in place."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    problem = make_problem(shape(), 1, seed=3)
+    b = make_batch(problem.shape, 6, seed=4)
+    w13, w2 = problem.local(0)
+    group = epmoe.HostGroup(1)
+    comm = group.communicator(0)
+    as_bf16 = lambda bits: bf16_bits_to_f32(bits).astype(ml_dtypes.bfloat16)  # noqa: E731
+    layer_bits = epmoe.Layer(comm, problem.shape, epmoe.Precision.bf16, w13, w2)
+    layer_f32 = epmoe.Layer(comm, problem.shape, "bf16", bf16_bits_to_f32(w13),
+                            bf16_bits_to_f32(w2))
+    layer_ml = epmoe.Layer(comm, problem.shape, "bf16", as_bf16(w13), as_bf16(w2))
+
+    y_bits = layer_bits.forward(b.x, b.ids, b.weights)
+    out = np.zeros((6, SHAPE["hidden"]), dtype=ml_dtypes.bfloat16)
+    y_ml = layer_ml.forward(as_bf16(b.x), b.ids, b.weights, out=out)
+    assert y_ml is out and y_ml.dtype == ml_dtypes.bfloat16
+    y_f32 = layer_f32(b.x, b.ids, b.weights)
+    np.testing.assert_array_equal(y_bits, y_ml.view(np.uint16))
+    np.testing.assert_array_equal(y_bits, y_f32)
+    assert_within_bf16_ulps(y_bits, NumpyLayer(problem).forward(b))
+
+
+def test_forward_reads_views_without_copying():
+    """A row slice of a bigger buffer (contiguous) is read in place, and out= a slice is written."""
+    problem = make_problem(shape(), 1, seed=5)
+    b = make_batch(problem.shape, 8, seed=6)
+    layer = make_layers(problem)[0]
+    big_x = np.zeros((16, SHAPE["hidden"]), np.uint16)
+    big_x[4:12] = b.x
+    big_y = np.full((16, SHAPE["hidden"]), 0xFFFF, np.uint16)
+    y = layer.forward(big_x[4:12], b.ids, b.weights, out=big_y[2:10])
+    assert np.shares_memory(y, big_y)
+    assert (big_y[:2] == 0xFFFF).all() and (big_y[10:] == 0xFFFF).all()
+    assert_within_bf16_ulps(big_y[2:10], NumpyLayer(problem).forward(b))
+
+
+def test_torch_tensors_through_dlpack():
+    torch = pytest.importorskip("torch")
+    problem = make_problem(shape(), 1, seed=7)
+    b = make_batch(problem.shape, 5, seed=8)
+    layer = make_layers(problem)[0]
+    x = torch.from_numpy(bf16_bits_to_f32(b.x)).to(torch.bfloat16)
+    y = layer.forward(x, torch.from_numpy(b.ids), torch.from_numpy(b.weights))
+    assert y.dtype == torch.bfloat16 and tuple(y.shape) == (5, SHAPE["hidden"])
+    bits = y.view(torch.int16).numpy().view(np.uint16)
+    assert_within_bf16_ulps(bits, NumpyLayer(problem).forward(b))
+
+
+def test_config_and_options_round_trip():
+    config = epmoe.make_config(shape(), epmoe.Precision.mxfp8, 1, 4,
+                               combine=epmoe.Combine.in_kernel_reduce, timeout_ms=1234,
+                               swiglu_limit=7.0, mxfp8_scale_rounding="ocp_floor")
+    assert (config.precision, config.rank, config.world, config.local_experts) == ("mxfp8", 1, 4, 2)
+    assert (config.combine, config.timeout_ms, config.swiglu_limit) == ("in_kernel_reduce", 1234, 7.0)
+    assert config.mxfp8_scale_rounding == "ocp_floor" and config.shape == shape()
+    assert config.expert_owner(5) == 2 and config.workspace_bytes() > 0
+    assert "hidden=128" in config.describe()
+    model = epmoe.find_model("qwen3-30b-a3b")
+    assert (model.hidden, model.top_k) == (2048, 8)
+    assert model.layer_shape(4).max_tokens_per_rank == 4
+    assert "mixtral-8x7b" in [m.name for m in epmoe.known_models()]
+
+
+def test_layers_from_config_and_communicator_properties():
+    problem = make_problem(shape(), 2, seed=9)
+    group = epmoe.HostGroup(2)
+    assert group.world == 2
+
+    def create(rank):
+        comm = group.communicator(rank)
+        assert (comm.rank, comm.world, comm.backend) == (rank, 2, "cpu_threads")
+        config = epmoe.make_config(problem.shape, "bf16", rank, 2, deterministic=True)
+        return epmoe.Layer.from_config(comm, config, *problem.local(rank))
+
+    layers = raise_first(run_ranks(2, create))
+    assert layers[1].config.deterministic and layers[1].config.rank == 1
+    b = [make_batch(problem.shape, t, seed=t) for t in (3, 0)]
+    ys = raise_first(run_ranks(2, lambda r: layers[r].forward(b[r].x, b[r].ids, b[r].weights)))
+    assert_within_bf16_ulps(ys[0], NumpyLayer(problem).forward(b[0]))
