@@ -10,19 +10,11 @@
 namespace epmoe::cuda {
 namespace {
 
-__global__ void peer_windows_kernel(ncclWindow_t window, ncclDevComm dev_comm, std::uint8_t** bases,
-                                    int world, int* missing) {
-  const ncclTeam world_team = ncclTeamWorld(dev_comm);
-  const ncclTeam lsa = ncclTeamLsa(dev_comm);
-  for (int peer = threadIdx.x; peer < world; peer += blockDim.x) {
-    if (!ncclTeamRankIsMember(lsa, world_team, peer)) {
-      *missing = peer + 1;
-      bases[peer] = nullptr;
-      continue;
-    }
-    const int lsa_peer = ncclTeamRankToTeam(lsa, world_team, peer);
-    bases[peer] = static_cast<std::uint8_t*>(ncclGetLsaPointer(window, 0, lsa_peer));
-  }
+// LSA peer i of this rank is world rank first_lsa_rank + i (one NVLink domain: consecutive ranks).
+__global__ void peer_windows_kernel(ncclWindow_t window, int first_lsa_rank, std::uint8_t** bases,
+                                    int world) {
+  for (int peer = threadIdx.x; peer < world; peer += blockDim.x)
+    bases[peer] = static_cast<std::uint8_t*>(ncclGetLsaPointer(window, 0, peer - first_lsa_rank));
 }
 
 __global__ void reset_kernel(ForwardParams p, std::uint32_t first_epoch, std::int32_t* outcome) {
@@ -56,23 +48,18 @@ __global__ void round_jump_kernel(RoundState* state, std::uint32_t by) {
 
 }  // namespace
 
-void compute_peer_windows(ncclWindow_t window, const ncclDevComm& dev_comm, std::uint8_t** bases,
-                          int world, cudaStream_t stream) {
-  int* missing = nullptr;
-  EPMOE_CUDA_CHECK(cudaMallocAsync(&missing, sizeof(int), stream));
-  EPMOE_CUDA_CHECK(cudaMemsetAsync(missing, 0, sizeof(int), stream));
-  peer_windows_kernel<<<1, 64, 0, stream>>>(window, dev_comm, bases, world, missing);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-  int host_missing = 0;
-  EPMOE_CUDA_CHECK(
-      cudaMemcpyAsync(&host_missing, missing, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  EPMOE_CUDA_CHECK(cudaFreeAsync(missing, stream));
-  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_missing != 0)
+void compute_peer_windows(ncclComm_t comm, ncclWindow_t window, int rank, int world,
+                          std::uint8_t** bases, cudaStream_t stream) {
+  // Every peer must be a load/store peer (same NVLink domain); the LSA team is consecutive ranks.
+  const ncclTeam_t lsa = ncclTeamLsa(comm);
+  if (lsa.nRanks != world || lsa.stride != 1)
     throw Error(ErrorCode::unsupported,
-                "Layer: rank " + std::to_string(host_missing - 1) +
-                    " is outside this GPU's NVLink domain (LSA team); multi-node EP is not "
-                    "supported yet");
+                "Layer: only " + std::to_string(lsa.nRanks) + " of the " + std::to_string(world) +
+                    " ranks share rank " + std::to_string(rank) +
+                    "'s NVLink domain (LSA team); multi-node EP is not supported yet");
+  peer_windows_kernel<<<1, 64, 0, stream>>>(window, rank - lsa.rank, bases, world);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void launch_reset(const ForwardParams& p, std::uint32_t first_epoch, std::int32_t* outcome,

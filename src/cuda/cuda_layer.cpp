@@ -2,7 +2,6 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
-#include <nccl_device.h>
 
 #include <atomic>
 #include <cstring>
@@ -71,12 +70,9 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaMemset(window_base_, 0, layout.total));
     EPMOE_NCCL_CHECK(ncclCommWindowRegister(comm.nccl(), window_base_, layout.total, &window_,
                                             NCCL_WIN_COLL_SYMMETRIC));
-    ncclDevCommRequirements reqs;
-    std::memset(&reqs, 0, sizeof reqs);
-    EPMOE_NCCL_CHECK(ncclDevCommCreate(comm.nccl(), &reqs, &dev_comm_));
-    dev_comm_created_ = true;
     EPMOE_CUDA_CHECK(cudaMalloc(&peer_windows_, sizeof(std::uint8_t*) * kMaxWorld));
-    compute_peer_windows(window_, dev_comm_, peer_windows_, config.world(), stream_);
+    compute_peer_windows(comm.nccl(), window_, config.rank(), config.world(), peer_windows_,
+                         stream_);
 
     // Round state (device), health record and reset outcome (mapped pinned host memory).
     RoundState state{};
@@ -124,7 +120,6 @@ class CudaLayer final : public LayerImpl {
   ~CudaLayer() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
-    if (dev_comm_created_) ncclDevCommDestroy(comm_.nccl(), &dev_comm_);
     if (window_ != nullptr) ncclCommWindowDeregister(comm_.nccl(), window_);
     if (window_base_ != nullptr) ncclMemFree(window_base_);
     cudaFree(peer_windows_);
@@ -289,8 +284,6 @@ class CudaLayer final : public LayerImpl {
   cudaStream_t last_stream_ = nullptr;  // the caller's stream of the last forward
   void* window_base_ = nullptr;
   ncclWindow_t window_ = nullptr;
-  ncclDevComm dev_comm_{};
-  bool dev_comm_created_ = false;
   std::uint8_t** peer_windows_ = nullptr;
   RoundState* state_ = nullptr;
   HealthRecord* health_host_ = nullptr;

@@ -6,12 +6,12 @@
 
 #include <cstdint>
 
-struct ncclDevComm;
-
 namespace epmoe::cuda {
 
-// bases: device array [world]; throws when a rank is outside this GPU's NVLink domain.
-void compute_peer_windows(ncclWindow_t window, const ncclDevComm& dev_comm, std::uint8_t** bases,
-                          int world, cudaStream_t stream);
+// The window base of every rank as this GPU addresses it (NCCL LSA pointers), into the device
+// array `bases` [world]. No ncclDevComm is needed: the protocol brings its own bounded waits
+// instead of NCCL's barriers. Throws when a rank is outside this GPU's NVLink domain.
+void compute_peer_windows(ncclComm_t comm, ncclWindow_t window, int rank, int world,
+                          std::uint8_t** bases, cudaStream_t stream);
 
 }  // namespace epmoe::cuda
