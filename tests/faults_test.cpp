@@ -161,6 +161,7 @@ TEST_F(FaultTest, RoundCounterJumpIsAProtocolViolationNotAWait) {
                 o.error->code() == ErrorCode::peer_aborted)
         << o.error->what();
     EXPECT_LT(o.seconds, kTimeoutMs / 1000.0) << "I4: a violation is reported, not waited on";
+    EXPECT_EQ(o.health.peer, 0) << "the rank whose counter jumped is named: " << o.health.what;
   }
   expect_recovers();
 }

@@ -49,6 +49,7 @@ struct Health {
   ErrorCode code = ErrorCode::internal;  // meaningful when !ok
   int rank = -1;                         // the rank that detected the failure
   int peer = -1;                         // the rank it was waiting for (-1: unknown)
+  int reporter = -1;                     // the rank that gave up first (peer_aborted: another)
   Phase phase = Phase::none;
   std::uint32_t round = 0;     // the round the detecting rank was in
   std::uint32_t observed = 0;  // the round number it last saw from `peer`

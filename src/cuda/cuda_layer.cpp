@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/failure.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/forward_params.hpp"
 #include "cuda/kernels.hpp"
@@ -168,15 +169,8 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const std::int32_t outcome = *reset_outcome_host_;
     if (outcome != 0) {
-      health_ = Health{};
-      health_.ok = false;
-      health_.code = ErrorCode::timeout;
-      health_.rank = config().rank();
-      health_.peer = outcome - 1;
-      health_.phase = Phase::reset;
-      health_.what = "rank " + std::to_string(config().rank()) + ": reset() timed out: rank " +
-                     std::to_string(outcome - 1) + " did not call reset() within " +
-                     std::to_string(config().options().timeout_ms) + " ms";
+      health_ = reset_timeout(config().rank(), 0, outcome - 1);
+      health_.what = describe_failure(health_, config().options().timeout_ms);
       throw Error(ErrorCode::timeout, health_.what);
     }
     reset_epoch_ += 2;
@@ -231,36 +225,15 @@ class CudaLayer final : public LayerImpl {
     out.round = h->round;
     out.observed = h->observed;
     out.expected = h->expected;
-    const std::string me = "rank " + std::to_string(out.rank);
-    const std::string where =
-        std::string(" in phase ") + to_string(out.phase) + " of round " + std::to_string(out.round);
-    switch (out.code) {
-      case ErrorCode::timeout:
-        out.what = me + " timed out after " + std::to_string(config().options().timeout_ms) +
-                   " ms" + where + " waiting for rank " + std::to_string(out.peer) +
-                   " (last saw its round " + std::to_string(out.observed) + ", expected " +
-                   std::to_string(out.expected) + ")";
-        break;
-      case ErrorCode::peer_aborted:
-        out.what = me + ": round aborted: rank " + std::to_string(h->reporter) +
-                   " gave up waiting for rank " +
-                   (out.peer < 0 ? std::string("?") : std::to_string(out.peer)) + where;
-        break;
-      case ErrorCode::protocol_violation:
-        out.what = me + where + ": rank " + std::to_string(out.peer) + " is at round " +
-                   std::to_string(out.observed) + ", more than one round away (protocol violation)";
-        break;
-      case ErrorCode::invalid_argument:
-        out.what = "forward: topk_ids[" + std::to_string(h->bad_token) + ", " +
-                   std::to_string(h->bad_slot) + "]=" + std::to_string(h->bad_value) +
-                   ": must be -1 (no expert) or in [0, num_experts=" +
-                   std::to_string(config().shape().num_experts) +
-                   ") (device-resident ids are checked in the kernel; that slot was dropped)";
-        break;
-      default:
-        out.what = me + ": " + to_string(out.code);
-        break;
-    }
+    out.reporter = h->reporter;
+    if (out.code == ErrorCode::invalid_argument)
+      out.what = "forward: topk_ids[" + std::to_string(h->bad_token) + ", " +
+                 std::to_string(h->bad_slot) + "]=" + std::to_string(h->bad_value) +
+                 ": must be -1 (no expert) or in [0, num_experts=" +
+                 std::to_string(config().shape().num_experts) +
+                 ") (device-resident ids are checked in the kernel; that slot was dropped)";
+    else
+      out.what = describe_failure(out, config().options().timeout_ms);
     health_ = out;
   }
 

@@ -50,7 +50,9 @@ __device__ inline void publish_health(HealthRecord* h) {
 __device__ inline void fail_round(const ForwardParams& p, const DeviceSession& session,
                                   const protocol::WaitOutcome& w, Phase phase) {
   using protocol::WaitStatus;
-  if (w.status != WaitStatus::aborted) session.raise_abort(phase, w.peer);
+  const int culprit =
+      w.status == WaitStatus::violation ? session.violation_culprit(w.peer) : w.peer;
+  if (w.status != WaitStatus::aborted) session.raise_abort(phase, culprit);
   protocol::system_ref<std::uint32_t>(p.state->failed).store(1, ::cuda::std::memory_order_relaxed);
   std::uint32_t expected = 0;
   if (!protocol::system_ref<std::uint32_t>(p.health->claimed)
@@ -71,7 +73,7 @@ __device__ inline void fail_round(const ForwardParams& p, const DeviceSession& s
   } else {
     h->code = static_cast<std::uint32_t>(
         w.status == WaitStatus::timeout ? ErrorCode::timeout : ErrorCode::protocol_violation);
-    h->peer = w.peer;
+    h->peer = culprit;
     h->reporter = p.rank;
     h->phase = static_cast<std::uint32_t>(phase);
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/failure.hpp"
 #include "formats/codec.hpp"
 #include "host/host_group.hpp"
 #include "host/host_platform.hpp"
@@ -59,16 +60,8 @@ class HostLayer final : public LayerImpl {
       if (w.status == WaitStatus::ok) return;
       // Retry from the same epochs next time, so a reset() the others join later still meets.
       reset_epoch_ = (reset_epoch_ - 1) / 2 * 2;
-      health_ = Health{};
-      health_.ok = false;
-      health_.code = ErrorCode::timeout;
-      health_.rank = rank_;
-      health_.peer = w.peer;
-      health_.phase = Phase::reset;
-      health_.round = round_;
-      health_.what = "rank " + std::to_string(rank_) + ": reset() timed out " + when + ": rank " +
-                     std::to_string(w.peer) + " did not call reset() within " +
-                     std::to_string(timeout_ms) + " ms";
+      health_ = reset_timeout(rank_, round_, w.peer);
+      health_.what = describe_failure(health_, timeout_ms) + " (" + when + ")";
       throw Error(ErrorCode::timeout, health_.what);
     };
     meet("waiting for every rank to stop");  // nobody is inside a round any more
@@ -248,43 +241,12 @@ class HostLayer final : public LayerImpl {
 
   // I3 / I4: record what happened, tell every peer, and throw.
   [[noreturn]] void fail(const WaitOutcome& w, Phase phase, const Session& session) {
-    Health h;
-    h.ok = false;
-    h.rank = rank_;
-    h.round = round_;
-    h.expected = round_;
-    h.observed = w.observed;
-    const std::string me = "rank " + std::to_string(rank_);
-    const std::string where =
-        std::string(" in phase ") + to_string(phase) + " of round " + std::to_string(round_);
-    if (w.status == WaitStatus::aborted) {
-      const protocol::AbortRecord a = protocol::unpack_abort(w.abort_word);
-      h.code = ErrorCode::peer_aborted;
-      h.peer = a.culprit == protocol::kUnknownRank ? -1 : static_cast<int>(a.culprit);
-      h.phase = static_cast<Phase>(a.phase);
-      h.round = a.round;
-      h.what = me + ": round " + std::to_string(round_) + " aborted: rank " +
-               std::to_string(a.reporter) + " gave up waiting for rank " +
-               (h.peer < 0 ? std::string("?") : std::to_string(h.peer)) + " in phase " +
-               to_string(h.phase) + " of round " + std::to_string(a.round);
-    } else {
-      h.peer = w.peer;
-      h.phase = phase;
-      if (w.status == WaitStatus::timeout) {
-        h.code = ErrorCode::timeout;
-        h.what = me + " timed out after " + std::to_string(config().options().timeout_ms) + " ms" +
-                 where + " waiting for rank " + std::to_string(w.peer) + " (last saw its round " +
-                 std::to_string(w.observed) + ", expected " + std::to_string(round_) + ")";
-      } else {
-        h.code = ErrorCode::protocol_violation;
-        h.what = me + where + ": rank " + std::to_string(w.peer) + " is at round " +
-                 std::to_string(w.observed) + ", more than one round away from " +
-                 std::to_string(round_) + " (protocol violation)";
-      }
-      session.raise_abort(phase, w.peer);
-    }
-    health_ = h;
-    throw Error(h.code, h.what);
+    WaitOutcome blamed = w;
+    if (w.status == WaitStatus::violation) blamed.peer = session.violation_culprit(w.peer);
+    if (w.status != WaitStatus::aborted) session.raise_abort(phase, blamed.peer);
+    health_ = failure_from_wait(rank_, round_, phase, blamed);
+    health_.what = describe_failure(health_, config().options().timeout_ms);
+    throw Error(health_.code, health_.what);
   }
 
   [[noreturn]] void fail_payload(int src, const protocol::WireRowHeader& header,

@@ -73,11 +73,36 @@ class RoundSession {
   }
   EPMOE_HD std::uint64_t local_abort() const { return load_acquire(abort_word()); }
 
+  // I4: on a protocol violation, who broke it? Every rank's latest count round as this rank sees
+  // it (its own is this round); healthy ranks are within one round of each other, so the culprit
+  // is the rank that agrees with the fewest others. Ties (e.g. two ranks) go to the rank that is
+  // further ahead: a counter only runs ahead by being corrupted. When all counts agree (a bad
+  // payload row, say) the caller's own suspect stands.
+  EPMOE_HD int violation_culprit(int fallback) const {
+    int culprit = fallback, fewest = layout_.world;  // everyone agrees: the counts can't tell
+    for (int k = 0; k < layout_.world; ++k) {
+      int agree = 0;
+      for (int j = 0; j < layout_.world; ++j) {
+        const std::uint32_t d = count_round(j) - count_round(k);
+        agree += d + 1u <= 2u;  // |d| <= 1, modulo 2^32
+      }
+      const bool ahead = static_cast<std::int32_t>(count_round(k) - count_round(culprit)) > 0;
+      if (agree < fewest || (agree == fewest && fewest < layout_.world && ahead)) {
+        fewest = agree;
+        culprit = k;
+      }
+    }
+    return culprit;
+  }
+
  private:
   EPMOE_HD std::uint64_t* word(int owner, std::size_t offset) const {
     return reinterpret_cast<std::uint64_t*>(peers_.window(owner) + offset);
   }
   EPMOE_HD const std::uint64_t* abort_word() const { return word(rank_, layout_.abort_word); }
+  EPMOE_HD std::uint32_t count_round(int k) const {
+    return k == rank_ ? round_ : inbox_round(load_acquire(word(rank_, layout_.count_word(k))));
+  }
 
   const WorkspaceLayout& layout_;
   Peers peers_;

@@ -163,7 +163,7 @@ ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
   std::vector<double> r(ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i) r[i] = as_double(ref[i]);
   return compare_impl(y, r, [&](double a, double b) {
-    if (std::isnan(a) && std::isnan(b)) return false;
+    if (a == b || (std::isnan(a) && std::isnan(b))) return false;  // also Inf == Inf
     const double mag = std::max(std::fabs(a), std::fabs(b));
     const double ulp = mag > 0 ? std::ldexp(1.0, std::ilogb(mag) - 7) : 0.0;
     return !(std::fabs(a - b) <= ulps * ulp + abs_floor);

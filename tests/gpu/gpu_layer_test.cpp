@@ -272,3 +272,55 @@ TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+TEST(GpuCreation, DifferentConfigsOnDifferentRanksFailOnEveryRank) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const std::vector<int> devices{0, 1};
+  auto comms = make_nccl_communicators(devices);
+  const auto weights = reference::make_random_weights(kShape, 1);
+  std::vector<std::string> errors(2);
+  within_seconds(60, "mismatched creation", [&] {
+    run_on_rank_threads(2, [&](int rank) {
+      LayerOptions options;
+      options.combine = rank == 0 ? Combine::staged : Combine::in_kernel_reduce;
+      try {
+        Layer layer(*comms[static_cast<std::size_t>(rank)],
+                    make_config(kShape, Precision::bf16, rank, 2, options),
+                    local_weight_views(weights, kShape, rank, 2));
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  });
+  for (const auto& e : errors) EXPECT_THAT(e, HasSubstr("rank 1 was given a different config"));
+  run_on_rank_threads(2, [&](int rank) { comms[static_cast<std::size_t>(rank)].reset(); });
+}
+
+TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
+  const int world = std::min(cuda_device_count(), 2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const UniqueId id = get_unique_id();  // what rank 0 broadcasts in a serving engine
+  const LayerShape shape{256, 128, 8, 4, 32};
+  const auto weights = reference::make_random_weights(shape, 2);
+  reference::ReferenceModel ref(shape, Precision::bf16, LayerOptions{}, weights);
+  within_seconds(120, "unique-id communicators", [&] {
+    run_on_rank_threads(world, [&](int rank) {  // one thread standing in for one process per GPU
+      auto comm = make_nccl_communicator(id, rank, world, rank);
+      {
+        Layer layer(*comm, make_config(shape, Precision::bf16, rank, world),
+                    local_weight_views(weights, shape, rank, world));
+        cuda::DeviceBatch buffers(rank, shape);
+        const Batch b = reference::make_random_batch(shape, world, 9, Routing::uniform, 0, rank);
+        const auto y = buffers.forward(layer, b);
+        EXPECT_EQ(reference::compare_bf16_tolerant(y, ref.forward(b), 1, 1e-6).mismatches, 0);
+      }
+      comm.reset();
+    });
+  });
+}
+
+}  // namespace
+}  // namespace epmoe
