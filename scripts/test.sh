@@ -1,12 +1,49 @@
 #!/usr/bin/env bash
-# The test command (README): installs what it needs, builds with warnings as errors, runs ctest.
+# The test command (README): installs what it needs, builds with warnings as errors, runs ctest,
+# then the Python tests (pytest) against the module built by the same CMake build.
 #   scripts/test.sh            # build/ci, all CPU tests; GPU tests reported as skipped
+#   EPMOE_TEST_PIP=0 scripts/test.sh   # skip the `pip install .` check (about 1 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 scripts/setup.sh
 export PATH=/usr/local/cuda/bin:$PATH
 build=${EPMOE_BUILD_DIR:-build/ci}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPMOE_WERROR=ON -DEPMOE_BUILD_TESTS=ON
+case $build in /*) ;; *) build=$root/$build ;; esac
+
+# Python packages of the module's build (nanobind) and of its tests, where missing.
+python=$(command -v "${PYTHON:-python3}")
+if ! "$python" -c "import nanobind, scikit_build_core, numpy, pytest, ml_dtypes" 2>/dev/null; then
+  echo "setup: pip installing nanobind scikit-build-core numpy pytest ml_dtypes"
+  "$python" -m pip install --quiet --disable-pip-version-check \
+    nanobind scikit-build-core numpy pytest ml_dtypes
+fi
+python=$("$python" -c "import sys; print(sys.executable)")
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPMOE_WERROR=ON -DEPMOE_BUILD_TESTS=ON \
+  -DEPMOE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python"
 cmake --build "$build" -j "$(nproc)"
-cd "$build"
-ctest --output-on-failure -j "$(nproc)" "$@"
+
+status=0
+(cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@") || status=$?
+
+# The module is assembled in $build/python/epmoe (python/CMakeLists.txt).
+echo "pytest tests/python (PYTHONPATH=$build/python)"
+PYTHONPATH="$build/python" "$python" -m pytest tests/python -q -p no:cacheprovider || status=$?
+
+if [ "${EPMOE_TEST_PIP:-1}" = 1 ]; then
+  # `pip install .` (pyproject.toml) into a fresh venv, CPU executor only, build dependencies from
+  # this Python; then the same tests against the installed package (no fault switches there).
+  venv="$build/pip-venv"
+  rm -rf "$venv"
+  echo "pip install . (venv $venv)"
+  if "$python" -m venv --system-site-packages "$venv"; then
+    CMAKE_ARGS="-DEPMOE_ENABLE_CUDA=OFF" "$venv/bin/python" -m pip install --quiet \
+      --disable-pip-version-check --no-build-isolation "$root" || status=$?
+    (cd "$root/tests/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider .) \
+      || status=$?
+  else
+    echo "pip install . NOT checked: $python cannot create a venv"
+  fi
+fi
+exit $status

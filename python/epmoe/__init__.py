@@ -9,7 +9,8 @@ bf16 tensors: torch.bfloat16 (DLPack kDLBfloat), numpy arrays of ``ml_dtypes.bfl
 ``uint16`` arrays holding bf16 bits (numpy has no bfloat16 of its own) are all read as bf16.
 
 Backends: the CPU executor (:class:`HostGroup`) runs every rank as a thread of this process. The
-CUDA executor (NCCL, one process per GPU, ``get_unique_id``) is not built yet.
+Python bindings of the CUDA executor (NCCL, one process per GPU, ``get_unique_id``) are not built
+yet.
 """
 
 from __future__ import annotations

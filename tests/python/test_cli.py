@@ -27,7 +27,7 @@ def test_run_passes_on_a_real_model_shape_with_an_idle_round():
 
 
 def test_run_with_zero_tokens_on_every_rank():
-    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "4", "--ranks", "4", "--tokens", "0",
+    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "8", "--ranks", "4", "--tokens", "0",
             "--rounds", "3")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "PASS" in p.stdout

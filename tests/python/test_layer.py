@@ -160,3 +160,20 @@ def test_layers_from_config_and_communicator_properties():
     b = [make_batch(problem.shape, t, seed=t) for t in (3, 0)]
     ys = raise_first(run_ranks(2, lambda r: layers[r].forward(b[r].x, b[r].ids, b[r].weights)))
     assert_within_bf16_ulps(ys[0], NumpyLayer(problem).forward(b[0]))
+
+
+def test_jax_bfloat16_through_dlpack():
+    """A DLPack producer with a real bfloat16 dtype (kDLBfloat), read in place; jax arrays are
+    immutable, so the output is a numpy array."""
+    jnp = pytest.importorskip("jax.numpy")
+    problem = make_problem(shape(), 1, seed=12)
+    b = make_batch(problem.shape, 7, seed=13)
+    layer = make_layers(problem)[0]
+    x = jnp.asarray(bf16_bits_to_f32(b.x)).astype(jnp.bfloat16)
+    ids = jnp.asarray(b.ids)
+    out = np.empty((7, SHAPE["hidden"]), np.uint16)
+    y = layer.forward(x, ids, jnp.asarray(b.weights), out=out)
+    assert y is out
+    assert_within_bf16_ulps(y, NumpyLayer(problem).forward(b))
+    with pytest.raises(epmoe.Error, match="forward: x has dtype f32, expected bf16"):
+        layer.forward(x.astype(jnp.float32), ids, jnp.asarray(b.weights), out=out)
