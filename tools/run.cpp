@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
+#include "executor.hpp"
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "progress.hpp"
@@ -74,17 +75,8 @@ int run_command(const RunOptions& o) {
   // Validates shape, ranks and options before anything big is allocated.
   const LayerConfig config0 = make_config(shape, precision, 0, o.ranks, options);
 
-  if (o.executor != "auto" && o.executor != "cpu" && o.executor != "cuda")
-    throw Error(ErrorCode::invalid_argument,
-                "--executor=" + o.executor + ": must be auto, cpu or cuda");
-  // The GPUs when this build has the CUDA executor and there is one GPU per rank.
-  const int gpus = cuda_device_count();
-  const bool on_gpus = o.executor == "cuda" || (o.executor == "auto" && gpus >= o.ranks);
-  if (on_gpus && gpus < o.ranks)
-    throw Error(ErrorCode::invalid_argument, "--executor=cuda --ranks=" + std::to_string(o.ranks) +
-                                                 ": needs one GPU per rank, " +
-                                                 std::to_string(gpus) + " visible");
-  const Backend backend = on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
+  const Backend backend = choose_backend(o.executor, o.ranks);
+  const bool on_gpus = backend == Backend::cuda_nccl;
 
   // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
   // reference's copies of the experts it touches (fp32).
@@ -107,11 +99,7 @@ int run_command(const RunOptions& o) {
               static_cast<long long>(shape.hidden), static_cast<long long>(shape.intermediate),
               static_cast<long long>(shape.num_experts), static_cast<long long>(shape.top_k),
               to_string(precision), to_string(options.combine));
-  if (on_gpus)
-    std::printf("executor: cuda (%d GPUs, one rank each; NCCL symmetric windows)\n", o.ranks);
-  else
-    std::printf("executor: cpu (%d rank threads%s)\n", o.ranks,
-                gpus == 0 ? "; no GPU visible" : "; fewer GPUs than ranks");
+  std::printf("executor: %s\n", describe_backend(backend, o.ranks).c_str());
   std::printf("ranks=%d tokens/rank=%lld rounds=%d seed=%llu  workspace %.1f MiB/rank\n", o.ranks,
               static_cast<long long>(o.tokens), o.rounds, static_cast<unsigned long long>(o.seed),
               static_cast<double>(config0.workspace_bytes()) / (1 << 20));

@@ -24,6 +24,7 @@
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "epmoe/testing.hpp"
+#include "executor.hpp"
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "progress.hpp"
@@ -33,8 +34,9 @@ namespace epmoe::tools {
 
 struct StressOptions {
   std::string shape = "tiny";
-  std::string model;         // a known model name; overrides --shape
-  std::int64_t experts = 0;  // 0 = the model's / the shape's
+  std::string executor = "cpu";  // auto | cpu | cuda
+  std::string model;             // a known model name; overrides --shape
+  std::int64_t experts = 0;      // 0 = the model's / the shape's
   std::int64_t max_tokens = 16;
   int ranks = 4;
   std::int64_t rounds = 2000;
@@ -497,11 +499,16 @@ int stress(const StressOptions& o) {
                 "--fault: this build has no fault switches (configure with "
                 "-DEPMOE_FAULT_INJECTION=ON)");
   (void)make_config(shape, precision, 0, o.ranks, options);  // validates before allocating
+  const Backend backend = choose_backend(o.executor, o.ranks);
+  if (backend == Backend::cuda_nccl && plan.fault != Fault::none)
+    reject(
+        "--fault with --executor=cuda: the GPU fault cases live in tests/gpu (gpu_layer_test); "
+        "stress injects faults on the CPU executor");
 
   const std::int64_t params = shape.num_experts * 3 * shape.intermediate * shape.hidden;
   const std::int64_t need = params * (2 + 4 + 4);  // bf16 + the layers' and reference's copies
   const std::int64_t have = available_host_bytes();
-  if (have > 0 && need > have * 9 / 10)
+  if (backend == Backend::cpu_threads && have > 0 && need > have * 9 / 10)
     reject(shape_name + " with " + std::to_string(shape.num_experts) + " experts needs about " +
            std::to_string(need >> 30) + " GiB of host memory on the CPU executor and " +
            std::to_string(have >> 30) + " GiB are available; pass --experts with fewer experts");
@@ -515,16 +522,17 @@ int stress(const StressOptions& o) {
       static_cast<long long>(shape.top_k), static_cast<long long>(shape.max_tokens_per_rank),
       to_string(precision), to_string(options.combine), o.routing.c_str());
   std::printf(
-      "executor: cpu (%d rank threads, no barrier between rounds)  rounds=%lld seed=%llu "
+      "executor: %s, no barrier between rounds  rounds=%lld seed=%llu "
       "idle-fraction=%.2f max-sleep-us=%u timeout-ms=%u check-every=%lld fault=%s\n",
-      o.ranks, static_cast<long long>(o.rounds), static_cast<unsigned long long>(o.seed),
-      o.idle_fraction, o.max_sleep_us, o.timeout_ms, static_cast<long long>(o.check_every),
+      describe_backend(backend, o.ranks).c_str(), static_cast<long long>(o.rounds),
+      static_cast<unsigned long long>(o.seed), o.idle_fraction, o.max_sleep_us, o.timeout_ms,
+      static_cast<long long>(o.check_every),
       plan.fault == Fault::none ? "none"
                                 : (plan.text + " x" + std::to_string(o.fault_times)).c_str());
   std::fflush(stdout);
 
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
-  HostCluster cluster(shape, precision, options, o.ranks, weights);
+  HostCluster cluster(shape, precision, options, o.ranks, weights, backend);
 
   // ---- the run ----
   std::vector<RankLive> live(static_cast<std::size_t>(o.ranks));
@@ -818,6 +826,8 @@ StressCommand add_stress_command(CLI::App& parent) {
       "CPU executor, whose ranks are threads of one process.\n"
       "Exit status: 0 pass, 1 mismatch / error / failed detection or recovery, 2 bad options,\n"
       "3 hang (the watchdog fired).");
+  cmd->add_option("--executor", o->executor, "cpu | cuda | auto (cuda: one GPU per rank)")
+      ->capture_default_str();
   cmd->add_option("--shape", o->shape, "built-in small shape: tiny = H=64 I=64 E=16 K=4")
       ->capture_default_str();
   cmd->add_option("--model", o->model,

@@ -57,7 +57,17 @@ for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do
 done
 cat "$out/run_bf16_staged.log"
 
+echo "== epmoe stress on the GPUs (no barrier, idle runs, mixed routing)"
+stress_rc=0
+build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 5 >"$out/stress_tiny.log" 2>&1 || stress_rc=1
+tail -14 "$out/stress_tiny.log"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --model qwen3-30b-a3b \
+  --max-tokens 64 --rounds 2000 --check-every 250 --min-zero-fraction 0.3 --seed 6 \
+  --precision mxfp8 >"$out/stress_qwen3.log" 2>&1 || stress_rc=1
+tail -14 "$out/stress_qwen3.log"
+
 echo "== summary ($(( $(date +%s) - start )) s)"
 grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/gpu_tests.log" | tail -3
-echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc"
-[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ]
+echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ]

@@ -1,0 +1,32 @@
+// Which executor a tool runs on: `--executor auto|cpu|cuda`. auto = the GPUs when this build has
+// the CUDA executor and there is one GPU per rank, else the CPU executor.
+#pragma once
+
+#include <string>
+
+#include "epmoe/comm.hpp"
+#include "epmoe/errors.hpp"
+
+namespace epmoe::tools {
+
+inline Backend choose_backend(const std::string& executor, int ranks) {
+  if (executor != "auto" && executor != "cpu" && executor != "cuda")
+    throw Error(ErrorCode::invalid_argument,
+                "--executor=" + executor + ": must be auto, cpu or cuda");
+  const int gpus = cuda_device_count();
+  const bool on_gpus = executor == "cuda" || (executor == "auto" && gpus >= ranks);
+  if (on_gpus && gpus < ranks)
+    throw Error(ErrorCode::invalid_argument, "--executor=cuda --ranks=" + std::to_string(ranks) +
+                                                 ": needs one GPU per rank, " +
+                                                 std::to_string(gpus) + " visible");
+  return on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
+}
+
+inline std::string describe_backend(Backend backend, int ranks) {
+  if (backend == Backend::cuda_nccl)
+    return "cuda (" + std::to_string(ranks) + " GPUs, one rank each; NCCL symmetric windows)";
+  return "cpu (" + std::to_string(ranks) + " rank threads" +
+         (cuda_device_count() == 0 ? std::string("; no GPU visible") : std::string()) + ")";
+}
+
+}  // namespace epmoe::tools
