@@ -22,6 +22,7 @@
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
+#include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
@@ -36,16 +37,7 @@ const LayerShape kShape{
 constexpr int kWorld = 2;
 constexpr std::int64_t kTokens = 6;
 
-template <class Fn>
-void within_seconds(int seconds, const char* what, Fn&& fn) {
-  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
-  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "HANG: %s did not finish within %d s\n", what, seconds);
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  done.get();
-}
+using test::within_seconds;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();

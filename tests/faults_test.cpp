@@ -18,6 +18,7 @@
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
+#include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
@@ -32,17 +33,7 @@ constexpr std::uint32_t kTimeoutMs = 300;
 const LayerShape kShape{
     .hidden = 64, .intermediate = 64, .num_experts = 6, .top_k = 2, .max_tokens_per_rank = 8};
 
-template <class Fn>
-void within_seconds(int seconds, const char* what, Fn&& fn) {
-  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
-  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "HANG: %s did not finish within %d s: a wait is unbounded\n", what,
-                 seconds);
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  done.get();
-}
+using test::within_seconds;
 
 struct Outcome {
   std::optional<Error> error;

@@ -13,6 +13,7 @@
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
+#include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
@@ -43,19 +44,7 @@ Batch round_batch(const LayerShape& s, int world, std::uint32_t round, int rank,
   return reference::make_random_batch(s, world, tokens, routing, target, rng.next());
 }
 
-// Runs `fn` and fails loudly instead of hanging: a test whose bounded waits were removed must
-// fail here, not time out silently in CI.
-template <class Fn>
-void within_seconds(int seconds, const char* what, Fn&& fn) {
-  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
-  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "HANG: %s did not finish within %d s (is a wait unbounded?)\n", what,
-                 seconds);
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  done.get();
-}
+using test::within_seconds;
 
 struct Scenario {
   Precision precision;

@@ -51,7 +51,7 @@ std::int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
-  if (strides.empty()) return true;
+  if (strides.empty() || numel() == 0) return true;  // an empty tensor has no layout to break
   if (strides.size() != shape.size()) return false;
   std::int64_t expected = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {

@@ -62,15 +62,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
 
 }  // namespace
 
-KernelShape combine_shape(const ForwardParams& p, int device) {
-  (void)p;
-  KernelShape s;
-  int per_sm = 0, sms = 0;
-  EPMOE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, combine_kernel, kThreads, 0));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  s.grid = std::max(1, per_sm) * sms;
-  return s;
+KernelShape combine_shape(const ForwardParams& /*p*/, int device) {
+  return occupancy_shape(combine_kernel, 0, device);
 }
 
 void launch_combine(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {

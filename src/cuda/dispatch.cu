@@ -109,16 +109,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
 }  // namespace
 
 KernelShape dispatch_shape(const ForwardParams& p, int device) {
-  KernelShape s;
-  s.smem = dispatch_smem(p);
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(
-      dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(s.smem)));
-  int per_sm = 0, sms = 0;
-  EPMOE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dispatch_kernel, kThreads, s.smem));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  s.grid = std::max(1, per_sm) * sms;
-  return s;
+  return occupancy_shape(dispatch_kernel, dispatch_smem(p), device);
 }
 
 void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {

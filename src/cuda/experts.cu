@@ -29,6 +29,16 @@ __device__ float dot(const float* x, const float* w, std::int64_t n) {
   return static_cast<float>(warp_sum(acc));
 }
 
+// A receive row that is not this round's, or names a slot or expert that cannot exist: a protocol
+// violation by its writer, reported (by one thread) and never computed on. The CTA then returns.
+__device__ void reject_row(const ForwardParams& p, std::uint32_t round, int src,
+                           std::uint32_t row_round) {
+  if (threadIdx.x != 0) return;
+  const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
+  fail_round(p, session, protocol::WaitOutcome{protocol::WaitStatus::violation, src, row_round, 0},
+             Phase::dispatch_counts);
+}
+
 __global__ void __launch_bounds__(kThreads) experts_kernel(ForwardParams p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   auto* x = reinterpret_cast<float*>(smem);
@@ -75,12 +85,7 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ForwardParams p) {
     const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
     if (header.round != round || header.token < 0 || header.token >= p.layout.max_tokens ||
         header.num_entries < 1 || header.num_entries > p.top_k) {
-      if (threadIdx.x == 0) {
-        const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
-        fail_round(p, session,
-                   protocol::WaitOutcome{protocol::WaitStatus::violation, src, header.round, 0},
-                   Phase::dispatch_counts);
-      }
+      reject_row(p, round, src, header.round);
       return;
     }
     decode_row_block(row + protocol::wire_payload_offset(p.top_k), p.hidden, p.precision,
@@ -92,12 +97,7 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ForwardParams p) {
       const protocol::WireEntry entry = entries[n];
       if (entry.local_expert < 0 || entry.local_expert >= p.local_experts || entry.slot < 0 ||
           entry.slot >= p.top_k) {
-        if (threadIdx.x == 0) {
-          const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
-          fail_round(p, session,
-                     protocol::WaitOutcome{protocol::WaitStatus::violation, src, header.round, 0},
-                     Phase::dispatch_counts);
-        }
+        reject_row(p, round, src, header.round);
         return;
       }
       const auto e = static_cast<std::size_t>(entry.local_expert);
@@ -144,16 +144,7 @@ __global__ void __launch_bounds__(kThreads) experts_kernel(ForwardParams p) {
 }  // namespace
 
 KernelShape experts_shape(const ForwardParams& p, int device) {
-  KernelShape s;
-  s.smem = experts_smem(p);
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(experts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(s.smem)));
-  int per_sm = 0, sms = 0;
-  EPMOE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, experts_kernel, kThreads, s.smem));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  s.grid = std::max(1, per_sm) * sms;
-  return s;
+  return occupancy_shape(experts_kernel, experts_smem(p), device);
 }
 
 void launch_experts(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {

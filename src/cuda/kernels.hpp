@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/cuda_check.hpp"
 #include "cuda/forward_params.hpp"
 
 namespace epmoe::cuda {
@@ -16,6 +17,20 @@ struct KernelShape {
   int grid = 0;
   std::size_t smem = 0;
 };
+
+// I5: as many CTAs as fit on every SM at once with `smem` bytes of dynamic shared memory, never a
+// function of T. Raises the kernel's dynamic shared memory limit first when it needs more than
+// the default.
+template <class Kernel>
+KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device) {
+  if (smem > 0)
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+  int per_sm = 0, sms = 0;
+  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return KernelShape{(per_sm > 0 ? per_sm : 1) * sms, smem};
+}
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
 // counts to every rank.

@@ -17,6 +17,7 @@
 #include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
+#include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
@@ -32,16 +33,7 @@ int gpus() {
   return cuda_device_count();
 }
 
-template <class Fn>
-void within_seconds(int seconds, const char* what, Fn&& fn) {
-  auto done = std::async(std::launch::async, std::forward<Fn>(fn));
-  if (done.wait_for(std::chrono::seconds(seconds)) != std::future_status::ready) {
-    std::fprintf(stderr, "HANG: %s did not finish within %d s\n", what, seconds);
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
-  done.get();
-}
+using test::within_seconds;
 
 void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, HostCluster& c,
                     const std::string& where) {
