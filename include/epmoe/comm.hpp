@@ -4,6 +4,7 @@
 #include <array>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "epmoe/tensor.hpp"
@@ -27,6 +28,14 @@ class Communicator {
 class HostGroup;
 std::shared_ptr<HostGroup> make_host_group(int world);
 std::unique_ptr<Communicator> make_host_communicator(std::shared_ptr<HostGroup> group, int rank);
+
+// The CPU executor with ranks as processes of one machine: every rank process attaches with the
+// same `name` and `world` and makes its communicator with make_host_communicator. Windows are
+// POSIX shared memory. A rank process that died can be restarted: its successor attaches the same
+// way, creates its layer (which finds the old window, which the survivors still map) and joins
+// the survivors' reset(). remove_shared_memory_group() deletes what killed ranks left behind.
+std::shared_ptr<HostGroup> attach_shared_memory_group(const std::string& name, int world);
+void remove_shared_memory_group(const std::string& name, int world, int layers = 16);
 
 // The CUDA executor: one rank per GPU over NCCL 2.28 (symmetric windows, LSA pointers). These
 // throw Error(unsupported) in a build without CUDA.

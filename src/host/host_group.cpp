@@ -27,26 +27,35 @@ bool TimedBarrier::arrive_and_wait(std::chrono::milliseconds timeout) {
   return false;
 }
 
-HostLayerWindows::~HostLayerWindows() {
-  for (std::byte* w : windows) std::free(w);
-}
+// One layer's windows, allocated by each rank thread; freed when every rank's layer is.
+struct ThreadHostGroup::Windows : HostLayerWindows {
+  explicit Windows(int world) : describes(static_cast<std::size_t>(world)), barrier(world) {
+    windows.resize(static_cast<std::size_t>(world));
+  }
+  ~Windows() override {
+    for (std::byte* w : windows) std::free(w);
+  }
+  std::vector<std::string> describes;
+  TimedBarrier barrier;  // layer creation
+};
 
-HostGroup::HostGroup(int world) : world_(world), layers_created_(static_cast<std::size_t>(world)) {
+ThreadHostGroup::ThreadHostGroup(int world)
+    : world_(world), layers_created_(static_cast<std::size_t>(world)) {
   if (world < 1)
     throw Error(ErrorCode::invalid_argument,
                 "make_host_group: world=" + std::to_string(world) + ": must be >= 1");
 }
 
-std::shared_ptr<HostLayerWindows> HostGroup::join_layer(int rank, std::size_t window_bytes,
-                                                        const std::string& describe,
-                                                        std::chrono::milliseconds timeout) {
-  std::shared_ptr<HostLayerWindows> slot;
+std::shared_ptr<HostLayerWindows> ThreadHostGroup::join_layer(int rank, std::size_t window_bytes,
+                                                              const std::string& describe,
+                                                              std::chrono::milliseconds timeout) {
+  std::shared_ptr<Windows> slot;
   std::uint64_t index = 0;
   {
     std::lock_guard lock(mutex_);
     index = layers_created_[static_cast<std::size_t>(rank)]++;
     auto& entry = joining_[index];
-    if (!entry) entry = std::make_shared<HostLayerWindows>(world_);
+    if (!entry) entry = std::make_shared<Windows>(world_);
     slot = entry;
     const std::size_t bytes = (window_bytes + protocol::kWindowAlignment - 1) /
                               protocol::kWindowAlignment * protocol::kWindowAlignment;
@@ -76,12 +85,7 @@ std::shared_ptr<HostLayerWindows> HostGroup::join_layer(int rank, std::size_t wi
                                         std::to_string(index) + " within " +
                                         std::to_string(timeout.count()) + " ms");
   }
-  for (std::size_t r = 1; r < slot->describes.size(); ++r)
-    if (slot->describes[r] != slot->describes[0])
-      throw Error(ErrorCode::invalid_argument,
-                  "Layer creation: rank " + std::to_string(r) + " was given a different config " +
-                      "than rank 0:\n  rank 0: " + slot->describes[0] + "\n  rank " +
-                      std::to_string(r) + ": " + slot->describes[r]);
+  check_same_config(slot->describes);
   return slot;
 }
 
@@ -94,8 +98,17 @@ HostCommunicator::HostCommunicator(std::shared_ptr<HostGroup> group, int rank)
                     std::to_string(group_->world()) + ")");
 }
 
+void check_same_config(const std::vector<std::string>& describes) {
+  for (std::size_t r = 1; r < describes.size(); ++r)
+    if (describes[r] != describes[0])
+      throw Error(ErrorCode::invalid_argument,
+                  "Layer creation: rank " + std::to_string(r) + " was given a different config " +
+                      "than rank 0:\n  rank 0: " + describes[0] + "\n  rank " + std::to_string(r) +
+                      ": " + describes[r]);
+}
+
 std::shared_ptr<HostGroup> make_host_group(int world) {
-  return std::make_shared<HostGroup>(world);
+  return std::make_shared<ThreadHostGroup>(world);
 }
 
 std::unique_ptr<Communicator> make_host_communicator(std::shared_ptr<HostGroup> group, int rank) {

@@ -1,5 +1,7 @@
-// The CPU executor's "NCCL": a group of ranks in one process. Each rank's symmetric window is a
-// host allocation that every rank thread can read and write, exactly as LSA peers do on the GPU.
+// The CPU executor's "NCCL": a group of ranks whose symmetric windows are host memory every rank
+// can read and write, exactly as LSA peers do on the GPU. Two kinds: ranks as threads of one
+// process (windows are plain allocations), and ranks as processes of one machine (windows are
+// POSIX shared memory; a killed rank process can be restarted and rejoin).
 #pragma once
 
 #include <chrono>
@@ -30,38 +32,50 @@ class TimedBarrier {
   std::uint64_t generation_ = 0;
 };
 
-// The windows of one layer, one per rank, zeroed, 4 KiB aligned; freed when every rank's layer is.
+// The windows of one layer as this rank sees them: every rank's base address. Released with the
+// layer.
 struct HostLayerWindows {
-  explicit HostLayerWindows(int world)
-      : windows(static_cast<std::size_t>(world)),
-        describes(static_cast<std::size_t>(world)),
-        barrier(world) {}
-  ~HostLayerWindows();
+  virtual ~HostLayerWindows() = default;
   std::vector<std::byte*> windows;
-  std::vector<std::string> describes;
   std::size_t bytes = 0;
-  TimedBarrier barrier;  // layer creation
+  // This rank's window already existed: a restarted rank process rejoining live peers. Its
+  // contents were kept (peers may be writing into it); reset() brings the rank back in step.
+  bool rejoined = false;
 };
 
 class HostGroup {
  public:
-  explicit HostGroup(int world);
-  int world() const { return world_; }
+  virtual ~HostGroup() = default;
+  virtual int world() const = 0;
 
-  // Collective: the k-th layer created on each rank joins the k-th windows object. Throws
+  // Collective: the k-th layer created on each rank joins the k-th set of windows. Throws
   // Error(timeout) naming the ranks that did not arrive, or Error(invalid_argument) when the ranks'
   // configs differ.
+  virtual std::shared_ptr<HostLayerWindows> join_layer(int rank, std::size_t window_bytes,
+                                                       const std::string& describe,
+                                                       std::chrono::milliseconds timeout) = 0;
+};
+
+// Ranks are threads of this process.
+class ThreadHostGroup final : public HostGroup {
+ public:
+  explicit ThreadHostGroup(int world);
+  int world() const override { return world_; }
   std::shared_ptr<HostLayerWindows> join_layer(int rank, std::size_t window_bytes,
                                                const std::string& describe,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout) override;
 
  private:
+  struct Windows;
   int world_;
   std::mutex mutex_;
   std::vector<std::uint64_t> layers_created_;  // per rank
-  std::map<std::uint64_t, std::shared_ptr<HostLayerWindows>> joining_;
+  std::map<std::uint64_t, std::shared_ptr<Windows>> joining_;
   std::map<std::uint64_t, int> arrived_;
 };
+
+// Layer creation fails on every rank, naming the first rank whose config differs from rank 0's.
+void check_same_config(const std::vector<std::string>& describes);
 
 class HostCommunicator : public Communicator {
  public:

@@ -36,6 +36,11 @@ class HostLayer final : public LayerImpl {
     validate_weights(config, weights, Device{});
     experts_ = reference::emulate_expert_weights(config, weights);
     windows_ = comm.group().join_layer(rank_, layout_.total, config.describe(), timeout());
+    // A restarted rank process: its next reset() must meet the survivors' pending one, whose
+    // first epoch they already published into this window.
+    if (windows_->rejoined)
+      reset_epoch_ =
+          protocol::ResetSession<HostPeers>(layout_, peers(), rank_).latest_epoch() / 2 * 2;
   }
 
   void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,

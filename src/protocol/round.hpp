@@ -140,6 +140,17 @@ class ResetSession {
     return WaitOutcome{};
   }
 
+  // The newest reset epoch any rank has published here: a restarted rank starts its meetings
+  // from it, so it meets the survivors wherever their resets got to.
+  EPMOE_HD std::uint32_t latest_epoch() const {
+    std::uint32_t latest = 0;
+    for (int src = 0; src < layout_.world; ++src) {
+      const std::uint32_t e = inbox_round(load_acquire(word(rank_, layout_.reset_word(src))));
+      latest = e > latest ? e : latest;
+    }
+    return latest;
+  }
+
   // Between the meetings: this rank's own round state back to "nothing received".
   EPMOE_HD void clear_own_inboxes() const {
     for (int src = 0; src < layout_.world; ++src) {
