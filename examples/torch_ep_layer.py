@@ -1,6 +1,7 @@
 """How a serving engine wires epmoe's expert-parallel MoE layer into a torch model.
 
     torchrun --nproc-per-node 8 examples/torch_ep_layer.py --model qwen3-30b-a3b   # CUDA executor
+    torchrun --nproc-per-node 2 examples/torch_ep_layer.py --experts 16 --graph    # + CUDA graph
     python examples/torch_ep_layer.py --cpu --ranks 4                              # CPU executor
 
 What an engine does, and what this file shows:
@@ -15,13 +16,14 @@ What an engine does, and what this file shows:
   others fail within ``timeout_ms`` with an error that names it (that is the contract, not a hang).
 * On an ``epmoe.Error`` from a cross-rank failure every rank logs ``health()`` and calls
   ``reset()`` on every layer (collective), then serving can go on.
+* Teardown is collective on the CUDA executor: every rank closes its layers, in the same order,
+  then its communicator (``close()`` releases the GIL; so does garbage collection).
 
-NOT BUILT YET — the CUDA half of the Python bindings: ``epmoe.get_unique_id()`` and
-``epmoe.nccl_communicator(unique_id, rank, world, device)`` (the C++ library's
-``epmoe::get_unique_id`` / ``make_nccl_communicator``) are not in the module yet, so the torchrun
-path (``nccl_communicator`` below) is written against the API as it will be. Everything else — the
-block, the weight loading, the step loop, error handling — is the same code for both executors
-and runs today with ``--cpu`` (torch CPU tensors, ranks as threads of one process).
+The block, the weight loading, the step loop and the error handling are the same code for both
+executors: torchrun runs one process per GPU (CUDA executor: torch CUDA tensors, the current torch
+stream, bootstrapped with ``epmoe.init_from_torch_distributed()``), ``--cpu`` runs the ranks as
+threads of one process (torch CPU tensors). ``--graph`` (CUDA) also captures one decode step of
+every layer in a ``torch.cuda.CUDAGraph`` and replays it with fresh inputs.
 """
 
 from __future__ import annotations
@@ -41,19 +43,15 @@ import epmoe
 
 def nccl_communicator() -> epmoe.Communicator:
     """One process per GPU (torchrun): rank 0 makes the NCCL unique id, torch.distributed
-    broadcasts it, every rank joins. NEEDS THE CUDA HALF OF THE BINDINGS (not built yet)."""
-    if not hasattr(epmoe, "get_unique_id"):
-        sys.exit("this epmoe module has no CUDA executor bindings yet (get_unique_id, "
-                 "nccl_communicator); run this example with --cpu")
+    broadcasts it, every rank joins on its GPU."""
+    if not epmoe.cuda_available:
+        sys.exit("this epmoe module was built without the CUDA executor; run with --cpu")
     import torch.distributed as dist
 
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(device)
-    box = [epmoe.get_unique_id() if rank == 0 else None]  # 128 opaque bytes
-    dist.broadcast_object_list(box, src=0)
-    return epmoe.nccl_communicator(box[0], rank, world, device)
+    # = get_unique_id() on rank 0, broadcast_object_list, NcclCommunicator(id, rank, world, dev)
+    return epmoe.init_from_torch_distributed()
 
 
 # --------------------------------------------------------------------------- weights
@@ -94,8 +92,9 @@ class EPMoEBlock(torch.nn.Module):
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)  # norm_topk_prob (Qwen3-MoE)
         out = torch.empty_like(hidden)
-        # DLPack in and out, no copies; on the CUDA executor `stream` is the engine's stream
-        # (torch.cuda.current_stream()), and the call is graph-capturable.
+        # No copies: torch tensors are read directly (no DLPack export, nothing synchronised).
+        # On the CUDA executor the work goes on `stream`, by default torch's current stream, so
+        # the call can be captured in a CUDA graph.
         self.layer.forward(hidden, ids.to(torch.int32), weights.contiguous(), out=out,
                            stream=stream)
         return out
@@ -106,21 +105,21 @@ class EPMoEBlock(torch.nn.Module):
 
 def serve(comm: epmoe.Communicator, state_dict, shape: epmoe.LayerShape, num_layers: int,
           steps: List[int], precision: str, device: torch.device, timeout_ms: int,
-          log=print) -> None:
+          log=print, graph: bool = False) -> None:
     blocks = [EPMoEBlock(comm, shape, state_dict, f"model.layers.{i}.mlp", precision, device,
                          timeout_ms=timeout_ms)
               for i in range(num_layers)]
-    stream = torch.cuda.current_stream() if device.type == "cuda" else None
     gen = torch.Generator().manual_seed(1000 + comm.rank)
     for step, tokens in enumerate(steps):
         # Stand-in for this rank's attention output; T == 0 when this rank has no requests.
         h = (torch.rand(tokens, shape.hidden, generator=gen) - 0.5).to(device, torch.bfloat16)
         try:
             for block in blocks:  # every MoE layer, every step, whatever T is
-                h = h + block(h, stream)
+                h = h + block(h)  # stream: torch's current stream (CUDA), ignored on the CPU
         except epmoe.Error as e:
             # A peer went missing (timeout / peer_aborted / protocol_violation): every rank gets
-            # an error within timeout_ms. Log who, where and when; then every rank resets every
+            # an error within timeout_ms (on the GPU from the next forward; health() has it as
+            # soon as the stream has run). Log who, where and when; then every rank resets every
             # layer (collective), and the step is retried or its requests failed.
             log(f"rank {comm.rank} step {step}: {e.code}: {e}")
             for block in blocks:
@@ -129,6 +128,38 @@ def serve(comm: epmoe.Communicator, state_dict, shape: epmoe.LayerShape, num_lay
                 block.layer.reset()
             continue
         log(f"rank {comm.rank} step {step}: T={tokens:3d}  |y|={h.float().norm().item():.4f}")
+    if graph and device.type == "cuda":
+        decode_with_cuda_graph(blocks, shape, comm, device, log)
+    for block in blocks:  # collective on the CUDA executor: every rank, same order
+        block.layer.close()
+
+
+def decode_with_cuda_graph(blocks, shape: epmoe.LayerShape, comm, device: torch.device, log,
+                           tokens: int = 8, replays: int = 5) -> None:
+    """One decode step of every layer captured once, replayed with fresh inputs: the round
+    counter lives on the GPU, so a replay needs no host involvement. Every rank captures and
+    replays the same number of times (an idle rank captures with T == 0)."""
+    t = tokens if comm.rank % 2 == 0 else 0  # odd ranks idle in every replayed step
+    static_in = torch.zeros(t, shape.hidden, dtype=torch.bfloat16, device=device)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up torch's own kernels (softmax, topk) off the graph
+        h = static_in
+        for block in blocks:
+            h = h + block(h)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        h = static_in
+        for block in blocks:
+            h = h + block(h)
+    static_out = h
+    gen = torch.Generator().manual_seed(2000 + comm.rank)
+    for i in range(replays):
+        static_in.copy_((torch.rand(t, shape.hidden, generator=gen) - 0.5).to(torch.bfloat16))
+        graph.replay()
+        log(f"rank {comm.rank} graph step {i}: T={t:3d}  "
+            f"|y|={static_out.float().norm().item():.4f}")
 
 
 # --------------------------------------------------------------------------- a checkpoint
@@ -163,6 +194,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--timeout-ms", type=int, default=10_000)
     ap.add_argument("--cpu", action="store_true", help="CPU executor: ranks are threads")
     ap.add_argument("--ranks", type=int, default=2, help="ranks of the CPU executor")
+    ap.add_argument("--graph", action="store_true",
+                    help="CUDA: also replay a captured decode step (torch.cuda.graph)")
     args = ap.parse_args(argv)
 
     model = epmoe.find_model(args.model)
@@ -177,7 +210,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         comm = nccl_communicator()
         steps = [args.max_tokens if (s + comm.rank) % 3 else 0 for s in range(6)]
         serve(comm, state_dict, shape, args.layers, steps, args.precision,
-              torch.device("cuda", torch.cuda.current_device()), args.timeout_ms)
+              torch.device("cuda", torch.cuda.current_device()), args.timeout_ms,
+              graph=args.graph)
+        comm.close()  # collective, after every layer on it is closed
+        torch.distributed.destroy_process_group()
         return
 
     # CPU executor: every rank is a thread of this process; each rank's layers are created and

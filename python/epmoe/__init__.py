@@ -1,23 +1,36 @@
 """epmoe: an expert-parallel Mixture-of-Experts layer.
 
 Every rank creates a :class:`Layer` (collectively) and calls :meth:`Layer.forward` once per step,
-whatever its token count (T may be 0), with no barrier between steps. Tensors are taken through
-DLPack without a copy (numpy, torch, cupy, jax, ...); a wrong dtype, shape, device or stride is
-rejected by the C++ library, before anything runs, with an :class:`Error` that names the argument.
+whatever its token count (T may be 0), with no barrier between steps. Tensors are taken without a
+copy: torch tensors are read directly (data pointer, shape, strides, dtype, device: no DLPack
+export, so nothing is synchronised and CUDA graph capture works), other tensors through DLPack or
+the buffer protocol (numpy, cupy, jax, ...). A wrong dtype, shape, device or stride is rejected by
+the C++ library, before anything runs, with an :class:`Error` that names the argument.
 
 bf16 tensors: torch.bfloat16 (DLPack kDLBfloat), numpy arrays of ``ml_dtypes.bfloat16``, or numpy
 ``uint16`` arrays holding bf16 bits (numpy has no bfloat16 of its own) are all read as bf16.
 
-Backends: the CPU executor (:class:`HostGroup`) runs every rank as a thread of this process. The
-Python bindings of the CUDA executor (NCCL, one process per GPU, ``get_unique_id``) are not built
-yet.
+Backends:
+
+* CPU executor (:class:`HostGroup`): every rank is a thread of this process.
+* CUDA executor (:class:`NcclCommunicator`): one rank per GPU over NCCL. One process per GPU
+  (torchrun): :func:`init_from_torch_distributed`, or rank 0's :func:`get_unique_id` broadcast by
+  the engine and ``NcclCommunicator(unique_id, rank, world, device)`` on every rank. One process
+  driving several GPUs: :func:`nccl_communicators`, each rank's layer created, driven and closed
+  from its own thread.
+
+Teardown is collective on the CUDA executor: every rank closes (or drops) its layers, in the same
+order, then its communicator. :meth:`Layer.close` and :meth:`Communicator.close` release the GIL,
+and so does the garbage collector's destruction of either; :func:`close_all` closes the ranks of a
+one-process group concurrently.
 """
 
 from __future__ import annotations
 
 import enum
 import sys
-from typing import Any, Optional, Tuple, Union
+import threading
+from typing import Any, Iterable, Optional, Tuple, Union
 
 from . import _epmoe as _ext
 from ._epmoe import (
@@ -28,8 +41,12 @@ from ._epmoe import (
     LayerConfig,
     LayerShape,
     ModelShape,
+    NcclCommunicator,
+    cuda_device_count,
     find_model,
+    get_unique_id,
     known_models,
+    nccl_communicators,
 )
 
 __version__ = "0.1.0"
@@ -44,14 +61,20 @@ __all__ = [
     "LayerConfig",
     "LayerShape",
     "ModelShape",
+    "NcclCommunicator",
     "Nvfp4Group",
     "Precision",
     "ScaleRounding",
+    "close_all",
+    "cuda_device_count",
     "dequantize_mxfp8",
     "dequantize_nvfp4",
     "find_model",
+    "get_unique_id",
+    "init_from_torch_distributed",
     "known_models",
     "make_config",
+    "nccl_communicators",
     "quantize_mxfp8",
     "quantize_nvfp4",
 ]
@@ -59,6 +82,11 @@ __all__ = [
 #: True when the module was built with the fault switches (test builds); then ``epmoe._testing``
 #: holds ``inject_fault(layer, fault, stall_ms=0, times=1)``.
 fault_injection_available: bool = _ext.fault_injection_available
+#: True when the module was built with the CUDA executor (nvcc and NCCL found at build time).
+cuda_available: bool = _ext.cuda_available
+#: The libnccl.so the module was linked against ("" without CUDA). torch and epmoe must load the
+#: same one: build against torch's nvidia-nccl wheel (see README, "Using it from Python").
+nccl_library: str = _ext.nccl_library
 
 if hasattr(_ext, "_testing"):
     _testing = _ext._testing
@@ -174,11 +202,24 @@ def _new_output(x: Any, hidden: int) -> Any:
     return np.empty((0, hidden), dtype=np.uint16)
 
 
-def _stream_handle(stream: Any) -> int:
-    """cudaStream_t as an integer: None (default stream), an int, a torch/cupy stream, or any
-    object with the CUDA stream protocol (``__cuda_stream__``)."""
+def _default_stream(x: Any) -> int:
+    """The stream a forward on x runs on when none is given: torch's current stream of x's device
+    for a torch CUDA tensor, cupy's current stream for a cupy array, else 0 (the legacy default
+    stream; ignored by the CPU executor)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+def _stream_handle(stream: Any, x: Any) -> int:
+    """cudaStream_t as an integer: None (x's framework's current stream), an int, a torch/cupy
+    stream, or any object with the CUDA stream protocol (``__cuda_stream__``)."""
     if stream is None:
-        return 0
+        return _default_stream(x)
     if isinstance(stream, int):
         return stream
     if hasattr(stream, "__cuda_stream__"):
@@ -187,6 +228,65 @@ def _stream_handle(stream: Any) -> int:
         if hasattr(stream, attr):
             return int(getattr(stream, attr))
     raise TypeError(f"forward: stream must be None, an int or a CUDA stream, not {type(stream)}")
+
+
+# ---- communicators ----
+
+
+def init_from_torch_distributed(device: Any = None, group: Any = None) -> NcclCommunicator:
+    """This process's rank of the CUDA executor, bootstrapped through torch.distributed.
+
+    Collective over ``group`` (default: the world group), which must be initialised
+    (``torch.distributed.init_process_group``, any backend). Rank 0 of the group makes the NCCL
+    unique id, ``broadcast_object_list`` hands it to every rank, and every rank joins as its rank
+    and world size in the group. ``device``: this rank's GPU (an index, ``"cuda:N"`` or a
+    ``torch.device``); default ``torch.cuda.current_device()`` (so call
+    ``torch.cuda.set_device(local_rank)`` first, as torchrun scripts do).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("init_from_torch_distributed: torch.distributed is not initialised; "
+                           "call torch.distributed.init_process_group() first")
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    if device is None:
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        d = torch.device(device)
+        if d.type != "cuda":
+            raise ValueError(f"init_from_torch_distributed: device={device!r} is not a CUDA device")
+        index = d.index if d.index is not None else torch.cuda.current_device()
+    box = [get_unique_id() if rank == 0 else None]
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast_object_list(box, src=src, group=group)
+    return NcclCommunicator(box[0], rank, world, index)
+
+
+def close_all(objects: Iterable[Any]) -> None:
+    """Closes the layers (or the communicators) of a one-process group, one thread each, all at
+    once: their teardown is collective, so closing them one after the other from one thread would
+    wait on ranks not yet closed. Raises the first error once all are done."""
+    objects = list(objects)
+    errors: list = [None] * len(objects)
+
+    def close(i: int) -> None:
+        try:
+            objects[i].close()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors[i] = e
+
+    threads = [threading.Thread(target=close, args=(i,)) for i in range(len(objects))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 # ---- the layer ----
@@ -199,8 +299,14 @@ class Layer(_ext._Layer):
     swiglu_limit=..., mxfp8_scale_rounding=...)`` is collective: every rank of ``comm`` creates its
     layer with the same shape and options (a mismatch is reported on every rank), each from its
     own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
-    [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32;
-    the layer quantizes them to ``precision`` and keeps its own copy.
+    [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32, on
+    the host or on the communicator's device; the layer quantizes them to ``precision`` and keeps
+    its own copy.
+
+    Teardown: :meth:`close` (or ``with epmoe.Layer(...) as layer:``, or dropping the last
+    reference) destroys the layer. On the CUDA executor that is collective (NCCL window
+    deregistration): every rank closes its layers, in the same order, before closing its
+    communicator; the GIL is released meanwhile. After close every call raises :class:`Error`.
     """
 
     def __init__(
@@ -253,10 +359,18 @@ class Layer(_ext._Layer):
         [T, K] float32; writes and returns ``out`` [T, H] bf16 (allocated like x when None; the C++
         library calls it ``y`` in its messages). Every rank calls it every step, T == 0 included.
 
+        ``stream`` (CUDA executor): a CUDA stream handle (int), a torch/cupy stream, or None for
+        the current stream of x's framework (``torch.cuda.current_stream(x.device)`` for torch
+        tensors, so it is graph-capturable under ``torch.cuda.graph``); the work is queued on it
+        and forward returns without waiting. Tensors must stay alive until that work is done
+        (torch's caching allocator does this when they belong to the same stream). Ignored by the
+        CPU executor, whose forward returns when the round is done.
+
         Bad arguments raise :class:`Error` (code ``invalid_argument``) before anything runs; a
-        cross-rank failure raises ``timeout``, ``peer_aborted`` or ``protocol_violation`` and the
-        layer refuses work (``layer_unhealthy``) until every rank calls :meth:`reset`.
-        ``stream``: a CUDA stream (ignored by the CPU executor).
+        cross-rank failure raises ``timeout``, ``peer_aborted`` or ``protocol_violation`` (on the
+        CUDA executor: seen by :meth:`health` once the stream has run, and raised by the next
+        forward) and the layer refuses work (``layer_unhealthy``) until every rank calls
+        :meth:`reset`.
         """
         if out is None:
             out = _new_output(x, self._hidden)
@@ -265,9 +379,15 @@ class Layer(_ext._Layer):
             _tensor(topk_ids),
             _tensor(topk_weights),
             _tensor(out),
-            _stream_handle(stream),
+            _stream_handle(stream, x),
         )
         return out
+
+    def __enter__(self) -> "Layer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     __call__ = forward
 

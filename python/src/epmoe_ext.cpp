@@ -1,14 +1,23 @@
 // epmoe._epmoe: the nanobind module behind `import epmoe` (python/epmoe/__init__.py wraps it).
 //
-// Tensors cross as DLPack (numpy, torch, cupy, jax, ...) without a copy: each argument becomes an
-// epmoe::TensorView with its data pointer, dtype, shape, strides and device, and the library checks
-// it, so a wrong tensor gets the same message from Python as from C++. Only what a TensorView
-// cannot describe (a dtype or device epmoe has no name for, an object that is not a tensor) is
-// rejected here, with a message in the same form. uint16 tensors are read as bf16 bits (numpy has
-// no bfloat16).
+// Tensors cross without a copy: each argument becomes an epmoe::TensorView with its data pointer,
+// dtype, shape, strides and device, and the library checks it, so a wrong tensor gets the same
+// message from Python as from C++. Only what a TensorView cannot describe (a dtype or device epmoe
+// has no name for, an object that is not a tensor) is rejected here, with a message in the same
+// form. uint16 tensors are read as bf16 bits (numpy has no bfloat16).
 //
-// Collective calls (Layer construction, reset) and forward release the GIL: the CPU executor's
-// ranks are threads of this process, and each must run while the others wait for it.
+// torch tensors are read through their own attributes (data_ptr, shape, stride, dtype, device),
+// never through DLPack: torch's __dlpack__() makes its default stream wait on the current stream
+// (an event record and a cross-stream wait on every call), which breaks CUDA graph capture, and it
+// refuses tensors that require grad. Reading attributes launches nothing and synchronises nothing.
+// Every other tensor (numpy, cupy, jax, ...) goes through DLPack or the buffer protocol.
+//
+// Collective calls (Layer construction, close, reset; communicator creation and close) and forward
+// release the GIL: the ranks of a one-process group (CPU executor, nccl_communicators) are threads
+// of this process, and each must run while the others wait for it. Destroying a layer or a
+// communicator is collective on the CUDA executor (NCCL window deregistration, ncclCommFinalize),
+// so their handles release the GIL in their destructors too, also when garbage collection drops
+// them.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -19,11 +28,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "commands.hpp"  // tools/: `epmoe run`, shared with `python -m epmoe run`
@@ -212,9 +223,107 @@ TensorView tensor_view(const char* fn, const char* name, const Array& a) {
   return v;
 }
 
-template <class Array>
-TensorView import_tensor(const char* fn, const char* name, nb::handle obj) {
-  return tensor_view(fn, name, import_array<Array>(fn, name, obj));
+// ---- torch tensors, read directly (see the top of this file) ----
+
+struct TorchTypes {
+  PyObject* tensor = nullptr;   // torch.Tensor
+  PyObject* strided = nullptr;  // torch.strided (the dense layout)
+  std::vector<std::pair<PyObject*, DType>> dtypes;
+};
+
+// torch's types once torch has been imported; nullptr before (then no torch tensor can exist, and
+// this never imports torch). The references are kept for the life of the process.
+const TorchTypes* torch_types() {
+  static TorchTypes types;
+  if (types.tensor != nullptr) return &types;
+  PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());
+  if (torch == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  nb::object module = nb::steal(torch);
+  if (!nb::hasattr(module, "Tensor") || !nb::hasattr(module, "strided"))
+    return nullptr;  // torch is still being imported
+  const std::pair<const char*, DType> names[] = {
+      {"bfloat16", DType::bf16}, {"float32", DType::f32}, {"float64", DType::f64},
+      {"int32", DType::i32},     {"int64", DType::i64},   {"uint8", DType::u8},
+      {"uint16", DType::bf16},  // bf16 bits, as for numpy (torch >= 2.3 has uint16)
+  };
+  const auto keep = [&](const char* name) { return nb::object(module.attr(name)).release().ptr(); };
+  for (const auto& [name, dtype] : names)
+    if (nb::hasattr(module, name)) types.dtypes.emplace_back(keep(name), dtype);
+  types.strided = keep("strided");
+  types.tensor = keep("Tensor");
+  return &types;
+}
+
+// The view of a torch.Tensor (any subclass: nn.Parameter too), or nullopt for anything else.
+std::optional<TensorView> torch_tensor_view(const char* fn, const char* name, nb::handle obj) {
+  const TorchTypes* torch = torch_types();
+  if (torch == nullptr) return std::nullopt;
+  const int is_tensor = PyObject_IsInstance(obj.ptr(), torch->tensor);
+  if (is_tensor < 0) throw nb::python_error();
+  if (is_tensor == 0) return std::nullopt;
+  TensorView v;
+  const nb::object dtype = obj.attr("dtype");
+  bool known = false;
+  for (const auto& [type, d] : torch->dtypes)
+    if (dtype.ptr() == type) {
+      v.dtype = d;
+      known = true;
+    }
+  if (!known)
+    reject(where(fn, name) + " has dtype " + nb::str(dtype).c_str() +
+           ", which epmoe does not take (torch.bfloat16, float32, float64, int32, int64, uint8; "
+           "a uint16 tensor is read as bf16 bits)");
+  const nb::object layout = obj.attr("layout");
+  if (!layout.is(nb::handle(torch->strided)))
+    reject(where(fn, name) + " has layout " + nb::str(layout).c_str() +
+           "; pass a dense (torch.strided) tensor");
+  const nb::object device = obj.attr("device");
+  const std::string type = nb::cast<std::string>(device.attr("type"));
+  if (type == "cpu") {
+    v.device = Device{DeviceKind::cpu, 0};
+  } else if (type == "cuda") {
+    v.device = Device{DeviceKind::cuda, nb::cast<int>(device.attr("index"))};
+  } else {
+    reject(where(fn, name) + " is on " + type + ", which epmoe does not take (cpu or cuda)");
+  }
+  v.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(obj.attr("data_ptr")()));
+  v.shape = nb::cast<std::vector<std::int64_t>>(obj.attr("shape"));
+  v.strides = nb::cast<std::vector<std::int64_t>>(obj.attr("stride")());
+  if (v.numel() == 0) v.strides.clear();  // as for DLPack tensors: an empty tensor has no layout
+  return v;
+}
+
+// A tensor argument as the library sees it, with what keeps a DLPack import referenced until the
+// end of the call (nothing for a torch tensor: the caller's argument keeps it alive).
+struct Imported {
+  TensorView view;
+  std::optional<ReadArray> read;
+  std::optional<WriteArray> write;
+};
+
+Imported import_read(const char* fn, const char* name, nb::handle obj) {
+  Imported t;
+  if (std::optional<TensorView> v = torch_tensor_view(fn, name, obj)) {
+    t.view = std::move(*v);
+    return t;
+  }
+  t.read = import_array<ReadArray>(fn, name, obj);
+  t.view = tensor_view(fn, name, *t.read);
+  return t;
+}
+
+Imported import_write(const char* fn, const char* name, nb::handle obj) {
+  Imported t;
+  if (std::optional<TensorView> v = torch_tensor_view(fn, name, obj)) {
+    t.view = std::move(*v);
+    return t;
+  }
+  t.write = import_array<WriteArray>(fn, name, obj);
+  t.view = tensor_view(fn, name, *t.write);
+  return t;
 }
 
 // ---- host arrays for the codecs ----
@@ -425,30 +534,156 @@ LayerConfig make_config_py(const LayerShape& shape, const std::string& precision
   return make_config(shape, parse_precision(precision), rank, world, options);
 }
 
-void layer_init(Layer* self, Communicator& comm, const LayerConfig& config, nb::handle w13_obj,
-                nb::handle w2_obj) {
-  const ReadArray w13 = import_array<ReadArray>("Layer", "weights.w13", w13_obj);
-  const ReadArray w2 = import_array<ReadArray>("Layer", "weights.w2", w2_obj);
-  const ExpertWeights weights{tensor_view("Layer", "weights.w13", w13),
-                              tensor_view("Layer", "weights.w2", w2)};
-  nb::gil_scoped_release release;  // collective: the other ranks' threads must run meanwhile
-  new (self) Layer(comm, config, weights);
+// ---- communicators and layers: handles that can be closed ----
+
+// Destroys `owned`, with the GIL released when this thread holds it: destroying a CUDA layer or an
+// NCCL communicator waits for the other ranks, and in a one-process group those are threads of
+// this interpreter that need the GIL to get there. (CPython's own file objects release the GIL
+// while closing in their destructors too.)
+template <class T>
+void destroy_releasing_gil(std::unique_ptr<T>& owned) noexcept {
+  if (!owned) return;
+  if (PyGILState_Check()) {
+    nb::gil_scoped_release release;
+    owned.reset();
+  } else {
+    owned.reset();
+  }
 }
 
-void layer_forward(Layer& layer, nb::handle x_obj, nb::handle ids_obj, nb::handle weights_obj,
+// epmoe.Communicator: owns one rank's communicator until close() or garbage collection.
+struct CommHandle {
+  std::unique_ptr<Communicator> comm;
+  int open_layers = 0;  // layers created on it and not closed (they hold a reference to it)
+
+  explicit CommHandle(std::unique_ptr<Communicator> c) : comm(std::move(c)) {}
+  CommHandle(CommHandle&&) noexcept = default;
+  CommHandle& operator=(CommHandle&&) = delete;
+  ~CommHandle() { destroy_releasing_gil(comm); }
+
+  Communicator& get(const char* fn) const {
+    if (!comm)
+      throw Error(ErrorCode::invalid_argument,
+                  std::string(fn) + ": the communicator is closed (close() was called)");
+    return *comm;
+  }
+  void close() {
+    if (open_layers > 0)
+      reject("Communicator.close(): " + std::to_string(open_layers) +
+             " layer(s) created on it are still open; close them first (on every rank)");
+    destroy_releasing_gil(comm);
+  }
+};
+
+// epmoe.NcclCommunicator: a CommHandle whose communicator is the CUDA executor's.
+struct NcclCommHandle : CommHandle {
+  using CommHandle::CommHandle;
+};
+
+std::string describe_comm(const CommHandle& h) {
+  if (!h.comm) return "Communicator(closed)";
+  const Communicator& c = *h.comm;
+  return std::string(c.backend() == Backend::cuda_nccl ? "NcclCommunicator" : "Communicator") +
+         "(rank=" + std::to_string(c.rank()) + ", world=" + std::to_string(c.world()) +
+         ", backend=" + to_string(c.backend()) + ", device=" + to_string(c.device()) + ")";
+}
+
+UniqueId unique_id_arg(const nb::bytes& bytes) {
+  UniqueId id;
+  if (bytes.size() != id.bytes.size())
+    reject("NcclCommunicator: unique_id has " + std::to_string(bytes.size()) + " bytes, expected " +
+           std::to_string(id.bytes.size()) + " (the bytes of epmoe.get_unique_id() on rank 0)");
+  std::memcpy(id.bytes.data(), bytes.c_str(), id.bytes.size());
+  return id;
+}
+
+// epmoe._Layer: owns one rank's layer until close() or garbage collection, and keeps the
+// communicator it was created on alive (and open) until then.
+struct LayerHandle {
+  std::unique_ptr<Layer> layer;
+  CommHandle* comm = nullptr;
+  nb::object comm_object;
+  int calls = 0;  // calls of this layer running with the GIL released (other threads)
+
+  LayerHandle() = default;
+  LayerHandle(const LayerHandle&) = delete;
+  LayerHandle& operator=(const LayerHandle&) = delete;
+  ~LayerHandle() { release(); }
+
+  Layer& get(const char* fn) const {
+    if (!layer)
+      throw Error(ErrorCode::invalid_argument,
+                  std::string(fn) + ": the layer is closed (close() was called)");
+    return *layer;
+  }
+  void close() {
+    if (calls > 0)
+      reject(
+          "Layer.close(): a call of this layer (forward, reset, ...) is running on another "
+          "thread");
+    release();
+  }
+
+ private:
+  void release() noexcept {
+    if (!layer) return;
+    destroy_releasing_gil(layer);  // collective on the CUDA executor
+    comm->open_layers -= 1;
+    comm_object.reset();
+  }
+};
+
+// Marks a call of `layer` as running while the GIL is released (close() refuses meanwhile).
+// Constructed before the gil_scoped_release, so it ends after the GIL is taken back.
+class Running {
+ public:
+  explicit Running(LayerHandle& h) : h_(h) { ++h_.calls; }
+  ~Running() { --h_.calls; }
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+ private:
+  LayerHandle& h_;
+};
+
+void layer_init(LayerHandle* self, nb::handle comm_object, const LayerConfig& config,
+                nb::handle w13_obj, nb::handle w2_obj) {
+  CommHandle* comm = nullptr;
+  if (!nb::try_cast(comm_object, comm, false) || comm == nullptr)
+    reject("Layer: comm is a " + python_type_name(comm_object) +
+           ", not an epmoe.Communicator (HostGroup.communicator, NcclCommunicator, "
+           "nccl_communicators, init_from_torch_distributed)");
+  Communicator& c = comm->get("Layer");
+  const Imported w13 = import_read("Layer", "weights.w13", w13_obj);
+  const Imported w2 = import_read("Layer", "weights.w2", w2_obj);
+  const ExpertWeights weights{w13.view, w2.view};
+  std::unique_ptr<Layer> layer;
+  comm->open_layers += 1;  // the communicator cannot be closed while the layer is being created
+  try {
+    nb::gil_scoped_release release;  // collective: the other ranks' threads must run meanwhile
+    layer = std::make_unique<Layer>(c, config, weights);
+  } catch (...) {
+    comm->open_layers -= 1;
+    throw;
+  }
+  new (self) LayerHandle();
+  self->layer = std::move(layer);
+  self->comm = comm;
+  self->comm_object = nb::borrow(comm_object);
+}
+
+void layer_forward(LayerHandle& self, nb::handle x_obj, nb::handle ids_obj, nb::handle weights_obj,
                    nb::handle y_obj, std::uintptr_t stream) {
   constexpr const char* fn = "forward";
-  // The arrays stay referenced (and their memory alive) until the end of this call.
-  const ReadArray x = import_array<ReadArray>(fn, "x", x_obj);
-  const ReadArray ids = import_array<ReadArray>(fn, "topk_ids", ids_obj);
-  const ReadArray weights = import_array<ReadArray>(fn, "topk_weights", weights_obj);
-  const WriteArray y = import_array<WriteArray>(fn, "y", y_obj);
-  const TensorView xv = tensor_view(fn, "x", x);
-  const TensorView iv = tensor_view(fn, "topk_ids", ids);
-  const TensorView wv = tensor_view(fn, "topk_weights", weights);
-  const TensorView yv = tensor_view(fn, "y", y);
+  Layer& layer = self.get(fn);
+  // DLPack imports stay referenced (and their memory alive) until the end of this call.
+  const Imported x = import_read(fn, "x", x_obj);
+  const Imported ids = import_read(fn, "topk_ids", ids_obj);
+  const Imported weights = import_read(fn, "topk_weights", weights_obj);
+  const Imported y = import_write(fn, "y", y_obj);
+  const Running running(self);
   nb::gil_scoped_release release;
-  layer.forward(xv, iv, wv, yv, Stream{reinterpret_cast<void*>(stream)});
+  layer.forward(x.view, ids.view, weights.view, y.view, Stream{reinterpret_cast<void*>(stream)});
 }
 
 nb::dict health_dict(const Health& h) {
@@ -489,7 +724,7 @@ void translate_error(const std::exception_ptr& p, void* /*payload*/) {
 // ---- fault switches (test builds only) ----
 
 #if defined(EPMOE_FAULT_INJECTION)
-void inject_fault_py(Layer& layer, const std::string& fault, std::int64_t stall_ms,
+void inject_fault_py(LayerHandle& layer, const std::string& fault, std::int64_t stall_ms,
                      std::int64_t times) {
   using testing::Fault;
   testing::FaultSpec spec;
@@ -502,7 +737,7 @@ void inject_fault_py(Layer& layer, const std::string& fault, std::int64_t stall_
     reject("inject_fault: times=" + std::to_string(times) + ": must be >= 0");
   spec.stall_ms = static_cast<std::uint32_t>(stall_ms);
   spec.times = static_cast<std::uint32_t>(times);
-  testing::inject_fault(layer, spec);
+  testing::inject_fault(layer.get("inject_fault"), spec);
 }
 #endif
 
@@ -529,6 +764,13 @@ NB_MODULE(_epmoe, m) {
       true;
 #else
       false;
+#endif
+  // The libnccl this module was linked against at build time ("" without CUDA).
+  m.attr("nccl_library") =
+#if defined(EPMOE_PY_NCCL_LIBRARY)
+      EPMOE_PY_NCCL_LIBRARY;
+#else
+      "";
 #endif
 
   nb::class_<LayerShape>(m, "LayerShape",
@@ -628,11 +870,76 @@ NB_MODULE(_epmoe, m) {
                ", expected=" + std::to_string(h.expected) + ", what=" + h.what + ")";
       });
 
-  nb::class_<Communicator>(m, "Communicator", "Who the ranks of an expert-parallel group are.")
-      .def_prop_ro("rank", &Communicator::rank)
-      .def_prop_ro("world", &Communicator::world)
+  nb::class_<CommHandle>(m, "Communicator",
+                         "Who the ranks of an expert-parallel group are (one rank's view).")
+      .def_prop_ro("rank", [](const CommHandle& h) { return h.get("Communicator.rank").rank(); })
+      .def_prop_ro("world", [](const CommHandle& h) { return h.get("Communicator.world").world(); })
       .def_prop_ro("backend",
-                   [](const Communicator& c) { return std::string(to_string(c.backend())); });
+                   [](const CommHandle& h) {
+                     return std::string(to_string(h.get("Communicator.backend").backend()));
+                   })
+      .def_prop_ro(
+          "device",
+          [](const CommHandle& h) { return to_string(h.get("Communicator.device").device()); },
+          "Where this rank's tensors must live: 'cpu' or 'cuda:N' (a torch.device string).")
+      .def_prop_ro("closed", [](const CommHandle& h) { return !h.comm; })
+      .def("close", &CommHandle::close,
+           "Destroys the communicator now (collective on the CUDA executor: every rank closes "
+           "its own, each from its own thread or process). Its layers must be closed first. "
+           "Releases the GIL; closing twice does nothing.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__exit__", [](CommHandle& h, const nb::args&) { h.close(); })
+      .def("__repr__", &describe_comm);
+
+  nb::class_<NcclCommHandle, CommHandle>(
+      m, "NcclCommunicator",
+      "The CUDA executor's communicator of one rank: one GPU, NCCL 2.28 symmetric windows.")
+      .def(
+          "__init__",
+          [](NcclCommHandle* self, const nb::bytes& unique_id, int rank, int world, int device) {
+            const UniqueId id = unique_id_arg(unique_id);
+            std::unique_ptr<Communicator> comm;
+            {
+              nb::gil_scoped_release release;  // blocks until every rank has joined
+              comm = make_nccl_communicator(id, rank, world, device);
+            }
+            new (self) NcclCommHandle(std::move(comm));
+          },
+          "unique_id"_a, "rank"_a, "world"_a, "device"_a,
+          "Collective: every rank of the group calls it with the same unique_id (the 128 bytes of "
+          "get_unique_id() on rank 0) and its own rank; blocks until all have joined (the GIL is "
+          "released meanwhile). `device` is the CUDA device index of this rank's GPU.");
+
+  m.def(
+      "get_unique_id",
+      [] {
+        UniqueId id;
+        {
+          nb::gil_scoped_release release;
+          id = get_unique_id();
+        }
+        return nb::bytes(id.bytes.data(), id.bytes.size());
+      },
+      "NCCL's unique id (128 bytes): rank 0 makes it, the engine broadcasts it to every rank.");
+  m.def(
+      "nccl_communicators",
+      [](const std::vector<int>& devices) {
+        std::vector<std::unique_ptr<Communicator>> comms;
+        {
+          nb::gil_scoped_release release;
+          comms = make_nccl_communicators(devices);
+        }
+        std::vector<NcclCommHandle> out;
+        out.reserve(comms.size());
+        for (auto& c : comms) out.emplace_back(std::move(c));
+        return out;
+      },
+      "devices"_a,
+      "One process driving several GPUs: rank i on devices[i]. Each rank's Layer must then be "
+      "created, driven and closed from its own thread, and each communicator closed from its own "
+      "thread (epmoe.close_all does both).");
+  m.def("cuda_device_count", &cuda_device_count,
+        "GPUs visible to this process (0 without a CUDA driver or in a build without CUDA).");
 
   struct HostGroupHandle {
     std::shared_ptr<HostGroup> group;
@@ -650,22 +957,38 @@ NB_MODULE(_epmoe, m) {
       .def_ro("world", &HostGroupHandle::world)
       .def(
           "communicator",
-          [](const HostGroupHandle& g, int rank) { return make_host_communicator(g.group, rank); },
+          [](const HostGroupHandle& g, int rank) {
+            return CommHandle(make_host_communicator(g.group, rank));
+          },
           "rank"_a, "This rank's communicator (use it, and the layer, from this rank's thread).");
 
-  nb::class_<Layer>(m, "_Layer", "The C++ layer; use epmoe.Layer.")
-      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a, "w2"_a, nb::keep_alive<1, 2>())
+  nb::class_<LayerHandle>(m, "_Layer", "The C++ layer; use epmoe.Layer.")
+      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a, "w2"_a)
       .def("_forward", &layer_forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "y"_a, "stream"_a = 0)
-      .def("health", &Layer::health)
+      .def("health", [](const LayerHandle& h) { return h.get("health").health(); })
       .def(
           "reset",
-          [](Layer& l) {
+          [](LayerHandle& h) {
+            Layer& layer = h.get("reset");
+            const Running running(h);
             nb::gil_scoped_release release;
-            l.reset();
+            layer.reset();
           },
           "Collective: every rank calls it (from its own thread); rounds then restart.")
-      .def_prop_ro("config", &Layer::config)
-      .def_prop_ro("next_round", &Layer::next_round);
+      .def("close", &LayerHandle::close,
+           "Destroys the layer now. Collective on the CUDA executor (NCCL window "
+           "deregistration): every rank closes its layer, each from its own thread or process. "
+           "Releases the GIL; closing twice does nothing; afterwards every call raises.")
+      .def_prop_ro("closed", [](const LayerHandle& h) { return !h.layer; })
+      .def_prop_ro(
+          "config", [](const LayerHandle& h) { return h.get("config").config(); },
+          nb::rv_policy::copy)
+      .def_prop_ro("next_round", [](LayerHandle& h) {
+        Layer& layer = h.get("next_round");
+        const Running running(h);
+        nb::gil_scoped_release release;  // a device read: waits for this GPU's queued work
+        return layer.next_round();
+      });
 
   m.def("quantize_mxfp8", &quantize_mxfp8_py, "x"_a, "rounding"_a = "rceil");
   m.def("dequantize_mxfp8", &dequantize_mxfp8_py, "elements"_a, "scales"_a);

@@ -128,4 +128,4 @@ def test_torch_tensor_on_the_wrong_device_is_named():
     layer = make_layers(problem)[0]
     x, i, w = good()
     with pytest.raises(epmoe.Error, match=r"forward: x is on cuda:0, expected cpu"):
-        layer.forward(torch.from_numpy(x.view(np.int16)).cuda(), i, w)
+        layer.forward(torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda(), i, w)

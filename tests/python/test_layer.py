@@ -117,16 +117,32 @@ def test_forward_reads_views_without_copying():
     assert_within_bf16_ulps(big_y[2:10], NumpyLayer(problem).forward(b))
 
 
-def test_torch_tensors_through_dlpack():
+def test_torch_tensors_are_read_directly():
+    """torch tensors are read through their attributes (no DLPack export): views with an offset,
+    tensors that require grad, int64 ids, and torch's own rejections."""
     torch = pytest.importorskip("torch")
     problem = make_problem(shape(), 1, seed=7)
     b = make_batch(problem.shape, 5, seed=8)
-    layer = make_layers(problem)[0]
-    x = torch.from_numpy(bf16_bits_to_f32(b.x)).to(torch.bfloat16)
-    y = layer.forward(x, torch.from_numpy(b.ids), torch.from_numpy(b.weights))
+    w13, w2 = problem.local(0)
+    w13 = torch.nn.Parameter(torch.from_numpy(bf16_bits_to_f32(w13)), requires_grad=True)
+    layer = epmoe.Layer(epmoe.HostGroup(1).communicator(0), problem.shape, "bf16", w13,
+                        torch.from_numpy(w2.view(np.int16)).view(torch.bfloat16))
+    x = torch.zeros(7, SHAPE["hidden"], dtype=torch.bfloat16)
+    x[2:] = torch.from_numpy(bf16_bits_to_f32(b.x)).to(torch.bfloat16)
+    y = layer.forward(x[2:], torch.from_numpy(b.ids).long(), torch.from_numpy(b.weights))
     assert y.dtype == torch.bfloat16 and tuple(y.shape) == (5, SHAPE["hidden"])
     bits = y.view(torch.int16).numpy().view(np.uint16)
     assert_within_bf16_ulps(bits, NumpyLayer(problem).forward(b))
+    with pytest.raises(epmoe.Error, match=r"forward: x has dtype torch.float16, which epmoe"):
+        layer.forward(x[2:].half(), torch.from_numpy(b.ids), torch.from_numpy(b.weights))
+    with pytest.raises(epmoe.Error, match=r"forward: x is on meta, which epmoe does not take"):
+        layer.forward(x[2:].to("meta"), torch.from_numpy(b.ids), torch.from_numpy(b.weights))
+    with pytest.raises(epmoe.Error, match=r"forward: x has layout torch.sparse_coo"):
+        layer.forward(x[2:].float().to_sparse(), torch.from_numpy(b.ids),
+                      torch.from_numpy(b.weights))
+    with pytest.raises(epmoe.Error, match=r"forward: x is not contiguous \(strides \[1, 5\]\)"):
+        layer.forward(x[2:].t().contiguous().t(), torch.from_numpy(b.ids),
+                      torch.from_numpy(b.weights))
 
 
 def test_config_and_options_round_trip():
