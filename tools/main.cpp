@@ -13,6 +13,11 @@ struct StressCommand {
   std::function<int()> run;
 };
 StressCommand add_stress_command(CLI::App& parent);
+struct BenchCommand {  // tools/bench.cpp
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+BenchCommand add_bench_command(CLI::App& parent);
 }  // namespace epmoe::tools
 
 int main(int argc, char** argv) {
@@ -44,11 +49,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   const epmoe::tools::StressCommand stress = epmoe::tools::add_stress_command(app);
+  const epmoe::tools::BenchCommand bench = epmoe::tools::add_bench_command(app);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (run_cmd->parsed()) return epmoe::tools::run_command(run);
     if (stress.app->parsed()) return stress.run();
+    if (bench.app->parsed()) return bench.run();
   } catch (const epmoe::Error& e) {
     std::fprintf(stderr, "epmoe: error (%s): %s\n", epmoe::to_string(e.code()), e.what());
     return 2;

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Plots and one combined table from `epmoe bench --json` and `tools/baselines/torch_ep.py --json`.
+
+  python3 bench/plot.py bench/out/epmoe.json bench/out/torch_ep.json --out bench/out --table
+
+One PNG per model shape (latency_<model>.png): median latency (p50, line; p90, shaded) against T
+(tokens per rank), one panel per world size, a line per implementation / precision / combine, and
+the floor of each precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that
+`epmoe bench` derives from its measured ceilings). --table prints (and writes table.md) the p50
+latencies of every implementation side by side, with the bf16 floor and the best epmoe config over
+the torch baseline. Needs matplotlib for the plots only.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def load(paths):
+    points, meta = [], []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        if doc.get("schema") != "epmoe-bench/1":
+            sys.exit(f"{path}: not an epmoe-bench/1 file (schema {doc.get('schema')!r})")
+        meta.append((path, doc))
+        for p in doc["points"]:
+            points.append(p)
+    return points, meta
+
+
+def model_label(p):
+    if p["experts"] == p["model_experts"]:
+        return p["model"]
+    return f'{p["model"]} E{p["experts"]}/{p["model_experts"]}'
+
+
+def series_name(p):
+    if p["impl"] == "epmoe":
+        return f'epmoe {p["precision"]} {p["combine"]}'
+    return f'{p["impl"]} {p["precision"]}'
+
+
+def ok(p):
+    return p.get("status") == "ok" and p.get("latency_ms_p50") is not None
+
+
+COMBINE_SHORT = {"staged": "st", "in_kernel_reduce": "ikr"}
+PRECISION_COLOR = {"bf16": "tab:blue", "mxfp8": "tab:orange", "nvfp4": "tab:green"}
+
+
+def plot(points, out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    models = sorted({model_label(p) for p in points})
+    for model in models:
+        mine = [p for p in points if model_label(p) == model]
+        worlds = sorted({p["world"] for p in mine}, reverse=True)
+        tokens = sorted({p["tokens_per_rank"] for p in mine})
+        xpos = {t: i for i, t in enumerate(tokens)}
+        fig, axes = plt.subplots(1, len(worlds), figsize=(6.5 * len(worlds), 4.8), squeeze=False)
+        for ax, world in zip(axes[0], worlds):
+            pts = [p for p in mine if p["world"] == world and ok(p)]
+            for name in sorted({series_name(p) for p in pts}):
+                s = sorted((p for p in pts if series_name(p) == name),
+                           key=lambda p: p["tokens_per_rank"])
+                xs = [xpos[p["tokens_per_rank"]] for p in s]
+                p50 = [p["latency_ms_p50"] for p in s]
+                p90 = [p["latency_ms_p90"] or p["latency_ms_p50"] for p in s]
+                if s[0]["impl"] == "epmoe":
+                    color = PRECISION_COLOR.get(s[0]["precision"])
+                    style = "-" if s[0]["combine"] == "staged" else ":"
+                    marker = "o"
+                else:
+                    color, style, marker = "black", "-", "s"
+                ax.plot(xs, p50, style, marker=marker, color=color, label=name, linewidth=1.6)
+                ax.fill_between(xs, p50, p90, color=color, alpha=0.12)
+            # Floors: one dashed line per precision (from epmoe's staged points).
+            for prec in ("bf16", "mxfp8", "nvfp4"):
+                s = sorted((p for p in pts if p["impl"] == "epmoe" and p["precision"] == prec
+                            and p["combine"] == "staged" and p.get("floor_ms")),
+                           key=lambda p: p["tokens_per_rank"])
+                if s:
+                    ax.plot([xpos[p["tokens_per_rank"]] for p in s], [p["floor_ms"] for p in s],
+                            "--", color=PRECISION_COLOR[prec], alpha=0.7, linewidth=1.2,
+                            label=f"floor {prec}")
+            ax.set_yscale("log")
+            ax.set_xticks(range(len(tokens)))
+            ax.set_xticklabels([str(t) for t in tokens])
+            ax.set_xlabel("T (tokens per rank)")
+            ax.set_ylabel("latency per forward, ms (p50; shaded to p90)")
+            ax.set_title(f"{model}, {world} GPU{'s' if world > 1 else ''}")
+            ax.grid(True, which="both", alpha=0.3)
+            if pts:
+                ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.replace(" ", "_"))
+        path = os.path.join(out_dir, f"latency_{safe}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def fmt(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+
+
+def table(points, meta):
+    lines = []
+    for path, doc in meta:
+        c = doc.get("ceilings") or {}
+        if doc.get("tool") == "epmoe bench":
+            lines.append(
+                f"ceilings ({os.path.basename(path)}): HBM {c.get('hbm_gbps') or '-'} GB/s, "
+                f"peer {c.get('peer_gbps') or '-'} GB/s, bf16 matmul "
+                f"{c.get('matmul_tflops') or '-'} TFLOP/s; GPUs: {', '.join(doc.get('gpus', []))}")
+        else:
+            lines.append(f"{doc.get('tool')} ({os.path.basename(path)}): {doc.get('executor')}; "
+                         f"gemm {doc.get('settings', {}).get('gemm')}")
+    cols = []
+    for p in points:
+        key = (p["impl"], p["precision"], p["combine"])
+        if key not in cols:
+            cols.append(key)
+    cols.sort(key=lambda k: (k[0] != "torch_ep", ["bf16", "mxfp8", "nvfp4"].index(k[1])
+                             if k[1] in ("bf16", "mxfp8", "nvfp4") else 9, k[2] != "staged"))
+
+    def col_name(k):
+        if k[0] == "epmoe":
+            return f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}"
+        return k[0]
+
+    head = ["model", "W", "T", "floor bf16"] + [col_name(k) for k in cols] + ["best epmoe / torch"]
+    lines.append("")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(" --- " for _ in head) + "|")
+    by = {}
+    for p in points:
+        by[(model_label(p), p["world"], p["tokens_per_rank"], p["impl"], p["precision"],
+            p["combine"])] = p
+    rows = sorted({(model_label(p), p["world"], p["tokens_per_rank"]) for p in points},
+                  key=lambda r: (r[0], -r[1], r[2]))
+    for model, world, t in rows:
+        cells = [model, str(world), str(t)]
+        floor = by.get((model, world, t, "epmoe", "bf16", "staged"))
+        cells.append(fmt(floor.get("floor_ms")) if floor and ok(floor) else "-")
+        best, torch_ms = None, None
+        for k in cols:
+            p = by.get((model, world, t) + k)
+            if p is None:
+                cells.append("")
+            elif ok(p):
+                v = p["latency_ms_p50"]
+                cells.append(fmt(v))
+                if k[0] == "epmoe":
+                    best = v if best is None else min(best, v)
+                else:
+                    torch_ms = v
+            else:
+                cells.append(p.get("status", "?"))
+        cells.append(f"{best / torch_ms:.2f}x" if best and torch_ms else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("p50 latency per forward in ms (the slowest rank, median over rounds); W = GPUs; "
+                 "T = tokens per rank; st = staged, ikr = in_kernel_reduce combine; floor bf16 = "
+                 "the largest of the HBM / matmul / NVLink floors of the bf16 layer; best epmoe / "
+                 "torch < 1 means epmoe is faster.")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="+", help="epmoe-bench/1 JSON files")
+    ap.add_argument("--out", default="bench/out", help="folder for the PNGs (and table.md)")
+    ap.add_argument("--table", action="store_true", help="print the combined table (last)")
+    ap.add_argument("--no-plots", action="store_true", help="only the table")
+    args = ap.parse_args(argv)
+    points, meta = load([p for p in args.json if os.path.exists(p)] or args.json)
+    if not args.no_plots:
+        for path in plot(points, args.out):
+            print(f"wrote {path}")
+    if args.table:
+        text = table(points, meta)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(text + "\n")
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

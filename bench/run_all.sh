@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# One command on a GPU machine: build `epmoe` (if needed), run `epmoe bench --json`, run the PyTorch
+# EP baseline (tools/baselines/torch_ep.py) under torchrun on the same shapes and T, draw the plots,
+# and print the combined table last. Everything lands in $OUT (the device tool's folder) or
+# bench/out: epmoe.json, torch_ep.json, epmoe_bench.log, torch_ep.log, latency_*.png, table.md.
+#
+#   bench/run_all.sh                           # the default sweep; the whole run stays < 10 min
+#   bench/run_all.sh --rounds 20 --no-check    # extra arguments go to `epmoe bench`
+#   EPMOE_BENCH_MODELS=deepseek-v3 EPMOE_BENCH_TOTAL_S=1800 bench/run_all.sh   # all 256 experts
+#
+# Environment: EPMOE_BENCH_MODELS, EPMOE_BENCH_TOKENS (both lists shared by the two sides),
+# EPMOE_BENCH_TOTAL_S (wall-time target of the whole script, build included; each side skips the
+# points that no longer fit and says so), EPMOE_BENCH_TORCH_S (time kept for the baseline),
+# TORCH_EP_ARGS (extra arguments of torch_ep.py), NCCL_ROOT, EPMOE_GPU_DEPS (as tests/gpu/run.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+# Never NVLink multicast on these machines (NCCL, PyTorch, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+out=${OUT:-bench/out}
+mkdir -p "$out"
+start=$(date +%s)
+elapsed() { echo $(($(date +%s) - start)); }
+total=${EPMOE_BENCH_TOTAL_S:-570}
+torch_s=${EPMOE_BENCH_TORCH_S:-90}
+models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3:32}
+tokens=${EPMOE_BENCH_TOKENS:-0,1,16,64,128,512,2048,8192}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "${gpus:-0}" -ge 1 ] || { echo "no GPU visible (nvidia-smi -L)"; exit 1; }
+
+# ---- build: as tests/gpu/run.sh does (NCCL from the wheel, CLI11 carried in .gpu_deps), but only
+# the `epmoe` tool, without tests or fault switches.
+nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
+if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then
+  echo "NCCL wheel not found (python3 -c 'import nvidia.nccl'); set NCCL_ROOT"
+  exit 1
+fi
+export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
+deps=${EPMOE_GPU_DEPS:-.gpu_deps}
+extra=()
+[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+bin=build/bench-gpu/tools/epmoe
+echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from $nccl_root)"
+mkdir -p build
+if ! { cmake -S . -B build/bench-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DEPMOE_BUILD_TESTS=OFF -DNCCL_ROOT="$nccl_root" "${extra[@]}" &&
+  cmake --build build/bench-gpu -j "$(nproc)" --target epmoe_cli; } >build/bench-gpu.log 2>&1; then
+  tail -40 build/bench-gpu.log
+  cp build/bench-gpu.log "$out/build.log"
+  echo "BUILD FAILED"
+  exit 1
+fi
+echo "built in $(elapsed) s"
+nvidia-smi -L
+
+# ---- epmoe bench
+budget=$((total - $(elapsed) - torch_s))
+[ "$budget" -lt 60 ] && budget=60
+echo "== epmoe bench (budget ${budget} s): --models $models --tokens $tokens $*"
+"$bin" bench --models "$models" --tokens "$tokens" --budget-s "$budget" \
+  --json "$out/epmoe.json" "$@" 2>&1 | tee "$out/epmoe_bench.log"
+bench_rc=${PIPESTATUS[0]}
+
+# ---- the PyTorch baseline, one process per GPU
+tbudget=$((total - $(elapsed) - 25))
+[ "$tbudget" -lt 30 ] && tbudget=30
+echo "== torch EP baseline (torchrun, $gpus processes, budget ${tbudget} s)"
+ceilings=()
+[ -f "$out/epmoe.json" ] && ceilings=(--ceilings-from "$out/epmoe.json")
+# shellcheck disable=SC2086  # TORCH_EP_ARGS is a list of arguments
+PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+  tools/baselines/torch_ep.py --models "$models" --tokens "$tokens" --budget-s "$tbudget" \
+  "${ceilings[@]}" --json "$out/torch_ep.json" ${TORCH_EP_ARGS:-} 2>&1 | tee "$out/torch_ep.log"
+torch_rc=${PIPESTATUS[0]}
+
+# ---- plots, then the combined table last
+jsons=()
+for f in "$out/epmoe.json" "$out/torch_ep.json"; do [ -f "$f" ] && jsons+=("$f"); done
+plot_rc=1
+if [ "${#jsons[@]}" -gt 0 ]; then
+  python3 bench/plot.py "${jsons[@]}" --out "$out" 2>&1 | tail -4
+  echo "== summary: $(elapsed) s; epmoe bench rc=$bench_rc, torch baseline rc=$torch_rc"
+  echo "== combined table (p50 ms)"
+  python3 bench/plot.py "${jsons[@]}" --out "$out" --table --no-plots
+  plot_rc=$?
+fi
+[ "$bench_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] && [ "$plot_rc" -eq 0 ]
