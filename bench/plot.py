@@ -100,6 +100,9 @@ def plot(points, out_dir):
             ax.grid(True, which="both", alpha=0.3)
             if pts:
                 ax.legend(fontsize=7, loc="upper left")
+            else:
+                ax.text(0.5, 0.5, "no timed points (all skipped or failed: see the table)",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9)
         fig.tight_layout()
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.replace(" ", "_"))
         path = os.path.join(out_dir, f"latency_{safe}.png")

@@ -20,9 +20,9 @@ out=${OUT:-bench/out}
 mkdir -p "$out"
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
-total=${EPMOE_BENCH_TOTAL_S:-570}
-torch_s=${EPMOE_BENCH_TORCH_S:-90}
-models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3:32}
+total=${EPMOE_BENCH_TOTAL_S:-550}
+torch_s=${EPMOE_BENCH_TORCH_S:-45}
+models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3:16}
 tokens=${EPMOE_BENCH_TOKENS:-0,1,16,64,128,512,2048,8192}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 1 ] || { echo "no GPU visible (nvidia-smi -L)"; exit 1; }
