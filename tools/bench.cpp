@@ -596,7 +596,7 @@ struct SweepState {
   Progress* progress = nullptr;
   std::int64_t done = 0;
   bool any_failure = false;
-  std::map<std::string, double> prep_s;  // layer preparation time per model/world/precision
+  std::map<std::string, double> prep_s;  // layer preparation time x world, per model/precision
 };
 
 // Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
@@ -735,11 +735,11 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
       st.progress->update(++st.done, what);
     }
   };
-  // Preparing a layer (host quantization) is most of a config's cost: skip it when what the same
-  // model and precision took last time no longer fits the budget.
-  const std::string prep_key =
-      model.label() + "/" + std::to_string(world) + "/" + to_string(precision);
-  const double prep_est = st.prep_s.count(prep_key) ? st.prep_s[prep_key] : 0.0;
+  // Preparing a layer (host quantization, one thread per rank) is most of a config's cost: skip
+  // it when the time the same model and precision took before, scaled by the experts each rank
+  // quantizes (1 / world), no longer fits the budget.
+  const std::string prep_key = model.label() + "/" + to_string(precision);
+  const double prep_est = st.prep_s.count(prep_key) ? st.prep_s[prep_key] / world : 0.0;
   if (o.budget_s > 0 && seconds_since(st.start) + prep_est > o.budget_s) {
     skip_rest(0, "skipped", "over --budget-s");
     return;
@@ -757,7 +757,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
     return;
   }
   const double prep_s = seconds_since(t_prep);
-  st.prep_s[prep_key] = prep_s;
+  st.prep_s[prep_key] = prep_s * world;
 
   std::string check = "skipped";
   if (check_wanted(o, s, world)) {
