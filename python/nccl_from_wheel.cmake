@@ -1,5 +1,5 @@
 # Included right after project(epmoe) when CMAKE_PROJECT_epmoe_INCLUDE names it (pyproject.toml
-# does, so `pip install .` gets it; tests/python/gpu/run_torchrun.sh passes NCCL_ROOT itself).
+# does, so `pip install .` gets it, and tests/python/gpu/run_torchrun.sh).
 #
 # One process, one libnccl.so.2: torch loads NCCL from the nvidia-nccl-cu* wheel of its venv, and
 # a module linked against another libnccl.so.2 (the CUDA toolkit's, /usr's) makes whichever is
@@ -13,9 +13,10 @@ if(NOT NCCL_ROOT AND DEFINED ENV{NCCL_ROOT})
   set(NCCL_ROOT "$ENV{NCCL_ROOT}" CACHE PATH "NCCL installation (include/ and lib/)")
 endif()
 if(NOT NCCL_ROOT)
-  set(_epmoe_python "${Python_EXECUTABLE}")
+  set(_epmoe_python "${Python_EXECUTABLE}")  # scikit-build-core passes it
   if(NOT _epmoe_python)
-    find_program(_epmoe_python NAMES python3 python)
+    find_program(EPMOE_NCCL_PYTHON NAMES python3 python)
+    set(_epmoe_python "${EPMOE_NCCL_PYTHON}")
   endif()
   if(_epmoe_python)
     execute_process(
@@ -29,11 +30,10 @@ if(NOT NCCL_ROOT)
     endif()
   endif()
 endif()
-# A build directory configured before against another NCCL forgets it.
-if(NCCL_ROOT AND NCCL_LIBRARY)
-  string(FIND "${NCCL_LIBRARY}" "${NCCL_ROOT}/" _epmoe_at)
-  if(NOT _epmoe_at EQUAL 0)
-    unset(NCCL_LIBRARY CACHE)
-    unset(NCCL_INCLUDE_DIR CACHE)
-  endif()
+# NCCL_ROOT's own headers and library, decided here: src/CMakeLists.txt searches the name
+# libnccl.so in the CUDA toolkit before libnccl.so.2 in NCCL_ROOT (the wheel has only the
+# latter), and a build directory configured before against another NCCL keeps that one.
+if(NCCL_ROOT AND EXISTS "${NCCL_ROOT}/include/nccl.h" AND EXISTS "${NCCL_ROOT}/lib/libnccl.so.2")
+  set(NCCL_INCLUDE_DIR "${NCCL_ROOT}/include" CACHE PATH "NCCL headers" FORCE)
+  set(NCCL_LIBRARY "${NCCL_ROOT}/lib/libnccl.so.2" CACHE FILEPATH "NCCL library" FORCE)
 endif()

@@ -25,7 +25,8 @@ generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL $nccl_root, $python)"
 if ! { cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
          -DEPMOE_BUILD_PYTHON=ON -DEPMOE_BUILD_TESTS=OFF -DEPMOE_BUILD_TOOLS=OFF \
-         -DEPMOE_FAULT_INJECTION=ON -DPython_EXECUTABLE="$python" -DNCCL_ROOT="$nccl_root" &&
+         -DEPMOE_FAULT_INJECTION=ON -DPython_EXECUTABLE="$python" -DNCCL_ROOT="$nccl_root" \
+         -DCMAKE_PROJECT_epmoe_INCLUDE=python/nccl_from_wheel.cmake &&
        cmake --build "$build" -j "$(nproc)"; } >"$out/build.log" 2>&1; then
   tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1
 fi
