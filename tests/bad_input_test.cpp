@@ -17,9 +17,9 @@
 #include <future>
 #include <limits>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "formats/codec.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
 #include "support/watchdog.hpp"
@@ -64,8 +64,7 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
   }
 
   // One round of every rank on `batches`; returns each rank's y.
-  std::vector<std::vector<std::uint16_t>> run(HostCluster& cluster,
-                                              const std::vector<Batch>& batches) {
+  std::vector<std::vector<std::uint16_t>> run(Cluster& cluster, const std::vector<Batch>& batches) {
     std::vector<std::vector<std::uint16_t>> ys(kWorld);
     within_seconds(30, "a round with non-finite inputs", [&] {
       run_on_rank_threads(kWorld, [&](int rank) {
@@ -135,7 +134,7 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
 TEST_P(NonFinite, NanAndInfInActivationsAndRoutingWeightsStayInTheirRow) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  HostCluster cluster(kShape, GetParam().precision, options(), kWorld, weights_);
+  Cluster cluster(kShape, GetParam().precision, options(), kWorld, weights_);
   std::vector<Batch> clean = batches(100);
   // rank 1, token 2 has no expert at all: its row is never sent, so NaN there cannot matter.
   for (std::int64_t k = 0; k < kShape.top_k; ++k) {
@@ -200,7 +199,7 @@ TEST_P(NonFinite, NanAndInfInExpertWeightsReachOnlyTheTokensRoutedThere) {
   reference::LayerWeights w = weights_;
   w.w13[2 * 2 * inter * h + 7 * h + 9] = formats::float_to_bf16(nan);
   w.w2[5 * h * inter + 11 * inter + 3] = formats::float_to_bf16(inf);
-  HostCluster cluster(kShape, GetParam().precision, options(), kWorld, w);
+  Cluster cluster(kShape, GetParam().precision, options(), kWorld, w);
 
   std::vector<Batch> b = batches(200);
   // Route some tokens of each rank to expert 2 or 5, keep the rest away from both.
@@ -253,7 +252,7 @@ class BadPointers : public ::testing::Test {
   void SetUp() override {
     LayerOptions o;
     o.timeout_ms = 2'000;
-    cluster_ = std::make_unique<HostCluster>(kShape, Precision::bf16, o, 1, weights_);
+    cluster_ = std::make_unique<Cluster>(kShape, Precision::bf16, o, 1, weights_);
     b_ = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 3);
     y_.resize(static_cast<std::size_t>(4 * kShape.hidden));
     raw_.resize(4096);
@@ -286,7 +285,7 @@ class BadPointers : public ::testing::Test {
   }
 
   const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 4);
-  std::unique_ptr<HostCluster> cluster_;
+  std::unique_ptr<Cluster> cluster_;
   Batch b_;
   std::vector<std::uint16_t> y_;
   std::vector<std::uint64_t> raw_;
@@ -332,7 +331,7 @@ TEST(RejectedForward, IsNotARoundTheRankCallsAgainAndTheRoundCompletes) {
   const auto weights = reference::make_random_weights(kShape, 8);
   LayerOptions o;
   o.timeout_ms = 5'000;
-  HostCluster cluster(kShape, Precision::bf16, o, kWorld, weights);
+  Cluster cluster(kShape, Precision::bf16, o, kWorld, weights);
   within_seconds(30, "the round", [&] {
     run_on_rank_threads(kWorld, [&](int rank) {
       const Batch b = reference::make_random_batch(kShape, kWorld, 3 + rank, Routing::uniform, 0,
@@ -363,7 +362,7 @@ TEST(AfterAnError, ForwardIsRefusedAtOnceNamingTheOriginalFailure) {
   const auto weights = reference::make_random_weights(kShape, 9);
   LayerOptions o;
   o.timeout_ms = 200;
-  HostCluster cluster(kShape, Precision::bf16, o, kWorld, weights);
+  Cluster cluster(kShape, Precision::bf16, o, kWorld, weights);
   const Batch b = reference::make_random_batch(kShape, kWorld, 3, Routing::uniform, 0, 61);
   const auto code_of = [&](int rank, const Batch& batch, double* seconds) -> std::string {
     const auto start = Clock::now();

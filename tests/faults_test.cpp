@@ -13,9 +13,9 @@
 #include <future>
 #include <optional>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
 #include "support/watchdog.hpp"
@@ -48,7 +48,7 @@ class FaultTest : public ::testing::Test {
     if (!testing::fault_injection_available()) GTEST_SKIP() << "built without fault switches";
     LayerOptions options;
     options.timeout_ms = kTimeoutMs;
-    cluster_ = std::make_unique<HostCluster>(kShape, Precision::bf16, options, kWorld, weights_);
+    cluster_ = std::make_unique<Cluster>(kShape, Precision::bf16, options, kWorld, weights_);
   }
 
   Batch batch(int rank, std::int64_t tokens, std::uint64_t seed) const {
@@ -91,7 +91,7 @@ class FaultTest : public ::testing::Test {
   }
 
   const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 21);
-  std::unique_ptr<HostCluster> cluster_;
+  std::unique_ptr<Cluster> cluster_;
 };
 
 TEST_F(FaultTest, SkippedLaunchWhenIdleIsNamedOnEverySurvivorWithinTheTimeout) {
@@ -177,7 +177,7 @@ class BadArguments : public ::testing::Test {
   void SetUp() override {
     LayerOptions options;
     options.timeout_ms = 2'000;
-    cluster_ = std::make_unique<HostCluster>(kShape, Precision::bf16, options, 1, weights_);
+    cluster_ = std::make_unique<Cluster>(kShape, Precision::bf16, options, 1, weights_);
     b_ = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 3);
     y_.resize(static_cast<std::size_t>(4 * kShape.hidden));
   }
@@ -205,7 +205,7 @@ class BadArguments : public ::testing::Test {
   }
 
   const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 4);
-  std::unique_ptr<HostCluster> cluster_;
+  std::unique_ptr<Cluster> cluster_;
   Batch b_;
   std::vector<std::uint16_t> y_;
 };

@@ -8,9 +8,9 @@
 #include <future>
 #include <thread>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
 #include "support/watchdog.hpp"
@@ -62,7 +62,7 @@ TEST_P(ProtocolMatchesReference, EveryRoundOfEveryRankAtItsOwnPace) {
   options.combine = sc.combine;
   options.timeout_ms = 5'000;
   const auto weights = reference::make_random_weights(shape, 7);
-  HostCluster cluster(shape, sc.precision, options, sc.world, weights);
+  Cluster cluster(shape, sc.precision, options, sc.world, weights);
   const std::uint32_t rounds = 60;
   within_seconds(120, "the rounds", [&] {
     run_on_rank_threads(sc.world, [&](int rank) {
@@ -109,7 +109,7 @@ TEST(HostExecutor, HundredsOfRoundsWithIdleRanksAndRandomDelays) {
   options.timeout_ms = 10'000;
   const auto weights = reference::make_random_weights(shape, 11);
   for (int world : {2, 8}) {
-    HostCluster cluster(shape, Precision::bf16, options, world, weights);
+    Cluster cluster(shape, Precision::bf16, options, world, weights);
     const std::uint32_t rounds = world == 2 ? 400 : 200;
     std::atomic<std::int64_t> idle_rounds{0};
     within_seconds(240, "hundreds of rounds", [&] {
@@ -136,7 +136,7 @@ TEST(HostExecutor, AllTokensToOneRanksExpertsAtMaxTokens) {
   const LayerShape shape = small_shape(8);
   const int world = 4;
   const auto weights = reference::make_random_weights(shape, 3);
-  HostCluster cluster(shape, Precision::nvfp4, LayerOptions{}, world, weights);
+  Cluster cluster(shape, Precision::nvfp4, LayerOptions{}, world, weights);
   run_on_rank_threads(world, [&](int rank) {
     const Batch batch = reference::make_random_batch(shape, world, shape.max_tokens_per_rank,
                                                      Routing::one_rank, 2, 40 + rank);
@@ -148,7 +148,7 @@ TEST(HostExecutor, AllTokensToOneRanksExpertsAtMaxTokens) {
 TEST(HostExecutor, AcceptsInt64ExpertIds) {
   const LayerShape shape = small_shape(4);
   const auto weights = reference::make_random_weights(shape, 5);
-  HostCluster cluster(shape, Precision::bf16, LayerOptions{}, 2, weights);
+  Cluster cluster(shape, Precision::bf16, LayerOptions{}, 2, weights);
   run_on_rank_threads(2, [&](int rank) {
     const Batch b = reference::make_random_batch(shape, 2, 5, Routing::uniform, 0, 8 + rank);
     std::vector<std::int64_t> ids(b.topk_ids.begin(), b.topk_ids.end());

@@ -11,9 +11,9 @@
 #include <string>
 #include <thread>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/host_cluster.hpp"
 #include "reference/problem.hpp"
 
 namespace epmoe {

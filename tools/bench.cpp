@@ -27,11 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "executor.hpp"
 #include "formats/codec.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "progress.hpp"
 #include "protocol/wire.hpp"
@@ -606,7 +606,7 @@ struct RoundTimes {
   int timed = 0;                        // rounds actually timed (may stop early: --max-point-s)
 };
 
-RoundTimes time_rounds(HostCluster& cluster, const std::vector<Routing>& routing /* [round*W+r] */,
+RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* [round*W+r] */,
                        const ModelData& data, std::int64_t tokens, int warmup, int rounds,
                        double cap_s, Backend backend) {
   const int world = cluster.world();
@@ -690,7 +690,7 @@ RoundTimes time_rounds(HostCluster& cluster, const std::vector<Routing>& routing
 }
 
 // One round on check_tokens tokens per rank against the emulating reference.
-std::string check_config(HostCluster& cluster, const LayerShape& s, Combine combine,
+std::string check_config(Cluster& cluster, const LayerShape& s, Combine combine,
                          std::int64_t tokens, std::uint64_t seed) {
   const int world = cluster.world();
   std::vector<std::string> result(static_cast<std::size_t>(world));
@@ -747,10 +747,10 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   LayerOptions options;
   options.combine = combine;
   options.timeout_ms = o.timeout_ms;
-  std::unique_ptr<HostCluster> cluster;
+  std::unique_ptr<Cluster> cluster;
   const auto t_prep = Clock::now();
   try {
-    cluster = std::make_unique<HostCluster>(s, precision, options, world, data.weights, st.backend);
+    cluster = std::make_unique<Cluster>(s, precision, options, world, data.weights, st.backend);
   } catch (const std::exception& e) {
     st.any_failure = true;
     skip_rest(0, "error", std::string("layer creation: ") + e.what());

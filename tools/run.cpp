@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "executor.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "progress.hpp"
 #include "reference/problem.hpp"
@@ -111,7 +111,7 @@ int run_command(const RunOptions& o) {
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
   std::fprintf(stderr, "[prepare] quantizing %lld experts on %d rank threads...\n",
                static_cast<long long>(shape.num_experts), o.ranks);
-  HostCluster cluster(shape, precision, options, o.ranks, weights, backend);
+  Cluster cluster(shape, precision, options, o.ranks, weights, backend);
   std::fprintf(stderr, "[prepare] done in %.1f s\n", seconds_since(t0));
 
   std::vector<RankReport> reports(static_cast<std::size_t>(o.ranks));

@@ -21,11 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "epmoe/testing.hpp"
 #include "executor.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "progress.hpp"
 #include "reference/problem.hpp"
@@ -532,7 +532,7 @@ int stress(const StressOptions& o) {
   std::fflush(stdout);
 
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
-  HostCluster cluster(shape, precision, options, o.ranks, weights, backend);
+  Cluster cluster(shape, precision, options, o.ranks, weights, backend);
 
   // ---- the run ----
   std::vector<RankLive> live(static_cast<std::size_t>(o.ranks));

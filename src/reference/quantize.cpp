@@ -1,5 +1,8 @@
 #include "reference/quantize.hpp"
 
+#include <algorithm>
+#include <thread>
+
 #include "formats/codec.hpp"
 #include "protocol/wire_codec.hpp"
 
@@ -54,26 +57,37 @@ std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::in
   return out;
 }
 
-void append(std::vector<float>& to, const std::vector<float>& from) {
-  to.insert(to.end(), from.begin(), from.end());
-}
-
 }  // namespace
 
 EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWeights& weights) {
   const LayerShape& s = config.shape();
   const ScaleRounding rounding = config.options().mxfp8_scale_rounding;
+  const auto w13_size = static_cast<std::size_t>(2 * s.intermediate * s.hidden);
+  const auto w2_size = static_cast<std::size_t>(s.hidden * s.intermediate);
+  const std::int64_t experts = config.local_experts();
   EmulatedExperts out;
-  out.w13.reserve(static_cast<std::size_t>(config.local_experts() * 2 * s.intermediate * s.hidden));
-  out.w2.reserve(static_cast<std::size_t>(config.local_experts() * s.hidden * s.intermediate));
-  for (std::int64_t e = 0; e < config.local_experts(); ++e) {
-    const auto w13 = load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden);
-    const auto w2 = load_matrix(weights.w2, e, s.hidden, s.intermediate);
-    append(out.w13, emulate_weight_matrix(w13.data(), 2 * s.intermediate, s.hidden,
-                                          config.precision(), rounding));
-    append(out.w2, emulate_weight_matrix(w2.data(), s.hidden, s.intermediate, config.precision(),
-                                         rounding));
-  }
+  out.w13.resize(static_cast<std::size_t>(experts) * w13_size);
+  out.w2.resize(static_cast<std::size_t>(experts) * w2_size);
+  const auto one_expert = [&](std::int64_t e) {
+    const auto w13 =
+        emulate_weight_matrix(load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden).data(),
+                              2 * s.intermediate, s.hidden, config.precision(), rounding);
+    const auto w2 =
+        emulate_weight_matrix(load_matrix(weights.w2, e, s.hidden, s.intermediate).data(), s.hidden,
+                              s.intermediate, config.precision(), rounding);
+    std::copy(w13.begin(), w13.end(), out.w13.begin() + static_cast<std::ptrdiff_t>(e * w13_size));
+    std::copy(w2.begin(), w2.end(), out.w2.begin() + static_cast<std::ptrdiff_t>(e * w2_size));
+  };
+  // Experts are independent: spread them over the cores (layer creation of a large model is
+  // otherwise minutes of one thread). Each expert's result is the same whichever thread makes it.
+  const auto workers =
+      static_cast<std::int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::thread> pool;
+  for (std::int64_t w = 0; w < std::min(workers, experts); ++w)
+    pool.emplace_back([&, w] {
+      for (std::int64_t e = w; e < experts; e += workers) one_expert(e);
+    });
+  for (auto& t : pool) t.join();
   return out;
 }
 

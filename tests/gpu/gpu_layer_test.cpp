@@ -11,10 +11,10 @@
 #include <future>
 #include <thread>
 
+#include "core/cluster.hpp"
 #include "cuda/device_batch.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/host_cluster.hpp"
 #include "host/rank_threads.hpp"
 #include "reference/problem.hpp"
 #include "support/watchdog.hpp"
@@ -35,7 +35,7 @@ int gpus() {
 
 using test::within_seconds;
 
-void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, HostCluster& c,
+void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, Cluster& c,
                     const std::string& where) {
   const auto ref = c.reference(0).forward(b);
   const auto err = reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
@@ -57,7 +57,7 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
   options.combine = sc.combine;
   options.timeout_ms = 20'000;
   const auto weights = reference::make_random_weights(kShape, 3);
-  HostCluster cluster(kShape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
   const std::vector<std::int64_t> token_counts{0, 1, 7, 64, 1000};
   within_seconds(300, "rounds", [&] {
     run_on_rank_threads(sc.world, [&](int rank) {
@@ -98,7 +98,7 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
   LayerOptions options;
   options.timeout_ms = 20'000;
   const auto weights = reference::make_random_weights(shape, 9);
-  HostCluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
+  Cluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
   std::atomic<int> idle{0}, total{0};
   within_seconds(300, "500 rounds", [&] {
     run_on_rank_threads(world, [&](int rank) {
@@ -125,7 +125,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
   const int world = std::min(gpus(), 2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = reference::make_random_weights(kShape, 5);
-  HostCluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
   within_seconds(300, "one-rank routing", [&] {
     run_on_rank_threads(world, [&](int rank) {
       const Batch b = reference::make_random_batch(kShape, world, kShape.max_tokens_per_rank,
@@ -142,7 +142,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   options.timeout_ms = 500;
   const LayerShape shape{256, 128, 8, 4, 16};
   const auto weights = reference::make_random_weights(shape, 6);
-  HostCluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
+  Cluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
   testing::inject_fault(cluster.layer(1), {testing::Fault::skip_launch_when_idle});
   std::vector<Health> health(2);
   std::vector<double> seconds(2);
@@ -188,7 +188,7 @@ TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
   options.timeout_ms = 300;
   const LayerShape shape{256, 128, 8, 4, 16};
   const auto weights = reference::make_random_weights(shape, 6);
-  HostCluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
+  Cluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
   testing::inject_fault(cluster.layer(1), {testing::Fault::stall, 1500, 1});
   std::vector<Health> health(2);
   within_seconds(60, "stall fault", [&] {
@@ -207,7 +207,7 @@ TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
 TEST(Gpu, BadDeviceIdIsReportedByTheNextForwardAndTheLayerStaysUsable) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = reference::make_random_weights(kShape, 8);
-  HostCluster cluster(kShape, Precision::bf16, LayerOptions{}, 1, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, Precision::bf16, LayerOptions{}, 1, weights, Backend::cuda_nccl);
   Batch b = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 2);
   b.topk_ids[5] = 99;
   cluster.forward(0, b);
@@ -229,7 +229,7 @@ TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
   LayerOptions options;
   options.timeout_ms = 20'000;
   const auto weights = reference::make_random_weights(kShape, 12);
-  HostCluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
   std::vector<std::unique_ptr<cuda::DeviceBatch>> buffers(static_cast<std::size_t>(world));
   within_seconds(300, "graph replays", [&] {
     run_on_rank_threads(world, [&](int rank) {

@@ -13,12 +13,12 @@
 
 namespace epmoe {
 
-class HostCluster {
+class Cluster {
  public:
   // `weights` holds every expert (all ranks) and must outlive the cluster.
-  HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
-              const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads);
-  ~HostCluster();
+  Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
+          const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads);
+  ~Cluster();
 
   int world() const { return world_; }
   Layer& layer(int rank) { return *layers_[static_cast<std::size_t>(rank)]; }

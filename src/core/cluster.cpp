@@ -1,4 +1,4 @@
-#include "host/host_cluster.hpp"
+#include "core/cluster.hpp"
 
 #include "host/rank_threads.hpp"
 #if defined(EPMOE_HAS_CUDA)
@@ -21,15 +21,15 @@ ExpertWeights local_weight_views(const reference::LayerWeights& weights, const L
 }
 
 #if defined(EPMOE_HAS_CUDA)
-struct HostCluster::DeviceBuffers : cuda::DeviceBatch {
+struct Cluster::DeviceBuffers : cuda::DeviceBatch {
   using cuda::DeviceBatch::DeviceBatch;
 };
 #else
-struct HostCluster::DeviceBuffers {};
+struct Cluster::DeviceBuffers {};
 #endif
 
-HostCluster::HostCluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
-                         int world, const reference::LayerWeights& weights, Backend backend)
+Cluster::Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
+                 int world, const reference::LayerWeights& weights, Backend backend)
     : world_(world),
       backend_(backend),
       group_(backend == Backend::cpu_threads ? make_host_group(world) : nullptr),
@@ -54,7 +54,7 @@ HostCluster::HostCluster(const LayerShape& shape, Precision precision, const Lay
   });
 }
 
-HostCluster::~HostCluster() {
+Cluster::~Cluster() {
   // Tearing down a layer (and an NCCL communicator) is collective: every rank at once.
   run_on_rank_threads(world_, [&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
@@ -64,8 +64,8 @@ HostCluster::~HostCluster() {
   });
 }
 
-std::vector<std::uint16_t> HostCluster::forward(int rank, const reference::Batch& batch,
-                                                double* device_ms) {
+std::vector<std::uint16_t> Cluster::forward(int rank, const reference::Batch& batch,
+                                            double* device_ms) {
   Layer& l = layer(rank);
 #if defined(EPMOE_HAS_CUDA)
   if (backend_ == Backend::cuda_nccl)
@@ -81,7 +81,7 @@ std::vector<std::uint16_t> HostCluster::forward(int rank, const reference::Batch
   return y;
 }
 
-void HostCluster::reset_all() {
+void Cluster::reset_all() {
   run_on_rank_threads(world_, [&](int rank) { layer(rank).reset(); });
 }
 
