@@ -245,9 +245,9 @@ INSTANTIATE_TEST_SUITE_P(
              to_string(param_info.param.combine);
     });
 
-// ---- pointers and dimensions faults_test.cpp does not try ----
+// ---- bad tensors: rejected before anything runs, naming the argument; layer stays usable ----
 
-class BadPointers : public ::testing::Test {
+class BadArguments : public ::testing::Test {
  protected:
   void SetUp() override {
     LayerOptions o;
@@ -291,7 +291,55 @@ class BadPointers : public ::testing::Test {
   std::vector<std::uint64_t> raw_;
 };
 
-TEST_F(BadPointers, MisalignedPointersAreRejectedNamingTheArgument) {
+TEST_F(BadArguments, WrongDtypeNamesTheArgument) {
+  TensorView bad = x();
+  bad.dtype = DType::f32;
+  EXPECT_THAT(rejection(bad, ids(), w(), y()), HasSubstr("x has dtype f32, expected bf16"));
+  TensorView bad_ids = ids();
+  bad_ids.dtype = DType::f32;
+  EXPECT_THAT(rejection(x(), bad_ids, w(), y()), HasSubstr("topk_ids has dtype f32"));
+  TensorView bad_w = w();
+  bad_w.dtype = DType::bf16;
+  EXPECT_THAT(rejection(x(), ids(), bad_w, y()), HasSubstr("topk_weights has dtype bf16"));
+}
+
+TEST_F(BadArguments, WrongShapeNamesTheArgument) {
+  TensorView bad = x();
+  bad.shape = {4, kShape.hidden + 64};
+  EXPECT_THAT(rejection(bad, ids(), w(), y()), HasSubstr("x has shape [4, 128], expected [4, 64]"));
+  TensorView bad_y = y();
+  bad_y.shape = {3, kShape.hidden};
+  EXPECT_THAT(rejection(x(), ids(), w(), bad_y), HasSubstr("y has shape [3, 64]"));
+  TensorView bad_ids = ids();
+  bad_ids.shape = {4, 1};
+  EXPECT_THAT(rejection(x(), bad_ids, w(), y()), HasSubstr("topk_ids has shape [4, 1]"));
+}
+
+TEST_F(BadArguments, TooManyTokensNamesTheLimit) {
+  std::vector<std::uint16_t> big(static_cast<std::size_t>(9 * kShape.hidden));
+  EXPECT_THAT(rejection(view(big.data(), DType::bf16, {9, kShape.hidden}), ids(), w(), y()),
+              HasSubstr("T=9 tokens: must be <= max_tokens_per_rank=8"));
+}
+
+TEST_F(BadArguments, ExpertIdsOutOfRangeNameTheSlot) {
+  b_.topk_ids[5] = static_cast<std::int32_t>(kShape.num_experts);
+  EXPECT_THAT(rejection(x(), ids(), w(), y()),
+              HasSubstr("topk_ids[2, 1]=" + std::to_string(kShape.num_experts)));
+  b_.topk_ids[5] = -2;
+  EXPECT_THAT(rejection(x(), ids(), w(), y()), HasSubstr("topk_ids[2, 1]=-2"));
+  b_.topk_ids[5] = -1;  // legal: no expert
+}
+
+TEST_F(BadArguments, WrongDeviceAndStridesNameTheArgument) {
+  TensorView bad = y();
+  bad.device = Device{DeviceKind::cuda, 0};
+  EXPECT_THAT(rejection(x(), ids(), w(), bad), HasSubstr("y is on cuda:0, expected cpu"));
+  TensorView strided = x();
+  strided.strides = {1, 4};
+  EXPECT_THAT(rejection(strided, ids(), w(), y()), HasSubstr("x is not contiguous"));
+}
+
+TEST_F(BadArguments, MisalignedPointersAreRejectedNamingTheArgument) {
   EXPECT_EQ(rejection(misaligned(x(), 1), ids(), w(), y()),
             "forward: x data pointer is not aligned to its element size (2 bytes)");
   EXPECT_EQ(rejection(x(), misaligned(ids(), 2), w(), y()),
@@ -306,7 +354,7 @@ TEST_F(BadPointers, MisalignedPointersAreRejectedNamingTheArgument) {
             "forward: y data pointer is not aligned to its element size (2 bytes)");
 }
 
-TEST_F(BadPointers, NullPointerAndBadTokenDimensionAreRejected) {
+TEST_F(BadArguments, NullPointerAndBadTokenDimensionAreRejected) {
   TensorView null_x = x();
   null_x.data = nullptr;
   EXPECT_EQ(rejection(null_x, ids(), w(), y()), "forward: x has a null data pointer");

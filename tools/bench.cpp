@@ -186,39 +186,12 @@ std::unique_ptr<ModelData> make_model_data(const LayerShape& s, int max_world, s
   return d;
 }
 
-// Uniform random top-k, as reference::make_random_batch draws it: distinct experts per token, a
-// slot dropped (-1) with probability 0.05, weights 0.1 + U(0, 1) normalised over the valid slots.
-struct Routing {
-  std::vector<std::int32_t> ids;  // [T, K]
-  std::vector<float> weights;     // [T, K]
-};
+// Uniform random top-k, drawn as reference::make_random_batch draws it.
+using Routing = reference::RoutingTable;
 
 Routing make_routing(const LayerShape& s, std::int64_t tokens, std::uint64_t seed) {
   reference::Rng rng(seed);
-  const auto k = static_cast<std::size_t>(s.top_k);
-  Routing r;
-  r.ids.assign(static_cast<std::size_t>(tokens) * k, -1);
-  r.weights.assign(r.ids.size(), 0.0f);
-  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
-    std::int32_t* ids = r.ids.data() + t * k;
-    for (std::size_t j = 0; j < k; ++j) {
-      if (rng.uniform() < 0.05) continue;
-      std::int64_t id = 0;
-      do {
-        id = rng.below(s.num_experts);
-      } while (std::find(ids, ids + j, id) != ids + j);
-      ids[j] = static_cast<std::int32_t>(id);
-    }
-    double sum = 0.0;
-    for (std::size_t j = 0; j < k; ++j) {
-      const double w = ids[j] >= 0 ? 0.1 + rng.uniform() : 0.0;
-      r.weights[t * k + j] = static_cast<float>(w);
-      sum += w;
-    }
-    for (std::size_t j = 0; j < k && sum > 0.0; ++j)
-      r.weights[t * k + j] = static_cast<float>(r.weights[t * k + j] / sum);
-  }
-  return r;
+  return reference::make_routing(s, 1, tokens, reference::Routing::uniform, 0, rng);
 }
 
 // ---- what a round must move, and its floors ----
@@ -642,11 +615,11 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
 #if defined(EPMOE_HAS_CUDA)
         if (dev) {
           auto st = static_cast<cudaStream_t>(dev->stream());
-          cuda_ok(cudaMemcpyAsync(dev->topk_ids(tokens).data, rt.ids.data(), rt.ids.size() * 4,
-                                  cudaMemcpyHostToDevice, st),
+          cuda_ok(cudaMemcpyAsync(dev->topk_ids(tokens).data, rt.topk_ids.data(),
+                                  rt.topk_ids.size() * 4, cudaMemcpyHostToDevice, st),
                   "cudaMemcpyAsync ids");
-          cuda_ok(cudaMemcpyAsync(dev->topk_weights(tokens).data, rt.weights.data(),
-                                  rt.weights.size() * 4, cudaMemcpyHostToDevice, st),
+          cuda_ok(cudaMemcpyAsync(dev->topk_weights(tokens).data, rt.topk_weights.data(),
+                                  rt.topk_weights.size() * 4, cudaMemcpyHostToDevice, st),
                   "cudaMemcpyAsync weights");
           cuda_ok(cudaStreamSynchronize(st), "cudaStreamSynchronize");
         }
@@ -670,8 +643,8 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
 #endif
         const auto begin = Clock::now();
         layer.forward(view(data.x[r].data(), DType::bf16, {tokens, s.hidden}),
-                      view(rt.ids.data(), DType::i32, {tokens, s.top_k}),
-                      view(rt.weights.data(), DType::f32, {tokens, s.top_k}),
+                      view(rt.topk_ids.data(), DType::i32, {tokens, s.top_k}),
+                      view(rt.topk_weights.data(), DType::f32, {tokens, s.top_k}),
                       view(y.data(), DType::bf16, {tokens, s.hidden}));
         out.ms[r][static_cast<std::size_t>(i)] = seconds_since(begin) * 1e3;
         if (rank == 0 && i >= warmup) ++timed;
@@ -818,7 +791,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
         for (int r = 0; r < world; ++r) {
           slowest =
               std::max(slowest, times.ms[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)]);
-          ids.push_back(&routing[static_cast<std::size_t>(i * world + r)].ids);
+          ids.push_back(&routing[static_cast<std::size_t>(i * world + r)].topk_ids);
         }
         pt.latency_ms.push_back(slowest);
         per_round.push_back(round_traffic(ids, s, world, precision, combine, st.ceilings));

@@ -2,6 +2,8 @@
 // the CUDA executor and there is one GPU per rank, else the CPU executor.
 #pragma once
 
+#include <cstdint>
+#include <fstream>
 #include <string>
 
 #include "epmoe/comm.hpp"
@@ -27,6 +29,17 @@ inline std::string describe_backend(Backend backend, int ranks) {
     return "cuda (" + std::to_string(ranks) + " GPUs, one rank each; NCCL symmetric windows)";
   return "cpu (" + std::to_string(ranks) + " rank threads" +
          (cuda_device_count() == 0 ? std::string("; no GPU visible") : std::string()) + ")";
+}
+
+// Host memory available now (MemAvailable), 0 when unknown: the CPU executor holds every expert
+// in host memory, so the tools check before they allocate.
+inline std::int64_t available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  std::int64_t kb = 0;
+  while (meminfo >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
 }
 
 }  // namespace epmoe::tools

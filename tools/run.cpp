@@ -25,16 +25,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::int64_t available_host_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::int64_t kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 // rel-L2 against the float64 forward that a healthy layer of each precision stays under
 // (random U(-1,1) inputs, U(-1,1)/sqrt(fan_in) weights); far above what rounding alone gives.
 double exact_error_bound(Precision p) {

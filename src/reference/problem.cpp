@@ -63,19 +63,15 @@ LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed) {
   return w;
 }
 
-Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
-                        std::int64_t target, std::uint64_t seed) {
-  Rng rng(seed);
-  const auto h = static_cast<std::size_t>(shape.hidden);
+RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
+                          std::int64_t target, Rng& rng) {
   const auto k = static_cast<std::size_t>(shape.top_k);
   const std::int64_t e_local = shape.num_experts / world;
-  Batch b;
-  b.tokens = tokens;
-  fill_uniform(b.x, static_cast<std::size_t>(tokens) * h, 1.0, rng);
-  b.topk_ids.assign(static_cast<std::size_t>(tokens) * k, -1);
-  b.topk_weights.assign(static_cast<std::size_t>(tokens) * k, 0.0f);
+  RoutingTable r;
+  r.topk_ids.assign(static_cast<std::size_t>(tokens) * k, -1);
+  r.topk_weights.assign(static_cast<std::size_t>(tokens) * k, 0.0f);
   for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
-    std::int32_t* ids = b.topk_ids.data() + t * k;
+    std::int32_t* ids = r.topk_ids.data() + t * k;
     for (std::size_t s = 0; s < k; ++s) {
       std::int64_t id = -1;
       switch (routing) {
@@ -100,12 +96,24 @@ Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
     double sum = 0.0;
     for (std::size_t s = 0; s < k; ++s) {
       const double w = ids[s] >= 0 ? 0.1 + rng.uniform() : 0.0;
-      b.topk_weights[t * k + s] = static_cast<float>(w);
+      r.topk_weights[t * k + s] = static_cast<float>(w);
       sum += w;
     }
     for (std::size_t s = 0; s < k && sum > 0.0; ++s)
-      b.topk_weights[t * k + s] = static_cast<float>(b.topk_weights[t * k + s] / sum);
+      r.topk_weights[t * k + s] = static_cast<float>(r.topk_weights[t * k + s] / sum);
   }
+  return r;
+}
+
+Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
+                        std::int64_t target, std::uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  b.tokens = tokens;
+  fill_uniform(b.x, static_cast<std::size_t>(tokens * shape.hidden), 1.0, rng);
+  RoutingTable r = make_routing(shape, world, tokens, routing, target, rng);
+  b.topk_ids = std::move(r.topk_ids);
+  b.topk_weights = std::move(r.topk_weights);
   return b;
 }
 

@@ -34,6 +34,16 @@ class Rng {
 // Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16.
 LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
 
+// Routing alone for T tokens (`target` picks the expert or rank of the skewed patterns): uniform
+// = distinct random experts per token with a slot dropped (-1) now and then; weights 0.1 + U(0, 1)
+// normalised over the valid slots.
+struct RoutingTable {
+  std::vector<std::int32_t> topk_ids;  // [T, K]
+  std::vector<float> topk_weights;     // [T, K]
+};
+RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
+                          std::int64_t target, Rng& rng);
+
 // T tokens, x ~ U(-1, 1) in bf16, routing as asked (`target` picks the expert or rank of the
 // skewed patterns), weights positive and summing to 1 over the valid slots.
 Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
