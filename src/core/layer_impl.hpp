@@ -36,6 +36,12 @@ class LayerImpl {
     return false;
 #endif
   }
+  // The bug this project exists to catch, on purpose (test builds only): an idle rank that does
+  // not run its round. Every executor asks this before launching; nothing else may skip a round.
+  bool fault_skips_idle_launch(std::int64_t tokens) {
+    const bool idle = tokens == 0;
+    return idle && fault_fires(testing::Fault::skip_launch_when_idle);
+  }
   const testing::FaultSpec& fault() const {
     return fault_;
   }
