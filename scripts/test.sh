@@ -3,6 +3,7 @@
 # then the Python tests (pytest) against the module built by the same CMake build.
 #   scripts/test.sh            # build/ci, all CPU tests; GPU tests reported as skipped
 #   EPMOE_TEST_PIP=0 scripts/test.sh   # skip the `pip install .` check (about 1 min on 2 cores)
+#   EPMOE_TEST_TSAN=0 scripts/test.sh  # skip the protocol tests under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,5 +46,20 @@ if [ "${EPMOE_TEST_PIP:-1}" = 1 ]; then
   else
     echo "pip install . NOT checked: $python cannot create a venv"
   fi
+fi
+if [ "${EPMOE_TEST_TSAN:-1}" = 1 ]; then
+  # The round protocol's real threads (and rank processes) under ThreadSanitizer: the CPU
+  # executor's tests, no CUDA. A data race between ranks fails the run.
+  tsan="$root/build/tsan"
+  echo "ThreadSanitizer: protocol tests ($tsan)"
+  cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPMOE_WERROR=ON -DEPMOE_ENABLE_CUDA=OFF \
+    -DEPMOE_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS=-fsanitize=thread \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
+  cmake --build "$tsan" -j "$(nproc)" \
+    --target host_executor_test faults_test multiprocess_test bad_input_test
+  (cd "$tsan" && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest \
+    --output-on-failure -j "$(nproc)" \
+    -R '^(HostExecutor|FaultTest|MultiProcess|BadInput|BadArguments|RejectedForward|AfterAnError|LayerCreation)') \
+    || status=$?
 fi
 exit $status
