@@ -163,3 +163,35 @@ TEST(HostExecutor, AcceptsInt64ExpertIds) {
 
 }  // namespace
 }  // namespace epmoe
+
+namespace epmoe {
+namespace {
+
+// Rounds count modulo 2^32 (a serving process may run for years): the waits compare distances,
+// not values, so crossing 0xffffffff -> 0 -> 1 is just three more rounds.
+TEST(HostExecutor, RoundNumbersWrapAroundTwoToTheThirtyTwo) {
+  if (!testing::fault_injection_available()) GTEST_SKIP() << "built without test switches";
+  const LayerShape shape = small_shape(8);
+  const int world = 4;
+  const auto weights = reference::make_random_weights(shape, 13);
+  Cluster cluster(shape, Precision::mxfp8, LayerOptions{}, world, weights);
+  const std::uint32_t first = 0xffffffffu - 4;
+  for (int rank = 0; rank < world; ++rank) testing::start_rounds_at(cluster.layer(rank), first);
+  within_seconds(60, "rounds across the wrap", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      for (std::uint32_t r = 0; r < 12; ++r) {  // 0xfffffffb ... 0xffffffff, 0, 1, ... 6
+        const Batch batch = round_batch(shape, world, r, rank, 23);
+        const auto y = cluster.forward(rank, batch);
+        ASSERT_EQ(reference::compare_bf16(y, cluster.reference(rank).forward(batch)).mismatches, 0)
+            << "rank " << rank << " round " << first + r;
+      }
+    });
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_TRUE(cluster.layer(rank).health().ok) << cluster.layer(rank).health().what;
+    EXPECT_EQ(cluster.layer(rank).next_round(), first + 12u);  // wrapped: 7
+  }
+}
+
+}  // namespace
+}  // namespace epmoe

@@ -26,4 +26,9 @@ struct FaultSpec {
 bool fault_injection_available();
 void inject_fault(Layer& layer, const FaultSpec& spec);
 
+// Starts this rank's rounds at `round` instead of 1, as if round - 1 had just completed on every
+// rank: for testing the modulo-2^32 round arithmetic across its wrap. Call it on every rank of a
+// fresh layer before its first forward(). CPU executor only.
+void start_rounds_at(Layer& layer, std::uint32_t round);
+
 }  // namespace epmoe::testing

@@ -86,5 +86,13 @@ void inject_fault(Layer& layer, const FaultSpec& spec) {
   layer.impl().arm_fault(spec);
 }
 
+void start_rounds_at(Layer& layer, std::uint32_t round) {
+  if (!fault_injection_available())
+    throw Error(ErrorCode::unsupported,
+                "start_rounds_at: this build has no test switches (configure with "
+                "-DEPMOE_FAULT_INJECTION=ON)");
+  layer.impl().start_rounds_at(round);
+}
+
 }  // namespace testing
 }  // namespace epmoe

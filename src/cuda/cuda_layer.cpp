@@ -178,6 +178,10 @@ class CudaLayer final : public LayerImpl {
     health_ = Health::healthy();
   }
 
+  void start_rounds_at(std::uint32_t) override {
+    throw Error(ErrorCode::unsupported, "start_rounds_at: CPU executor only");
+  }
+
   std::uint32_t next_round() const override {
     RoundState s;
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
