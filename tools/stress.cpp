@@ -6,12 +6,20 @@
 // recovery. Its own wall-clock watchdog turns a hang into a report of who is stuck where.
 #include <CLI/CLI.hpp>
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -54,6 +62,7 @@ struct StressOptions {
   int fault_times = 1;
   double min_zero_fraction = 0.0;
   bool corrupt_check = false;
+  bool processes = false;  // ranks as processes over POSIX shared memory
 };
 
 // What main.cpp needs: the subcommand (to ask whether it was parsed) and how to run it.
@@ -86,9 +95,11 @@ struct FaultPlan {
   int rank = -1;
   std::uint32_t stall_ms = 0;
   std::string text;
+  bool kill = false;  // kill:RANK: the supervisor SIGKILLs the rank process mid-round
 };
 
-FaultPlan parse_fault(const std::string& text, int ranks, std::uint32_t timeout_ms) {
+FaultPlan parse_fault(const std::string& text, int ranks, std::uint32_t timeout_ms,
+                      bool processes) {
   FaultPlan plan;
   plan.text = text;
   if (text.empty() || text == "none") return plan;
@@ -101,12 +112,18 @@ FaultPlan parse_fault(const std::string& text, int ranks, std::uint32_t timeout_
     start = colon + 1;
   }
   const std::string& kind = parts[0];
-  if (kind == "kill" || kind == "killed" || kind == "kill_rank")
+  const bool kill = kind == "kill" || kind == "killed" || kind == "kill_rank";
+  if (kill && !processes)
     reject("--fault=" + text +
-           ": a killed rank process is a multi-process (CUDA executor) fault; the CPU executor "
-           "runs every rank as a thread of one process. Use skip_launch_when_idle, stall or "
-           "round_jump");
-  if (kind == "skip_launch_when_idle")
+           ": killing a rank process needs ranks as processes; add --processes (the thread "
+           "mode runs every rank as a thread of one process)");
+  if (!kill && processes)
+    reject("--fault=" + text +
+           ": with --processes only kill:RANK is supported; run skip_launch_when_idle, stall "
+           "and round_jump without --processes");
+  if (kill)
+    plan.fault = Fault::stall;  // the doomed rank stalls in its round until it is killed
+  else if (kind == "skip_launch_when_idle")
     plan.fault = Fault::skip_launch_when_idle;
   else if (kind == "stall")
     plan.fault = Fault::stall;
@@ -114,16 +131,18 @@ FaultPlan parse_fault(const std::string& text, int ranks, std::uint32_t timeout_
     plan.fault = Fault::round_jump;
   else
     reject("--fault=" + text +
-           ": must be skip_launch_when_idle:RANK, stall:RANK:MS or round_jump:RANK");
-  const std::size_t want = plan.fault == Fault::stall ? 3 : 2;
+           ": must be skip_launch_when_idle:RANK, stall:RANK:MS, round_jump:RANK or (with "
+           "--processes) kill:RANK");
+  const bool with_ms = plan.fault == Fault::stall && !kill;
+  const std::size_t want = with_ms ? 3 : 2;
   if (parts.size() != want)
     reject("--fault=" + text + ": expected " +
-           (plan.fault == Fault::stall ? std::string("stall:RANK:MS") : kind + ":RANK"));
+           (with_ms ? std::string("stall:RANK:MS") : kind + ":RANK"));
   try {
     std::size_t used = 0;
     plan.rank = std::stoi(parts[1], &used);
     if (used != parts[1].size()) throw std::invalid_argument("rank");
-    if (plan.fault == Fault::stall) {
+    if (with_ms) {
       const unsigned long ms = std::stoul(parts[2], &used);
       if (used != parts[2].size() || ms > kMaxTimeoutMs) throw std::invalid_argument("ms");
       plan.stall_ms = static_cast<std::uint32_t>(ms);
@@ -137,6 +156,11 @@ FaultPlan parse_fault(const std::string& text, int ranks, std::uint32_t timeout_
   if (ranks < 2) reject("--fault needs --ranks >= 2: someone has to notice");
   if (timeout_ms == 0)
     reject("--fault needs a bounded wait: --timeout-ms=0 waits forever, so a fault would hang");
+  if (kill) {
+    plan.kill = true;
+    plan.stall_ms = 60'000;  // far beyond any --timeout-ms: only the SIGKILL ends it
+    return plan;
+  }
   if (plan.fault == Fault::stall && plan.stall_ms <= timeout_ms)
     reject("--fault=" + text + ": a stall of " + std::to_string(plan.stall_ms) +
            " ms is not longer than --timeout-ms=" + std::to_string(timeout_ms) +
@@ -436,6 +460,31 @@ struct Load {
   bool idle = false;
 };
 
+// One round's draws, in the order both modes make them.
+struct RoundDraw {
+  std::int64_t tokens = 0;
+  reference::Routing routing = reference::Routing::uniform;
+  std::int64_t target = 0;
+  std::uint32_t sleep_us = 0;
+};
+RoundDraw draw_round(Load& load, const StressOptions& o, const LayerShape& shape,
+                     std::int64_t round, const std::optional<reference::Routing>& fixed) {
+  RoundDraw d;
+  d.tokens = load.next_tokens(round, shape.max_tokens_per_rank);
+  d.routing = load.next_routing(fixed);
+  d.target =
+      load.rng.below(d.routing == reference::Routing::one_rank ? o.ranks : shape.num_experts);
+  d.sleep_us = load.next_sleep_us(o.max_sleep_us);
+  return d;
+}
+reference::Batch round_batch(const StressOptions& o, const LayerShape& shape, const RoundDraw& d,
+                             std::int64_t round, int rank) {
+  return reference::make_random_batch(shape, o.ranks, d.tokens, d.routing, d.target,
+                                      o.seed * 1'000'003u +
+                                          static_cast<std::uint64_t>(round) * 131u +
+                                          static_cast<std::uint64_t>(rank));
+}
+
 struct RankStats {
   std::int64_t forwards = 0, tokens = 0, zero = 0, checked = 0, mismatched_rounds = 0,
                mismatches = 0, aborted = 0;
@@ -451,6 +500,639 @@ double percentile(std::vector<float>& v, double q) {
   const auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
   return v[i];
+}
+
+// The load part of the summary (both modes); returns the totals, sets rounds_seen (rank 0's).
+RankStats print_load_summary(std::vector<RankStats>& stats, const StressOptions& o, bool staged,
+                             double wall_s, std::int64_t& rounds_seen) {
+  RankStats all;
+  std::int64_t all_idle_rounds = 0;
+  int max_rank = 0;
+  for (int r = 0; r < o.ranks; ++r) {
+    RankStats& s = stats[static_cast<std::size_t>(r)];
+    all.forwards += s.forwards;
+    all.tokens += s.tokens;
+    all.zero += s.zero;
+    all.checked += s.checked;
+    all.mismatched_rounds += s.mismatched_rounds;
+    all.mismatches += s.mismatches;
+    all.aborted += s.aborted;
+    all.wall_us.insert(all.wall_us.end(), s.wall_us.begin(), s.wall_us.end());
+    if (s.max_us > all.max_us) {
+      all.max_us = s.max_us;
+      all.max_round = s.max_round;
+      max_rank = r;
+    }
+  }
+  for (std::int64_t round = 1; round <= o.rounds; ++round) {
+    bool every = true;
+    for (const RankStats& s : stats) every &= s.idle[static_cast<std::size_t>(round)] != 0;
+    all_idle_rounds += every;
+  }
+  rounds_seen = stats[0].forwards;
+  const double p50 = percentile(all.wall_us, 0.50), p99 = percentile(all.wall_us, 0.99);
+  const auto pct = [](std::int64_t a, std::int64_t b) {
+    return b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0;
+  };
+
+  std::printf("\nrounds            %lld per rank, %lld forwards on %d ranks\n",
+              static_cast<long long>(rounds_seen), static_cast<long long>(all.forwards), o.ranks);
+  std::printf("tokens            %lld (%.2f per forward)\n", static_cast<long long>(all.tokens),
+              static_cast<double>(all.tokens) / std::max<double>(1.0, double(all.forwards)));
+  std::printf("zero-token        %lld forwards (%.1f%%); every rank idle in %lld rounds (%.1f%%)\n",
+              static_cast<long long>(all.zero), pct(all.zero, all.forwards),
+              static_cast<long long>(all_idle_rounds), pct(all_idle_rounds, o.rounds));
+  std::printf("checked           %lld forwards against the emulating reference (%s)\n",
+              static_cast<long long>(all.checked),
+              staged ? "staged: bit-exact" : "in_kernel_reduce: within 1 bf16 ulp");
+  std::printf("mismatches        %lld elements in %lld forwards\n",
+              static_cast<long long>(all.mismatches),
+              static_cast<long long>(all.mismatched_rounds));
+  for (const RankStats& s : stats)
+    for (const std::string& note : s.mismatch_notes) std::printf("  %s\n", note.c_str());
+  std::printf(
+      "forward wall time p50 %.3f ms  p99 %.3f ms  max %.3f ms (rank %d, round %lld; completed "
+      "forwards)\n",
+      p50 * 1e-3, p99 * 1e-3, static_cast<double>(all.max_us) * 1e-3, max_rank,
+      static_cast<long long>(all.max_round));
+  std::printf("throughput        %.0f rounds/s (%.2f s wall)\n",
+              static_cast<double>(rounds_seen) / wall_s, wall_s);
+
+  return all;
+}
+
+// ---- --processes: ranks as processes over POSIX shared memory, a supervisor parent ----
+
+// Rank process -> supervisor, over the rank's own pipe. Fixed-size; a stats message is followed
+// by its RankStats payload (see send_stats).
+enum class MsgKind : std::int32_t { armed, arrival, stats };
+struct Msg {
+  MsgKind kind = MsgKind::stats;
+  std::int32_t rank = 0;
+  std::int64_t round = 0;
+  std::int64_t at_ns = 0;  // steady clock (CLOCK_MONOTONIC: the same in every process)
+  std::int32_t code = 0;
+  std::int32_t peer = -1;
+  std::int32_t health_ok = 1;
+  std::int32_t notes = 0;
+  std::int64_t counts[7] = {};  // forwards tokens zero checked mismatched_rounds mismatches aborted
+  std::int64_t max_round = 0;
+  std::int64_t wall_n = 0;
+  std::int64_t idle_n = 0;
+  float max_us = 0.0f;
+  char what[240] = {};
+};
+
+enum RankExit : int { kRankPass = 0, kRankResetFailed = 14, kRankError = 15 };
+
+std::int64_t now_ns() {
+  return Clock::now().time_since_epoch().count();
+}
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+void send_msg(int fd, Msg m, const std::string& what = "") {
+  std::snprintf(m.what, sizeof m.what, "%s", what.c_str());
+  (void)write_all(fd, &m, sizeof m);
+}
+
+// Stats: the header, then idle bytes, wall times, notes (240 bytes each).
+void send_stats(int fd, int rank, const RankStats& st) {
+  Msg m;
+  m.kind = MsgKind::stats;
+  m.rank = rank;
+  m.counts[0] = st.forwards;
+  m.counts[1] = st.tokens;
+  m.counts[2] = st.zero;
+  m.counts[3] = st.checked;
+  m.counts[4] = st.mismatched_rounds;
+  m.counts[5] = st.mismatches;
+  m.counts[6] = st.aborted;
+  m.max_round = st.max_round;
+  m.max_us = st.max_us;
+  m.wall_n = static_cast<std::int64_t>(st.wall_us.size());
+  m.idle_n = static_cast<std::int64_t>(st.idle.size());
+  m.notes = static_cast<std::int32_t>(st.mismatch_notes.size());
+  std::vector<char> out(sizeof m);
+  std::memcpy(out.data(), &m, sizeof m);
+  out.insert(out.end(), st.idle.begin(), st.idle.end());
+  const auto* w = reinterpret_cast<const char*>(st.wall_us.data());
+  out.insert(out.end(), w, w + st.wall_us.size() * sizeof(float));
+  for (const std::string& note : st.mismatch_notes) {
+    char buf[240] = {};
+    std::snprintf(buf, sizeof buf, "%s", note.c_str());
+    out.insert(out.end(), buf, buf + sizeof buf);
+  }
+  (void)write_all(fd, out.data(), out.size());
+}
+
+std::size_t stats_bytes(const Msg& m) {
+  return sizeof m + static_cast<std::size_t>(m.idle_n) +
+         static_cast<std::size_t>(m.wall_n) * sizeof(float) +
+         static_cast<std::size_t>(m.notes) * 240u;
+}
+
+void merge_stats(RankStats& into, const Msg& m, const char* payload) {
+  into.forwards += m.counts[0];
+  into.tokens += m.counts[1];
+  into.zero += m.counts[2];
+  into.checked += m.counts[3];
+  into.mismatched_rounds += m.counts[4];
+  into.mismatches += m.counts[5];
+  into.aborted += m.counts[6];
+  if (m.max_us > into.max_us) {
+    into.max_us = m.max_us;
+    into.max_round = m.max_round;
+  }
+  for (std::int64_t i = 0; i < m.idle_n && static_cast<std::size_t>(i) < into.idle.size(); ++i)
+    into.idle[static_cast<std::size_t>(i)] |= static_cast<std::uint8_t>(payload[i]);
+  payload += m.idle_n;
+  const std::size_t at = into.wall_us.size();
+  into.wall_us.resize(at + static_cast<std::size_t>(m.wall_n));
+  std::memcpy(into.wall_us.data() + at, payload,
+              static_cast<std::size_t>(m.wall_n) * sizeof(float));
+  payload += m.wall_n * static_cast<std::int64_t>(sizeof(float));
+  for (int i = 0; i < m.notes; ++i, payload += 240)
+    into.mismatch_notes.emplace_back(payload, strnlen(payload, 240));
+}
+
+// The round at which kill episode `episode` (0-based) arms: evenly spaced, jittered by the seed.
+std::int64_t kill_round(const StressOptions& o, int episode) {
+  const std::int64_t base = o.rounds * (episode + 1) / (std::int64_t{o.fault_times} + 1);
+  const std::int64_t span = std::max<std::int64_t>(1, o.rounds / (4 * (o.fault_times + 1)));
+  reference::Rng rng(o.seed * 0x2545f4914f6cdd1dull + static_cast<std::uint64_t>(episode) + 11);
+  return std::clamp<std::int64_t>(base + rng.below(2 * span + 1) - span, 1, o.rounds);
+}
+
+struct ProcessSetup {
+  std::string name;
+  LayerShape shape;
+  Precision precision;
+  LayerOptions options;
+  std::optional<reference::Routing> fixed_routing;
+  FaultPlan plan;
+};
+
+bool read_resume(int fd, std::int64_t& resume) {
+  char* p = reinterpret_cast<char*>(&resume);
+  std::size_t n = sizeof resume;
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return resume > 0;
+}
+
+// The per-rank loop of one rank process (the thread mode's loop, with the supervisor as the
+// control plane). `restarted`: this process replaces a killed one that died in round
+// `replay_through` after `episodes_done` kill episodes.
+int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int up, int down,
+                 bool restarted, std::int64_t replay_through, int episodes_done) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the supervisor
+  auto group = attach_shared_memory_group(ps.name, o.ranks);
+  auto comm = make_host_communicator(group, rank);
+  const reference::LayerWeights weights = reference::make_random_weights(ps.shape, o.seed);
+  reference::ReferenceModel reference(ps.shape, ps.precision, ps.options, weights);
+  Layer layer(*comm, make_config(ps.shape, ps.precision, rank, o.ranks, ps.options),
+              local_weight_views(weights, ps.shape, rank, o.ranks));
+  const bool staged = ps.options.combine == Combine::staged;
+  Load load(o, rank);
+  RankStats st;
+  st.wall_us.reserve(static_cast<std::size_t>(o.rounds));
+  st.idle.assign(static_cast<std::size_t>(o.rounds) + 1, 0);
+  const bool faulty = ps.plan.kill && rank == ps.plan.rank;
+  int episode = faulty ? episodes_done : o.fault_times;
+  bool corrupt_pending = o.corrupt_check && rank == 0 && !restarted;
+
+  // Survivors and the restarted rank retry reset() until everybody has met there.
+  const auto reset_until_everyone_meets = [&]() -> bool {
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < give_up) {
+      try {
+        layer.reset();
+        return true;
+      } catch (const Error&) {
+      }
+    }
+    return false;
+  };
+
+  std::int64_t round = 1;
+  if (restarted) {
+    for (std::int64_t r = 1; r <= replay_through; ++r)
+      (void)draw_round(load, o, ps.shape, r, ps.fixed_routing);  // the same draws as before
+    if (!read_resume(down, round)) return kRankError;
+    if (!reset_until_everyone_meets()) return kRankResetFailed;
+  }
+  while (round <= o.rounds) {
+    const RoundDraw draw = draw_round(load, o, ps.shape, round, ps.fixed_routing);
+    const reference::Batch batch = round_batch(o, ps.shape, draw, round, rank);
+    if (faulty && episode < o.fault_times && round >= kill_round(o, episode)) {
+      send_stats(up, rank, st);  // what this incarnation did; it will not live to report
+      st = RankStats{};
+      st.idle.assign(static_cast<std::size_t>(o.rounds) + 1, 0);
+      testing::inject_fault(layer, {Fault::stall, ps.plan.stall_ms, 1});
+      Msg m;
+      m.kind = MsgKind::armed;
+      m.rank = rank;
+      m.round = round;
+      m.at_ns = now_ns();
+      send_msg(up, m);
+      ++episode;
+      // No pacing sleep: go straight into the round the supervisor kills us in.
+    } else if (draw.sleep_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(draw.sleep_us));
+    }
+    std::vector<std::uint16_t> y(static_cast<std::size_t>(batch.tokens * ps.shape.hidden));
+    std::optional<Msg> failed;
+    std::string what;
+    const auto t0 = Clock::now();
+    try {
+      layer.forward(view(batch.x.data(), DType::bf16, {batch.tokens, ps.shape.hidden}),
+                    view(batch.topk_ids.data(), DType::i32, {batch.tokens, ps.shape.top_k}),
+                    view(batch.topk_weights.data(), DType::f32, {batch.tokens, ps.shape.top_k}),
+                    view(y.data(), DType::bf16, {batch.tokens, ps.shape.hidden}));
+    } catch (const std::exception& e) {
+      Msg m;
+      m.kind = MsgKind::arrival;
+      m.rank = rank;
+      m.round = round;
+      m.at_ns = now_ns();
+      const auto* err = dynamic_cast<const Error*>(&e);
+      m.code = static_cast<std::int32_t>(err ? err->code() : ErrorCode::internal);
+      const Health h = layer.health();
+      m.peer = h.peer;
+      m.health_ok = h.ok ? 1 : 0;
+      failed = m;
+      what = e.what();
+    }
+    const auto us = static_cast<float>(seconds_between(t0, Clock::now()) * 1e6);
+    ++st.forwards;
+    st.tokens += draw.tokens;
+    if (draw.tokens == 0) {
+      ++st.zero;
+      st.idle[static_cast<std::size_t>(round)] = 1;
+    }
+    if (failed) {
+      ++st.aborted;
+      send_msg(up, *failed, what);
+      if (!read_resume(down, round)) break;  // the supervisor gave up on the run
+      if (!reset_until_everyone_meets()) {
+        send_stats(up, rank, st);
+        return kRankResetFailed;
+      }
+      continue;
+    }
+    st.wall_us.push_back(us);
+    if (us > st.max_us) {
+      st.max_us = us;
+      st.max_round = round;
+    }
+    if (o.check_every > 0 && round % o.check_every == 0) {
+      if (corrupt_pending && !y.empty()) {
+        y[0] ^= 0x4000;
+        corrupt_pending = false;
+      }
+      const auto ref = reference.forward(batch);
+      const auto err = staged ? reference::compare_bf16(y, ref)
+                              : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
+      ++st.checked;
+      if (err.mismatches > 0) {
+        ++st.mismatched_rounds;
+        st.mismatches += err.mismatches;
+        if (st.mismatch_notes.size() < 5) {
+          char note[200];
+          std::snprintf(note, sizeof note,
+                        "rank %d round %lld T=%lld routing=%s: %lld elements differ, max_abs=%.4g",
+                        rank, static_cast<long long>(round), static_cast<long long>(draw.tokens),
+                        reference::to_string(draw.routing), static_cast<long long>(err.mismatches),
+                        err.max_abs);
+          st.mismatch_notes.emplace_back(note);
+        }
+      }
+    }
+    ++round;
+  }
+  send_stats(up, rank, st);
+  return layer.health().ok ? kRankPass : kRankError;
+}
+
+struct Incarnation {
+  pid_t pid = -1;
+  int up = -1;    // supervisor reads
+  int down = -1;  // supervisor writes resume rounds
+  std::vector<char> buffer;
+  bool eof = false;
+  bool exited = false;
+  int status = 0;
+  std::string last = "starting";
+};
+
+struct KillEpisode {
+  int index = 0;
+  std::int64_t round = 0;
+  std::int64_t armed_ns = 0, killed_ns = 0;
+  bool died_by_signal = false;
+  std::vector<std::optional<Msg>> arrivals;
+  std::vector<std::string> whats;
+  std::int64_t resume = 0;
+  std::vector<std::string> problems;
+};
+
+int stress_processes(const StressOptions& o, ProcessSetup ps) {
+  ps.name = "epmoe-stress-" + std::to_string(getpid());
+  remove_shared_memory_group(ps.name, o.ranks);
+  const int world = o.ranks;
+  std::vector<int> all_fds;  // every pipe end the supervisor holds, closed in each child
+  std::vector<Incarnation> live(static_cast<std::size_t>(world));
+  std::vector<RankStats> stats(static_cast<std::size_t>(world));
+  for (RankStats& s : stats) s.idle.assign(static_cast<std::size_t>(o.rounds) + 1, 0);
+
+  const auto spawn = [&](int rank, bool restarted, std::int64_t replay, int done) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0)
+      throw Error(ErrorCode::internal, std::string("pipe: ") + std::strerror(errno));
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) throw Error(ErrorCode::internal, std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      for (int fd : all_fds) ::close(fd);
+      ::close(up[0]);
+      ::close(down[1]);
+      int code = kRankError;
+      try {
+        code = rank_process(o, ps, rank, up[1], down[0], restarted, replay, done);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "epmoe stress: rank %d process: %s\n", rank, e.what());
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    all_fds.push_back(up[0]);
+    all_fds.push_back(down[1]);
+    Incarnation& in = live[static_cast<std::size_t>(rank)];
+    in = Incarnation{};
+    in.pid = pid;
+    in.up = up[0];
+    in.down = down[1];
+    in.last = restarted ? "restarted, joining reset()" : "starting";
+  };
+  const auto drop_fds = [&](Incarnation& in) {
+    for (int* fd : {&in.up, &in.down})
+      if (*fd >= 0) {
+        ::close(*fd);
+        all_fds.erase(std::remove(all_fds.begin(), all_fds.end(), *fd), all_fds.end());
+        *fd = -1;
+      }
+  };
+  const auto kill_everyone = [&] {
+    for (Incarnation& in : live)
+      if (in.pid > 0 && !in.exited) {
+        ::kill(in.pid, SIGKILL);
+        ::waitpid(in.pid, &in.status, 0);
+        in.exited = true;
+      }
+  };
+
+  const auto start = Clock::now();
+  for (int r = 0; r < world; ++r) spawn(r, false, 0, 0);
+
+  std::vector<KillEpisode> episodes;
+  std::int64_t kill_at_ns = 0;    // != 0: a doomed rank is inside its round
+  std::int64_t arrivals_due = 0;  // != 0: survivors must report by then
+  std::vector<std::string> problems;
+  int kills = 0;
+  bool stop = false;
+  const auto watchdog_at = start + std::chrono::seconds(o.watchdog_s);
+
+  while (true) {
+    bool all_done = true;
+    for (const Incarnation& in : live) all_done &= in.eof && in.exited;
+    if (all_done || stop) break;
+    const auto now = Clock::now();
+    if (o.watchdog_s > 0 && now >= watchdog_at) {
+      std::fprintf(stderr, "\nepmoe stress: HANG: the run did not finish within --watchdog-s=%u\n",
+                   o.watchdog_s);
+      for (int r = 0; r < world; ++r)
+        std::fprintf(stderr, "  rank %d (pid %d): last heard: %s\n", r,
+                     static_cast<int>(live[static_cast<std::size_t>(r)].pid),
+                     live[static_cast<std::size_t>(r)].last.c_str());
+      kill_everyone();
+      remove_shared_memory_group(ps.name, world);
+      std::printf("FAIL: hang (watchdog)\n");
+      std::fflush(nullptr);
+      return kExitHang;
+    }
+    // The doomed rank has been inside its round long enough: kill it, start its successor.
+    if (kill_at_ns != 0 && now_ns() >= kill_at_ns) {
+      kill_at_ns = 0;
+      const int victim = ps.plan.rank;
+      Incarnation& in = live[static_cast<std::size_t>(victim)];
+      KillEpisode& e = episodes.back();
+      ::kill(in.pid, SIGKILL);
+      e.killed_ns = now_ns();
+      ::waitpid(in.pid, &in.status, 0);
+      e.died_by_signal = WIFSIGNALED(in.status) && WTERMSIG(in.status) == SIGKILL;
+      if (!e.died_by_signal) e.problems.push_back("the doomed rank exited before it was killed");
+      drop_fds(in);
+      ++kills;
+      spawn(victim, true, e.round, kills);
+      arrivals_due = now_ns() + (2 * std::int64_t{o.timeout_ms} + 5'000) * 1'000'000;
+    }
+    if (arrivals_due != 0 && now_ns() > arrivals_due) {
+      KillEpisode& e = episodes.back();
+      std::string missing;
+      for (int r = 0; r < world; ++r)
+        if (r != ps.plan.rank && !e.arrivals[static_cast<std::size_t>(r)])
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      e.problems.push_back("rank(s) " + missing +
+                           " never reported the failed round (no error within the timeout)");
+      stop = true;
+      break;
+    }
+
+    std::vector<pollfd> fds;
+    std::vector<int> who;
+    for (int r = 0; r < world; ++r) {
+      const Incarnation& in = live[static_cast<std::size_t>(r)];
+      if (in.up >= 0 && !in.eof) {
+        fds.push_back({in.up, POLLIN, 0});
+        who.push_back(r);
+      }
+    }
+    const int n = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), 5);
+    for (std::size_t i = 0; n > 0 && i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const int r = who[i];
+      Incarnation& in = live[static_cast<std::size_t>(r)];
+      char buf[65536];
+      const ssize_t got = ::read(in.up, buf, sizeof buf);
+      if (got <= 0) {
+        in.eof = true;
+        continue;
+      }
+      in.buffer.insert(in.buffer.end(), buf, buf + got);
+      while (in.buffer.size() >= sizeof(Msg)) {
+        Msg m;
+        std::memcpy(&m, in.buffer.data(), sizeof m);
+        std::size_t used = sizeof m;
+        if (m.kind == MsgKind::stats) {
+          used = stats_bytes(m);
+          if (in.buffer.size() < used) break;
+          merge_stats(stats[static_cast<std::size_t>(r)], m, in.buffer.data() + sizeof m);
+          in.last = "reported its results";
+        } else if (m.kind == MsgKind::armed) {
+          KillEpisode e;
+          e.index = static_cast<int>(episodes.size()) + 1;
+          e.round = m.round;
+          e.armed_ns = m.at_ns;
+          e.arrivals.assign(static_cast<std::size_t>(world), std::nullopt);
+          e.whats.assign(static_cast<std::size_t>(world), "");
+          episodes.push_back(std::move(e));
+          kill_at_ns = m.at_ns + 50'000'000;  // 50 ms: well inside its (60 s) stalled round
+          in.last = "doomed, inside round " + std::to_string(m.round);
+        } else {  // arrival
+          in.last = "failed round " + std::to_string(m.round) + ", waiting to reset";
+          if (episodes.empty() || episodes.back().resume > 0 || r == ps.plan.rank) {
+            problems.push_back("rank " + std::to_string(r) + ": unexpected error in round " +
+                               std::to_string(m.round) + " (" +
+                               to_string(static_cast<ErrorCode>(m.code)) + "): " + m.what);
+            stop = true;
+          } else {
+            KillEpisode& e = episodes.back();
+            e.arrivals[static_cast<std::size_t>(r)] = m;
+            e.whats[static_cast<std::size_t>(r)] = m.what;
+          }
+        }
+        in.buffer.erase(in.buffer.begin(), in.buffer.begin() + static_cast<std::ptrdiff_t>(used));
+      }
+    }
+    // Every survivor reported and the successor is running: tell everyone where to resume.
+    if (!episodes.empty() && episodes.back().resume == 0 && episodes.back().killed_ns > 0) {
+      KillEpisode& e = episodes.back();
+      bool everyone = true;
+      std::int64_t last = e.round;
+      for (int r = 0; r < world; ++r)
+        if (r != ps.plan.rank) {
+          everyone &= e.arrivals[static_cast<std::size_t>(r)].has_value();
+          if (e.arrivals[static_cast<std::size_t>(r)])
+            last = std::max(last, e.arrivals[static_cast<std::size_t>(r)]->round);
+        }
+      if (everyone) {
+        e.resume = last + 1;
+        arrivals_due = 0;
+        for (Incarnation& in : live)
+          if (in.down >= 0) (void)write_all(in.down, &e.resume, sizeof e.resume);
+      }
+    }
+    for (Incarnation& in : live)  // a process that exited is drained to EOF on later turns
+      if (in.pid > 0 && !in.exited && ::waitpid(in.pid, &in.status, WNOHANG) == in.pid)
+        in.exited = true;
+  }
+  if (stop) kill_everyone();
+  const double wall_s = seconds_between(start, Clock::now());
+  for (Incarnation& in : live) drop_fds(in);
+  remove_shared_memory_group(ps.name, world);
+
+  // ---- summary ----
+  const bool staged = ps.options.combine == Combine::staged;
+  std::int64_t rounds_seen = 0;
+  const RankStats all = print_load_summary(stats, o, staged, wall_s, rounds_seen);
+  bool fault_ok = problems.empty();
+  const double bound_ms = o.timeout_ms + 1000.0;
+  for (KillEpisode& e : episodes) {
+    std::printf("\nfault episode %d: rank %d process SIGKILLed in round %lld, %.0f ms into it\n",
+                e.index, ps.plan.rank, static_cast<long long>(e.round),
+                static_cast<double>(e.killed_ns - e.armed_ns) * 1e-6);
+    double worst = 0.0;
+    for (int r = 0; r < world; ++r) {
+      if (r == ps.plan.rank) {
+        std::printf("  rank %d: killed, restarted\n", r);
+        continue;
+      }
+      const auto& a = e.arrivals[static_cast<std::size_t>(r)];
+      const std::string who = "rank " + std::to_string(r);
+      if (!a) {
+        std::printf("  rank %d: -\n", r);
+        continue;
+      }
+      const double ms = std::max(0.0, static_cast<double>(a->at_ns - e.killed_ns) * 1e-6);
+      worst = std::max(worst, ms);
+      std::printf("  rank %d: %-14s after %5.0f ms (peer %d) %s\n", r,
+                  to_string(static_cast<ErrorCode>(a->code)), ms, a->peer,
+                  e.whats[static_cast<std::size_t>(r)].c_str());
+      const auto code = static_cast<ErrorCode>(a->code);
+      if (code != ErrorCode::timeout && code != ErrorCode::peer_aborted &&
+          code != ErrorCode::protocol_violation)
+        e.problems.push_back(who + ": unexpected error code " + to_string(code));
+      if (a->health_ok) e.problems.push_back(who + ": forward threw but health() is ok");
+      if (a->peer != ps.plan.rank)
+        e.problems.push_back(who + " named rank " + std::to_string(a->peer) +
+                             " instead of the killed rank " + std::to_string(ps.plan.rank));
+      if (ms > bound_ms)
+        e.problems.push_back(who + " noticed after " + std::to_string(static_cast<int>(ms)) +
+                             " ms, more than the timeout + 1 s");
+    }
+    std::printf(
+        "  detected by every survivor within %.0f ms of the kill (bound: timeout %u ms + "
+        "1 s)\n",
+        worst, o.timeout_ms);
+    if (e.resume > 0)
+      std::printf("  the restarted rank %d rejoined through reset(); resumed at round %lld\n",
+                  ps.plan.rank, static_cast<long long>(e.resume));
+    for (const std::string& p : e.problems) std::printf("  PROBLEM: %s\n", p.c_str());
+    if (!e.problems.empty()) fault_ok = false;
+  }
+  for (const std::string& p : problems) std::printf("PROBLEM: %s\n", p.c_str());
+  if (ps.plan.kill && static_cast<int>(episodes.size()) != o.fault_times) {
+    fault_ok = false;
+    std::printf("\nPROBLEM: %d kill episode(s) expected, %zu seen\n", o.fault_times,
+                episodes.size());
+  }
+  bool exits_ok = true;
+  for (int r = 0; r < world; ++r) {
+    const Incarnation& in = live[static_cast<std::size_t>(r)];
+    if (!WIFEXITED(in.status) || WEXITSTATUS(in.status) != kRankPass) {
+      exits_ok = false;
+      std::printf("PROBLEM: rank %d process %s %d%s\n", r,
+                  WIFEXITED(in.status) ? "exited with" : "died of signal",
+                  WIFEXITED(in.status) ? WEXITSTATUS(in.status) : WTERMSIG(in.status),
+                  WIFEXITED(in.status) && WEXITSTATUS(in.status) == kRankResetFailed
+                      ? " (reset() never met)"
+                      : "");
+    }
+  }
+  const bool complete = !stop && rounds_seen > 0;
+  const bool idle_enough =
+      static_cast<double>(all.zero) >= o.min_zero_fraction * static_cast<double>(all.forwards);
+  if (!idle_enough) std::printf("PROBLEM: fewer zero-token forwards than --min-zero-fraction\n");
+  const bool ok = all.mismatches == 0 && fault_ok && exits_ok && complete && idle_enough;
+  std::string why;
+  if (all.mismatches > 0) why += " mismatch";
+  if (!fault_ok) why += ps.plan.kill ? " fault-detection/recovery" : " errors";
+  if (!exits_ok) why += " rank-process-failed";
+  if (!complete) why += " stopped-early";
+  if (!idle_enough) why += " too-few-idle-rounds";
+  std::printf("\n%s%s%s\n", ok ? "PASS" : "FAIL:", why.c_str(),
+              !ps.plan.kill || !ok ? ""
+                                   : " (every kill detected by every survivor; the restarted "
+                                     "rank rejoined)");
+  return ok ? 0 : kExitFail;
 }
 
 int stress(const StressOptions& o) {
@@ -484,13 +1166,17 @@ int stress(const StressOptions& o) {
     reject("--idle-fraction=" + std::to_string(o.idle_fraction) + ": must be in [0, 1]");
   if (o.fault_times < 1)
     reject("--fault-times=" + std::to_string(o.fault_times) + ": must be >= 1");
-  const FaultPlan plan = parse_fault(o.fault, o.ranks, o.timeout_ms);
+  const FaultPlan plan = parse_fault(o.fault, o.ranks, o.timeout_ms, o.processes);
   if (plan.fault != Fault::none && !testing::fault_injection_available())
     throw Error(ErrorCode::unsupported,
                 "--fault: this build has no fault switches (configure with "
                 "-DEPMOE_FAULT_INJECTION=ON)");
   (void)make_config(shape, precision, 0, o.ranks, options);  // validates before allocating
-  const Backend backend = choose_backend(o.executor, o.ranks);
+  if (o.processes && o.executor == "cuda")
+    reject(
+        "--processes runs the CPU executor's ranks as processes; it does not apply to "
+        "--executor=cuda");
+  const Backend backend = o.processes ? Backend::cpu_threads : choose_backend(o.executor, o.ranks);
   if (backend == Backend::cuda_nccl && plan.fault != Fault::none)
     reject(
         "--fault with --executor=cuda: the GPU fault cases live in tests/gpu (gpu_layer_test); "
@@ -515,12 +1201,18 @@ int stress(const StressOptions& o) {
   std::printf(
       "executor: %s, no barrier between rounds  rounds=%lld seed=%llu "
       "idle-fraction=%.2f max-sleep-us=%u timeout-ms=%u check-every=%lld fault=%s\n",
-      describe_backend(backend, o.ranks).c_str(), static_cast<long long>(o.rounds),
-      static_cast<unsigned long long>(o.seed), o.idle_fraction, o.max_sleep_us, o.timeout_ms,
-      static_cast<long long>(o.check_every),
+      o.processes ? (std::to_string(o.ranks) +
+                     " rank processes (CPU executor over POSIX shared memory), a supervisor")
+                        .c_str()
+                  : describe_backend(backend, o.ranks).c_str(),
+      static_cast<long long>(o.rounds), static_cast<unsigned long long>(o.seed), o.idle_fraction,
+      o.max_sleep_us, o.timeout_ms, static_cast<long long>(o.check_every),
       plan.fault == Fault::none ? "none"
                                 : (plan.text + " x" + std::to_string(o.fault_times)).c_str());
   std::fflush(stdout);
+
+  if (o.processes)  // fork now: no thread and no layer exists yet
+    return stress_processes(o, ProcessSetup{"", shape, precision, options, fixed_routing, plan});
 
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
@@ -548,14 +1240,10 @@ int stress(const StressOptions& o) {
       std::int64_t round = 1;
       while (round <= o.rounds) {
         if (recovery.stopped()) break;
-        const std::int64_t tokens = load.next_tokens(round, shape.max_tokens_per_rank);
-        const reference::Routing routing = load.next_routing(fixed_routing);
-        const std::int64_t target =
-            load.rng.below(routing == reference::Routing::one_rank ? o.ranks : shape.num_experts);
-        const reference::Batch batch = reference::make_random_batch(
-            shape, o.ranks, tokens, routing, target,
-            o.seed * 1'000'003u + static_cast<std::uint64_t>(round) * 131u +
-                static_cast<std::uint64_t>(rank));
+        const RoundDraw draw = draw_round(load, o, shape, round, fixed_routing);
+        const std::int64_t tokens = draw.tokens;
+        const reference::Routing routing = draw.routing;
+        const reference::Batch batch = round_batch(o, shape, draw, round, rank);
         // The faulty rank arms its fault at evenly spaced rounds (one episode each).
         const std::int64_t arm_at =
             o.rounds * (o.fault_times - episodes_left + 1) / (std::int64_t{o.fault_times} + 1);
@@ -563,7 +1251,7 @@ int stress(const StressOptions& o) {
           testing::inject_fault(layer, {plan.fault, plan.stall_ms, 1});
           armed = true;
         }
-        if (const std::uint32_t us = load.next_sleep_us(o.max_sleep_us); us > 0) {
+        if (const std::uint32_t us = draw.sleep_us; us > 0) {
           me.set(Doing::sleeping, round);
           std::this_thread::sleep_for(std::chrono::microseconds(us));
         }
@@ -675,58 +1363,11 @@ int stress(const StressOptions& o) {
   progress.finish();
 
   // ---- summary ----
-  RankStats all;
-  std::int64_t all_idle_rounds = 0, rounds_seen = 0;
-  int max_rank = 0;
-  for (int r = 0; r < o.ranks; ++r) {
-    RankStats& s = stats[static_cast<std::size_t>(r)];
-    all.forwards += s.forwards;
-    all.tokens += s.tokens;
-    all.zero += s.zero;
-    all.checked += s.checked;
-    all.mismatched_rounds += s.mismatched_rounds;
-    all.mismatches += s.mismatches;
-    all.aborted += s.aborted;
-    all.wall_us.insert(all.wall_us.end(), s.wall_us.begin(), s.wall_us.end());
-    if (s.max_us > all.max_us) {
-      all.max_us = s.max_us;
-      all.max_round = s.max_round;
-      max_rank = r;
-    }
-  }
-  for (std::int64_t round = 1; round <= o.rounds; ++round) {
-    bool every = true;
-    for (const RankStats& s : stats) every &= s.idle[static_cast<std::size_t>(round)] != 0;
-    all_idle_rounds += every;
-  }
-  rounds_seen = stats[0].forwards;
-  const double p50 = percentile(all.wall_us, 0.50), p99 = percentile(all.wall_us, 0.99);
+  std::int64_t rounds_seen = 0;
+  const RankStats all = print_load_summary(stats, o, staged, wall_s, rounds_seen);
   const auto pct = [](std::int64_t a, std::int64_t b) {
     return b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0;
   };
-
-  std::printf("\nrounds            %lld per rank, %lld forwards on %d ranks\n",
-              static_cast<long long>(rounds_seen), static_cast<long long>(all.forwards), o.ranks);
-  std::printf("tokens            %lld (%.2f per forward)\n", static_cast<long long>(all.tokens),
-              static_cast<double>(all.tokens) / std::max<double>(1.0, double(all.forwards)));
-  std::printf("zero-token        %lld forwards (%.1f%%); every rank idle in %lld rounds (%.1f%%)\n",
-              static_cast<long long>(all.zero), pct(all.zero, all.forwards),
-              static_cast<long long>(all_idle_rounds), pct(all_idle_rounds, o.rounds));
-  std::printf("checked           %lld forwards against the emulating reference (%s)\n",
-              static_cast<long long>(all.checked),
-              staged ? "staged: bit-exact" : "in_kernel_reduce: within 1 bf16 ulp");
-  std::printf("mismatches        %lld elements in %lld forwards\n",
-              static_cast<long long>(all.mismatches),
-              static_cast<long long>(all.mismatched_rounds));
-  for (const RankStats& s : stats)
-    for (const std::string& note : s.mismatch_notes) std::printf("  %s\n", note.c_str());
-  std::printf(
-      "forward wall time p50 %.3f ms  p99 %.3f ms  max %.3f ms (rank %d, round %lld; completed "
-      "forwards)\n",
-      p50 * 1e-3, p99 * 1e-3, static_cast<double>(all.max_us) * 1e-3, max_rank,
-      static_cast<long long>(all.max_round));
-  std::printf("throughput        %.0f rounds/s (%.2f s wall)\n",
-              static_cast<double>(rounds_seen) / wall_s, wall_s);
 
   std::int64_t errors = 0;
   bool fault_ok = true;
@@ -813,8 +1454,14 @@ StressCommand add_stress_command(CLI::App& parent) {
       "Each fault fires --fault-times times, at evenly spaced rounds. Every other rank must fail\n"
       "with an error naming RANK (Health.peer) within the timeout + 1 s; then every rank calls\n"
       "reset() and the run goes on. Exit 0 only if every fault was detected and recovered from.\n"
-      "A killed rank process is a multi-process (CUDA executor) fault and does not apply to the\n"
-      "CPU executor, whose ranks are threads of one process.\n"
+      "With --processes every rank is a process (POSIX shared memory) under a supervisor, and\n"
+      "the one fault is\n"
+      "  kill:RANK                   at a round chosen from the seed RANK stalls inside its round\n"
+      "                              and the supervisor SIGKILLs it, then starts a new RANK\n"
+      "                              process that rejoins through reset(); the survivors must\n"
+      "                              name RANK within the timeout + 1 s, then retry reset()\n"
+      "                              until everyone (the new RANK too) meets, and go on\n"
+      "(kill:RANK needs --processes; the other faults run without it.)\n"
       "Exit status: 0 pass, 1 mismatch / error / failed detection or recovery, 2 bad options,\n"
       "3 hang (the watchdog fired).");
   cmd->add_option("--executor", o->executor, "cpu | cuda | auto (cuda: one GPU per rank)")
@@ -828,7 +1475,9 @@ StressCommand add_stress_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "max_tokens_per_rank; T is drawn in [0, this]")
       ->capture_default_str();
-  cmd->add_option("--ranks", o->ranks, "expert-parallel ranks (threads)")->capture_default_str();
+  cmd->add_option("--ranks", o->ranks,
+                  "expert-parallel ranks (threads, or processes with --processes)")
+      ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "rounds every rank runs")->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
   cmd->add_option("--combine", o->combine, "staged | in_kernel_reduce")->capture_default_str();
@@ -859,7 +1508,11 @@ StressCommand add_stress_command(CLI::App& parent) {
                   "3 (0 = none)")
       ->capture_default_str();
   cmd->add_option("--fault", o->fault,
-                  "skip_launch_when_idle:RANK | stall:RANK:MS | round_jump:RANK (see below)");
+                  "skip_launch_when_idle:RANK | stall:RANK:MS | round_jump:RANK | (with "
+                  "--processes) kill:RANK (see below)");
+  cmd->add_flag("--processes", o->processes,
+                "run every rank as a process (CPU executor over POSIX shared memory) under a "
+                "supervisor; enables --fault kill:RANK");
   cmd->add_option("--fault-times", o->fault_times, "fault episodes in the run")
       ->capture_default_str();
   cmd->add_flag("--corrupt-check", o->corrupt_check,
