@@ -10,7 +10,6 @@ within one bf16 ulp. It runs on the CPU.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 import epmoe
+from epmoe_ref import raise_first, run_ranks  # tests/python, on sys.path via conftest
 
 SHAPE = dict(hidden=256, intermediate=128, num_experts=8, top_k=4, max_tokens_per_rank=64)
 
@@ -122,21 +122,4 @@ def bits(t: torch.Tensor) -> np.ndarray:
 
 def run_threads(world: int, fn: Callable[[int], Any], timeout: float = 50.0) -> List[Any]:
     """fn(rank) on one thread per rank; each rank's result, or re-raises the first exception."""
-    results: List[Any] = [None] * world
-
-    def body(rank: int) -> None:
-        try:
-            results[rank] = fn(rank)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            results[rank] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), f"a rank thread is still running after {timeout} s (hang)"
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
+    return raise_first(run_ranks(world, fn, timeout))
