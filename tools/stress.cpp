@@ -38,6 +38,10 @@
 #include "progress.hpp"
 #include "reference/problem.hpp"
 
+#if defined(EPMOE_HAS_CUDA)
+#include "cuda/device_batch.hpp"
+#endif
+
 namespace epmoe::tools {
 
 struct StressOptions {
@@ -62,7 +66,7 @@ struct StressOptions {
   int fault_times = 1;
   double min_zero_fraction = 0.0;
   bool corrupt_check = false;
-  bool processes = false;  // ranks as processes over POSIX shared memory
+  bool processes = false;  // ranks as processes (CPU: POSIX shared memory; CUDA: one GPU each)
 };
 
 // What main.cpp needs: the subcommand (to ask whether it was parsed) and how to run it.
@@ -565,7 +569,9 @@ RankStats print_load_summary(std::vector<RankStats>& stats, const StressOptions&
 
 // Rank process -> supervisor, over the rank's own pipe. Fixed-size; a stats message is followed
 // by its RankStats payload (see send_stats).
-enum class MsgKind : std::int32_t { armed, arrival, stats };
+// unique_id: the CUDA executor's next communicator id, made by rank 0 at the start and by the
+// lowest survivor after a kill (carried in `unique_id`, also on that survivor's arrival).
+enum class MsgKind : std::int32_t { armed, arrival, stats, unique_id };
 struct Msg {
   MsgKind kind = MsgKind::stats;
   std::int32_t rank = 0;
@@ -581,6 +587,16 @@ struct Msg {
   std::int64_t idle_n = 0;
   float max_us = 0.0f;
   char what[240] = {};
+  std::int32_t has_id = 0;
+  UniqueId unique_id;
+};
+
+// Supervisor -> rank process, over its down pipe: the round to go on from and, on the CUDA
+// executor, the unique id of the communicator to (re)build.
+struct Resume {
+  std::int64_t round = 0;
+  std::int32_t has_id = 0;
+  UniqueId unique_id;
 };
 
 enum RankExit : int { kRankPass = 0, kRankResetFailed = 14, kRankError = 15 };
@@ -681,9 +697,10 @@ struct ProcessSetup {
   LayerOptions options;
   std::optional<reference::Routing> fixed_routing;
   FaultPlan plan;
+  bool cuda = false;  // the CUDA executor, rank r on GPU r
 };
 
-bool read_resume(int fd, std::int64_t& resume) {
+bool read_resume(int fd, Resume& resume) {
   char* p = reinterpret_cast<char*>(&resume);
   std::size_t n = sizeof resume;
   while (n > 0) {
@@ -693,8 +710,90 @@ bool read_resume(int fd, std::int64_t& resume) {
     p += r;
     n -= static_cast<std::size_t>(r);
   }
-  return resume > 0;
+  return resume.round > 0;
 }
+
+// A rank process's communicator and layer. CPU executor: made once over the shared-memory group;
+// a restarted rank finds its old window and joins the survivors' reset(). CUDA executor: rank r on
+// GPU r, built from a unique id the supervisor relays; a dead peer breaks the NCCL communicator,
+// so after a kill the survivors' reset() fails naming it, and everyone rebuilds from a fresh id.
+class RankLayer {
+ public:
+  RankLayer(const StressOptions& o, const ProcessSetup& ps, int rank,
+            const reference::LayerWeights& weights)
+      : o_(o), ps_(ps), rank_(rank), weights_(weights) {
+    if (ps.cuda) {
+      const int gpus = cuda_device_count();
+      if (rank >= gpus)
+        throw Error(ErrorCode::invalid_argument,
+                    "--processes --executor=cuda: rank " + std::to_string(rank) + " runs on GPU " +
+                        std::to_string(rank) + " and this machine has " + std::to_string(gpus) +
+                        " GPU(s); pass --ranks <= " + std::to_string(gpus));
+    } else {
+      group_ = attach_shared_memory_group(ps.name, o.ranks);
+    }
+  }
+  ~RankLayer() { teardown(); }
+
+  // (Re)makes the communicator and the layer; `id` is the CUDA executor's unique id.
+  void build(const UniqueId& id) {
+    teardown();
+    comm_ = ps_.cuda ? make_nccl_communicator(id, rank_, o_.ranks, rank_)
+                     : make_host_communicator(group_, rank_);
+    layer_ = std::make_unique<Layer>(
+        *comm_, make_config(ps_.shape, ps_.precision, rank_, o_.ranks, ps_.options),
+        local_weight_views(weights_, ps_.shape, rank_, o_.ranks));
+#if defined(EPMOE_HAS_CUDA)
+    if (ps_.cuda) device_ = std::make_unique<cuda::DeviceBatch>(rank_, ps_.shape);
+#endif
+  }
+
+  Layer& layer() {
+    return *layer_;
+  }
+
+  // One round; throws Error on a failed round on either executor (on the GPU a failed round is
+  // seen in health() once the stream has finished it).
+  std::vector<std::uint16_t> forward(const reference::Batch& batch) {
+#if defined(EPMOE_HAS_CUDA)
+    if (ps_.cuda) {
+      std::vector<std::uint16_t> y = device_->forward(*layer_, batch);
+      const Health h = layer_->health();
+      if (!h.ok) throw Error(h.code, h.what);
+      return y;
+    }
+#endif
+    const LayerShape& s = ps_.shape;
+    std::vector<std::uint16_t> y(static_cast<std::size_t>(batch.tokens * s.hidden));
+    layer_->forward(view(batch.x.data(), DType::bf16, {batch.tokens, s.hidden}),
+                    view(batch.topk_ids.data(), DType::i32, {batch.tokens, s.top_k}),
+                    view(batch.topk_weights.data(), DType::f32, {batch.tokens, s.top_k}),
+                    view(y.data(), DType::bf16, {batch.tokens, s.hidden}));
+    return y;
+  }
+
+ private:
+  // The layer goes first: it uses the communicator (whose destruction aborts, without waiting on
+  // anybody, once a reset() found a peer missing).
+  void teardown() {
+    layer_.reset();
+#if defined(EPMOE_HAS_CUDA)
+    device_.reset();
+#endif
+    comm_.reset();
+  }
+
+  const StressOptions& o_;
+  const ProcessSetup& ps_;
+  int rank_;
+  const reference::LayerWeights& weights_;
+  std::shared_ptr<HostGroup> group_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Layer> layer_;
+#if defined(EPMOE_HAS_CUDA)
+  std::unique_ptr<cuda::DeviceBatch> device_;
+#endif
+};
 
 // The per-rank loop of one rank process (the thread mode's loop, with the supervisor as the
 // control plane). `restarted`: this process replaces a killed one that died in round
@@ -702,12 +801,20 @@ bool read_resume(int fd, std::int64_t& resume) {
 int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int up, int down,
                  bool restarted, std::int64_t replay_through, int episodes_done) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the supervisor
-  auto group = attach_shared_memory_group(ps.name, o.ranks);
-  auto comm = make_host_communicator(group, rank);
   const reference::LayerWeights weights = reference::make_random_weights(ps.shape, o.seed);
   reference::ReferenceModel reference(ps.shape, ps.precision, ps.options, weights);
-  Layer layer(*comm, make_config(ps.shape, ps.precision, rank, o.ranks, ps.options),
-              local_weight_views(weights, ps.shape, rank, o.ranks));
+  RankLayer rank_layer(o, ps, rank, weights);
+  Resume resume;
+  if (ps.cuda && rank == 0 && !restarted) {  // the first communicator's id, for everyone
+    Msg m;
+    m.kind = MsgKind::unique_id;
+    m.rank = rank;
+    m.has_id = 1;
+    m.unique_id = get_unique_id();
+    send_msg(up, m);
+  }
+  if (ps.cuda && !restarted && !read_resume(down, resume)) return kRankError;
+  if (!restarted) rank_layer.build(resume.unique_id);
   const bool staged = ps.options.combine == Combine::staged;
   Load load(o, rank);
   RankStats st;
@@ -717,12 +824,28 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
   int episode = faulty ? episodes_done : o.fault_times;
   bool corrupt_pending = o.corrupt_check && rank == 0 && !restarted;
 
-  // Survivors and the restarted rank retry reset() until everybody has met there.
-  const auto reset_until_everyone_meets = [&]() -> bool {
+  bool restarted_now = restarted;
+  // CPU executor: survivors and the restarted rank retry reset() until everybody has met there.
+  // CUDA executor: the survivors' reset() must fail (the killed process cannot meet them; this
+  // also marks the communicator so that its destruction aborts), then everyone rebuilds from the
+  // id in `resume`.
+  const auto recover = [&]() -> bool {
+    if (ps.cuda) {
+      if (!restarted_now) {
+        try {
+          rank_layer.layer().reset();
+        } catch (const Error&) {
+        }
+      }
+      if (resume.has_id == 0) return false;
+      rank_layer.build(resume.unique_id);
+      return true;
+    }
+    if (restarted_now) rank_layer.build(resume.unique_id);
     const auto give_up = Clock::now() + std::chrono::seconds(30);
     while (Clock::now() < give_up) {
       try {
-        layer.reset();
+        rank_layer.layer().reset();
         return true;
       } catch (const Error&) {
       }
@@ -734,8 +857,10 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
   if (restarted) {
     for (std::int64_t r = 1; r <= replay_through; ++r)
       (void)draw_round(load, o, ps.shape, r, ps.fixed_routing);  // the same draws as before
-    if (!read_resume(down, round)) return kRankError;
-    if (!reset_until_everyone_meets()) return kRankResetFailed;
+    if (!read_resume(down, resume)) return kRankError;
+    round = resume.round;
+    if (!recover()) return kRankResetFailed;
+    restarted_now = false;
   }
   while (round <= o.rounds) {
     const RoundDraw draw = draw_round(load, o, ps.shape, round, ps.fixed_routing);
@@ -744,7 +869,7 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
       send_stats(up, rank, st);  // what this incarnation did; it will not live to report
       st = RankStats{};
       st.idle.assign(static_cast<std::size_t>(o.rounds) + 1, 0);
-      testing::inject_fault(layer, {Fault::stall, ps.plan.stall_ms, 1});
+      testing::inject_fault(rank_layer.layer(), {Fault::stall, ps.plan.stall_ms, 1});
       Msg m;
       m.kind = MsgKind::armed;
       m.rank = rank;
@@ -756,15 +881,12 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
     } else if (draw.sleep_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(draw.sleep_us));
     }
-    std::vector<std::uint16_t> y(static_cast<std::size_t>(batch.tokens * ps.shape.hidden));
+    std::vector<std::uint16_t> y;
     std::optional<Msg> failed;
     std::string what;
     const auto t0 = Clock::now();
     try {
-      layer.forward(view(batch.x.data(), DType::bf16, {batch.tokens, ps.shape.hidden}),
-                    view(batch.topk_ids.data(), DType::i32, {batch.tokens, ps.shape.top_k}),
-                    view(batch.topk_weights.data(), DType::f32, {batch.tokens, ps.shape.top_k}),
-                    view(y.data(), DType::bf16, {batch.tokens, ps.shape.hidden}));
+      y = rank_layer.forward(batch);
     } catch (const std::exception& e) {
       Msg m;
       m.kind = MsgKind::arrival;
@@ -773,9 +895,15 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
       m.at_ns = now_ns();
       const auto* err = dynamic_cast<const Error*>(&e);
       m.code = static_cast<std::int32_t>(err ? err->code() : ErrorCode::internal);
-      const Health h = layer.health();
+      const Health h = rank_layer.layer().health();
       m.peer = h.peer;
       m.health_ok = h.ok ? 1 : 0;
+      // CUDA: the lowest survivor makes the next communicator's id (rank 0 unless it is the
+      // rank named as the culprit).
+      if (ps.cuda && rank == (h.peer == 0 ? 1 : 0)) {
+        m.has_id = 1;
+        m.unique_id = get_unique_id();
+      }
       failed = m;
       what = e.what();
     }
@@ -789,8 +917,9 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
     if (failed) {
       ++st.aborted;
       send_msg(up, *failed, what);
-      if (!read_resume(down, round)) break;  // the supervisor gave up on the run
-      if (!reset_until_everyone_meets()) {
+      if (!read_resume(down, resume)) break;  // the supervisor gave up on the run
+      round = resume.round;
+      if (!recover()) {
         send_stats(up, rank, st);
         return kRankResetFailed;
       }
@@ -827,7 +956,7 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
     ++round;
   }
   send_stats(up, rank, st);
-  return layer.health().ok ? kRankPass : kRankError;
+  return rank_layer.layer().health().ok ? kRankPass : kRankError;
 }
 
 struct Incarnation {
@@ -996,6 +1125,14 @@ int stress_processes(const StressOptions& o, ProcessSetup ps) {
           if (in.buffer.size() < used) break;
           merge_stats(stats[static_cast<std::size_t>(r)], m, in.buffer.data() + sizeof m);
           in.last = "reported its results";
+        } else if (m.kind == MsgKind::unique_id) {  // CUDA: the first communicator
+          Resume first;
+          first.round = 1;
+          first.has_id = 1;
+          first.unique_id = m.unique_id;
+          for (Incarnation& each : live)
+            if (each.down >= 0) (void)write_all(each.down, &first, sizeof first);
+          in.last = "made the communicator id";
         } else if (m.kind == MsgKind::armed) {
           KillEpisode e;
           e.index = static_cast<int>(episodes.size()) + 1;
@@ -1036,8 +1173,20 @@ int stress_processes(const StressOptions& o, ProcessSetup ps) {
       if (everyone) {
         e.resume = last + 1;
         arrivals_due = 0;
+        Resume resume;
+        resume.round = e.resume;
+        for (int r = 0; r < world && resume.has_id == 0; ++r)  // CUDA: the next communicator
+          if (const auto& a = e.arrivals[static_cast<std::size_t>(r)]; a && a->has_id != 0) {
+            resume.has_id = 1;
+            resume.unique_id = a->unique_id;
+          }
+        if (ps.cuda && resume.has_id == 0) {
+          e.problems.push_back("no survivor sent the id of the next communicator");
+          stop = true;
+          break;
+        }
         for (Incarnation& in : live)
-          if (in.down >= 0) (void)write_all(in.down, &e.resume, sizeof e.resume);
+          if (in.down >= 0) (void)write_all(in.down, &resume, sizeof resume);
       }
     }
     for (Incarnation& in : live)  // a process that exited is drained to EOF on later turns
@@ -1093,7 +1242,11 @@ int stress_processes(const StressOptions& o, ProcessSetup ps) {
         "1 s)\n",
         worst, o.timeout_ms);
     if (e.resume > 0)
-      std::printf("  the restarted rank %d rejoined through reset(); resumed at round %lld\n",
+      std::printf(ps.cuda ? "  the survivors' reset() failed on the dead peer; every rank rebuilt "
+                            "its communicator and layer, the restarted rank %d with them; "
+                            "resumed at round %lld\n"
+                          : "  the restarted rank %d rejoined through reset(); resumed at round "
+                            "%lld\n",
                   ps.plan.rank, static_cast<long long>(e.resume));
     for (const std::string& p : e.problems) std::printf("  PROBLEM: %s\n", p.c_str());
     if (!e.problems.empty()) fault_ok = false;
@@ -1172,12 +1325,13 @@ int stress(const StressOptions& o) {
                 "--fault: this build has no fault switches (configure with "
                 "-DEPMOE_FAULT_INJECTION=ON)");
   (void)make_config(shape, precision, 0, o.ranks, options);  // validates before allocating
-  if (o.processes && o.executor == "cuda")
-    reject(
-        "--processes runs the CPU executor's ranks as processes; it does not apply to "
-        "--executor=cuda");
-  const Backend backend = o.processes ? Backend::cpu_threads : choose_backend(o.executor, o.ranks);
-  if (backend == Backend::cuda_nccl && plan.fault != Fault::none)
+  // --processes forks before any CUDA call (a CUDA context does not survive fork): the rank
+  // processes find their GPUs themselves, and only an explicit --executor=cuda runs them there.
+  const bool cuda_processes = o.processes && o.executor == "cuda";
+  const Backend backend = cuda_processes ? Backend::cuda_nccl
+                          : o.processes  ? Backend::cpu_threads
+                                         : choose_backend(o.executor, o.ranks);
+  if (backend == Backend::cuda_nccl && plan.fault != Fault::none && !plan.kill)
     reject(
         "--fault with --executor=cuda: the GPU fault cases live in tests/gpu (gpu_layer_test); "
         "stress injects faults on the CPU executor");
@@ -1202,7 +1356,9 @@ int stress(const StressOptions& o) {
       "executor: %s, no barrier between rounds  rounds=%lld seed=%llu "
       "idle-fraction=%.2f max-sleep-us=%u timeout-ms=%u check-every=%lld fault=%s\n",
       o.processes ? (std::to_string(o.ranks) +
-                     " rank processes (CPU executor over POSIX shared memory), a supervisor")
+                     (cuda_processes ? " rank processes (CUDA executor, rank r on GPU r, NCCL)"
+                                     : " rank processes (CPU executor over POSIX shared memory)") +
+                     ", a supervisor")
                         .c_str()
                   : describe_backend(backend, o.ranks).c_str(),
       static_cast<long long>(o.rounds), static_cast<unsigned long long>(o.seed), o.idle_fraction,
@@ -1212,7 +1368,8 @@ int stress(const StressOptions& o) {
   std::fflush(stdout);
 
   if (o.processes)  // fork now: no thread and no layer exists yet
-    return stress_processes(o, ProcessSetup{"", shape, precision, options, fixed_routing, plan});
+    return stress_processes(
+        o, ProcessSetup{"", shape, precision, options, fixed_routing, plan, cuda_processes});
 
   const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
@@ -1461,7 +1618,12 @@ StressCommand add_stress_command(CLI::App& parent) {
       "                              process that rejoins through reset(); the survivors must\n"
       "                              name RANK within the timeout + 1 s, then retry reset()\n"
       "                              until everyone (the new RANK too) meets, and go on\n"
-      "(kill:RANK needs --processes; the other faults run without it.)\n"
+      "                              With --executor=cuda (rank r on GPU r) a dead process breaks\n"
+      "                              the NCCL communicator: the survivors' reset() must fail\n"
+      "                              naming RANK, then every rank (the new RANK too) rebuilds its\n"
+      "                              communicator from a fresh unique id and its layer, and goes "
+      "on\n"
+      "(kill:RANK needs --processes; the other faults run without it, on the CPU executor.)\n"
       "Exit status: 0 pass, 1 mismatch / error / failed detection or recovery, 2 bad options,\n"
       "3 hang (the watchdog fired).");
   cmd->add_option("--executor", o->executor, "cpu | cuda | auto (cuda: one GPU per rank)")
@@ -1511,8 +1673,8 @@ StressCommand add_stress_command(CLI::App& parent) {
                   "skip_launch_when_idle:RANK | stall:RANK:MS | round_jump:RANK | (with "
                   "--processes) kill:RANK (see below)");
   cmd->add_flag("--processes", o->processes,
-                "run every rank as a process (CPU executor over POSIX shared memory) under a "
-                "supervisor; enables --fault kill:RANK");
+                "run every rank as a process under a supervisor (CPU executor over POSIX shared "
+                "memory, or with --executor=cuda rank r on GPU r); enables --fault kill:RANK");
   cmd->add_option("--fault-times", o->fault_times, "fault episodes in the run")
       ->capture_default_str();
   cmd->add_flag("--corrupt-check", o->corrupt_check,

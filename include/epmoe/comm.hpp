@@ -21,6 +21,13 @@ class Communicator {
   virtual int world() const = 0;
   virtual Backend backend() const = 0;
   virtual Device device() const = 0;  // where this rank's tensors must live
+
+  // Tear this communicator down without talking to its peers, for when a peer's process is gone
+  // (its layers must be destroyed first). Afterwards the communicator can only be destroyed. On the
+  // CUDA executor this is ncclCommAbort; destroying a communicator whose layer's reset() failed
+  // aborts on its own, so a dead peer never makes teardown wait. Idempotent; a no-op on the CPU
+  // executor, whose teardown is always local.
+  virtual void abort() noexcept {}
 };
 
 // The CPU executor: `world` ranks in one process, each rank driven by its own thread, each rank's
@@ -42,6 +49,11 @@ void remove_shared_memory_group(const std::string& name, int world, int layers =
 //
 // One process per GPU: rank 0 calls get_unique_id(), the engine broadcasts the 128 bytes, then
 // every process calls make_nccl_communicator(id, rank, world, device).
+//
+// A rank process that died breaks its NCCL communicator for good: the survivors' forward() names
+// it within the timeout and their reset() fails naming it. Recovery is a rebuild: every survivor
+// destroys its layers and its communicator (which then aborts, see abort()), and the survivors and
+// the restarted process make a new communicator from a fresh unique id and new layers.
 struct UniqueId {
   std::array<char, 128> bytes{};
 };

@@ -121,7 +121,9 @@ class CudaLayer final : public LayerImpl {
   ~CudaLayer() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();
-    if (window_ != nullptr) ncclCommWindowDeregister(comm_.nccl(), window_);
+    // Local, not collective (NCCL 2.28), so a dead peer cannot make it wait; after an abort NCCL
+    // has already released the window.
+    if (window_ != nullptr && !comm_.aborted()) ncclCommWindowDeregister(comm_.nccl(), window_);
     if (window_base_ != nullptr) ncclMemFree(window_base_);
     cudaFree(peer_windows_);
     cudaFree(state_);
@@ -169,10 +171,15 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const std::int32_t outcome = *reset_outcome_host_;
     if (outcome != 0) {
+      comm_.set_peer_missing(true);
       health_ = reset_timeout(config().rank(), 0, outcome - 1);
-      health_.what = describe_failure(health_, config().options().timeout_ms);
+      health_.what = describe_failure(health_, config().options().timeout_ms) +
+                     " (if that rank's process died, this communicator is broken: destroy the "
+                     "layers and the communicator, which then aborts, and rebuild both from a "
+                     "fresh unique id with the restarted rank)";
       throw Error(ErrorCode::timeout, health_.what);
     }
+    comm_.set_peer_missing(false);
     reset_epoch_ += 2;
     std::memset(health_host_, 0, sizeof(HealthRecord));
     health_ = Health::healthy();

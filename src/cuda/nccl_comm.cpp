@@ -10,9 +10,17 @@ namespace epmoe {
 
 namespace cuda {
 NcclCommunicator::~NcclCommunicator() {
+  if (peer_missing_.load()) abort();
+  if (aborted_.load()) return;
   cudaSetDevice(device_);
   ncclCommFinalize(comm_);
   ncclCommDestroy(comm_);
+}
+
+void NcclCommunicator::abort() noexcept {
+  if (aborted_.exchange(true)) return;
+  cudaSetDevice(device_);
+  ncclCommAbort(comm_);  // local: frees this rank's resources, windows included, without peers
 }
 }  // namespace cuda
 

@@ -69,7 +69,19 @@ build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --model qwen3-30b-a
   --precision mxfp8 --timeout-ms 60000 >"$out/stress_qwen3.log" 2>&1 || stress_rc=1
 tail -14 "$out/stress_qwen3.log"
 
+echo "== a killed rank process on the GPUs (issue 4: detection, then a rebuild from a fresh id)"
+kill_rc=0
+if [ "$gpus" -ge 2 ]; then
+  build/gpu/tools/epmoe stress --processes --executor cuda --ranks 2 --shape tiny --rounds 600 \
+    --check-every 1 --seed 9 --fault kill:1 --fault-times 2 --timeout-ms 500 --watchdog-s 240 \
+    >"$out/stress_processes_kill.log" 2>&1 || kill_rc=1
+  grep -E 'fault episode|rank [0-9]:|detected|survivors|PROBLEM|PASS|FAIL' \
+    "$out/stress_processes_kill.log" | head -24
+else
+  echo "skipped: needs 2 GPUs"
+fi
+
 echo "== summary ($(( $(date +%s) - start )) s)"
 grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/gpu_tests.log" | tail -3
-echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc"
-[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ]
+echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc  killed rank rc=$kill_rc"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ] && [ "$kill_rc" -eq 0 ]
