@@ -69,6 +69,19 @@ build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --model qwen3-30b-a
   --precision mxfp8 --timeout-ms 60000 >"$out/stress_qwen3.log" 2>&1 || stress_rc=1
 tail -14 "$out/stress_qwen3.log"
 
+echo "== epmoe stress --fault on the GPUs (every survivor names the faulty rank, then reset())"
+fault_rc=0
+if [ "$gpus" -ge 2 ]; then
+  for f in skip_launch_when_idle:1 stall:1:1500 round_jump:1; do
+    build/gpu/tools/epmoe stress --executor cuda --ranks 2 --shape tiny --rounds 400 --seed 3 \
+      --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 \
+      >"$out/stress_fault_${f%%:*}.log" 2>&1 || fault_rc=1
+    echo "$f: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}.log" | head -1)"
+  done
+else
+  echo "skipped: needs 2 GPUs"
+fi
+
 echo "== a killed rank process on the GPUs (issue 4: detection, then a rebuild from a fresh id)"
 kill_rc=0
 if [ "$gpus" -ge 2 ]; then
@@ -83,5 +96,6 @@ fi
 
 echo "== summary ($(( $(date +%s) - start )) s)"
 grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/gpu_tests.log" | tail -3
-echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc  killed rank rc=$kill_rc"
-[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ] && [ "$kill_rc" -eq 0 ]
+echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc  faults rc=$fault_rc  killed rank rc=$kill_rc"
+[ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ] && [ "$fault_rc" -eq 0 ] &&
+  [ "$kill_rc" -eq 0 ]
