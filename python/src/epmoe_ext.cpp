@@ -887,6 +887,12 @@ NB_MODULE(_epmoe, m) {
            "Destroys the communicator now (collective on the CUDA executor: every rank closes "
            "its own, each from its own thread or process). Its layers must be closed first. "
            "Releases the GIL; closing twice does nothing.")
+      .def(
+          "abort", [](CommHandle& h) { h.get("Communicator.abort").abort(); },
+          "After a peer's process died: tears the communicator down without talking to its "
+          "peers (ncclCommAbort on the CUDA executor; nothing on the CPU executor). Afterwards "
+          "close its layers and it, and rebuild from a fresh unique id. Closing a communicator "
+          "whose layer's reset() failed aborts on its own.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def("__exit__", [](CommHandle& h, const nb::args&) { h.close(); })
       .def("__repr__", &describe_comm);

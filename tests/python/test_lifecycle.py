@@ -114,3 +114,20 @@ def test_default_stream_is_zero_for_host_arrays():
     assert _stream_handle(Cupyish(), x) == 1234
     with pytest.raises(TypeError, match="forward: stream must be None, an int or a CUDA stream"):
         _stream_handle("stream", x)
+
+
+def test_abort_is_local_and_idempotent_and_closed_communicators_refuse_it():
+    # The CPU executor's teardown is always local, so abort() changes nothing there: the layer
+    # keeps working and closing stays orderly. (On the GPU it is ncclCommAbort:
+    # tests/gpu/run.sh kills a rank process and rebuilds.)
+    problem = make_problem(epmoe.LayerShape(**SHAPE), 1, seed=4)
+    comm = epmoe.HostGroup(1).communicator(0)
+    b = make_batch(problem.shape, 2, seed=5)
+    with epmoe.Layer(comm, problem.shape, "bf16", *problem.local(0)) as layer:
+        comm.abort()
+        comm.abort()
+        y = layer.forward(b.x, b.ids, b.weights)
+        assert y.shape == (2, problem.shape.hidden)
+    comm.close()
+    with pytest.raises(epmoe.Error, match="^Communicator.abort: the communicator is closed"):
+        comm.abort()
