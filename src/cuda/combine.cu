@@ -13,24 +13,11 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
-  __shared__ bool skip;
-  __shared__ std::uint32_t round;
-  if (threadIdx.x == 0) {
-    skip = round_failed(p);
-    round = p.state->round;
-    if (!skip) {
-      const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
-      DevicePlatform platform;
-      const protocol::WaitOutcome w =
-          session.await_done(protocol::deadline_after_ms(platform, p.timeout_ms), platform);
-      if (w.status != protocol::WaitStatus::ok) {
-        fail_round(p, session, w, Phase::expert_done);
-        skip = true;
-      }
-    }
-  }
-  __syncthreads();
-  if (skip) return;
+  const RoundStart start =
+      start_round(p, Phase::expert_done,
+                  [](const DeviceSession& session, protocol::Deadline deadline,
+                     DevicePlatform& platform) { return session.await_done(deadline, platform); });
+  if (start.skip) return;
 
   const std::uint8_t* combine = p.peer_windows[p.rank] + p.layout.combine;
   for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
@@ -57,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
     }
   }
 
-  if (last_cta_done(&p.state->tickets[2])) p.state->round = round + 1;
+  if (last_cta_done(&p.state->tickets[kCombineTicket])) p.state->round = start.round + 1;
 }
 
 }  // namespace

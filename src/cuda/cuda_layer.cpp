@@ -113,6 +113,8 @@ class CudaLayer final : public LayerImpl {
     base_.w2 = w2_;
     base_.state = state_;
     base_.health = health_device_;
+    EPMOE_CUDA_CHECK(cudaMalloc(&expert_scratch_, expert_scratch_bytes(base_)));
+    base_.scratch = expert_scratch(expert_scratch_, base_);
     dispatch_ = dispatch_shape(base_, device_);
     experts_ = experts_shape(base_, device_);
     combine_ = combine_shape(base_, device_);
@@ -129,6 +131,7 @@ class CudaLayer final : public LayerImpl {
     cudaFree(state_);
     cudaFree(w13_);
     cudaFree(w2_);
+    cudaFree(expert_scratch_);
     cudaFreeHost(health_host_);
     cudaFreeHost(reset_outcome_host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -276,8 +279,10 @@ class CudaLayer final : public LayerImpl {
   std::int32_t* reset_outcome_device_ = nullptr;
   float* w13_ = nullptr;
   float* w2_ = nullptr;
+  std::uint8_t* expert_scratch_ = nullptr;  // the expert step's scratch (kernels.hpp)
   ForwardParams base_{};
-  KernelShape dispatch_, experts_, combine_;
+  KernelShape dispatch_, combine_;
+  ExpertShapes experts_;
   std::uint32_t reset_epoch_ = 0;
   mutable Health health_{};
 };

@@ -86,6 +86,46 @@ __device__ inline bool round_failed(const ForwardParams& p) {
              .load(::cuda::std::memory_order_relaxed) != 0;
 }
 
+// What every CTA of a round's kernel knows when it starts: the round, and whether to do nothing
+// because this rank's round already failed (or failed in this kernel's wait).
+struct RoundStart {
+  std::uint32_t round;
+  bool skip;
+};
+
+// The prologue of every kernel of a round, called by every thread of the CTA: thread 0 reads the
+// round and the failed flag, and, when `wait` is given and the round has not failed, runs that
+// bounded wait (e.g. `await_counts`) and fails the round on anything but ok (I3). Every thread
+// gets the same answer.
+template <class Wait>
+__device__ RoundStart start_round(const ForwardParams& p, Phase phase, Wait wait) {
+  __shared__ RoundStart start;
+  if (threadIdx.x == 0) {
+    start.skip = round_failed(p);
+    start.round = p.state->round;
+    if (!start.skip) {
+      const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, start.round);
+      DevicePlatform platform;
+      const protocol::WaitOutcome w =
+          wait(session, protocol::deadline_after_ms(platform, p.timeout_ms), platform);
+      if (w.status != protocol::WaitStatus::ok) {
+        fail_round(p, session, w, phase);
+        start.skip = true;
+      }
+    }
+  }
+  __syncthreads();
+  return start;
+}
+
+// The prologue of a kernel that waits for nothing: the round, and whether it already failed.
+__device__ inline RoundStart start_round(const ForwardParams& p) {
+  return start_round(p, Phase::dispatch_counts,
+                     [](const DeviceSession&, protocol::Deadline, DevicePlatform&) {
+                       return protocol::WaitOutcome{};
+                     });
+}
+
 // Every CTA calls this once when its part of the kernel is done (all its stores issued); returns
 // true in exactly one thread of the last CTA, after every other CTA's stores are visible system
 // wide. That thread then publishes the round's message and re-arms the ticket.

@@ -44,15 +44,10 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
   std::uint8_t* row = smem;
   auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
   float* scratch = x + p.hidden;
-  __shared__ bool skip;
-  __shared__ std::uint32_t round;
   __shared__ std::uint8_t* destination;
-  if (threadIdx.x == 0) {
-    skip = round_failed(p);
-    round = p.state->round;
-  }
-  __syncthreads();
-  if (skip) return;
+  const RoundStart start = start_round(p);
+  if (start.skip) return;
+  const std::uint32_t round = start.round;
 
   // 1. This round's accumulator rows start at zero (in-kernel reduce adds into them remotely).
   if (p.combine == Combine::in_kernel_reduce) {
@@ -99,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
   }
 
   // 3. The last CTA publishes (round, rows) to every rank, then re-arms the row counters.
-  if (last_cta_done(&p.state->tickets[0])) {
+  if (last_cta_done(&p.state->tickets[kDispatchTicket])) {
     const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
     for (int dest = 0; dest < p.world; ++dest)
       session.publish_count(dest, atomicExch(&p.state->rows_to[dest], 0u));

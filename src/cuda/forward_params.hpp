@@ -16,7 +16,7 @@ inline constexpr int kMaxWorld = 64;
 struct RoundState {
   std::uint32_t round;                 // the round the next forward runs
   std::uint32_t failed;                // set when a wait failed: later kernels do nothing
-  std::uint32_t tickets[3];            // CTAs finished per kernel: the last one publishes
+  std::uint32_t tickets[4];            // CTAs finished per kernel: the last one publishes
   std::uint32_t rows_to[kMaxWorld];    // dispatch: rows written to each rank this round
   std::uint32_t rows_from[kMaxWorld];  // counts received this round (written by the last waiter)
 };
@@ -40,6 +40,26 @@ struct HealthRecord {
   std::int64_t bad_value;
 };
 
+// Which ticket each kernel that has a "last CTA" step counts on.
+enum Ticket : int {
+  kDispatchTicket = 0,
+  kExpertsDoneTicket = 1,
+  kCombineTicket = 2,
+  kRouteTicket = 3
+};
+
+// Device scratch of the expert step (src/cuda/experts.cu slices it), allocated once per layer and
+// sized from the config maxima, so forward() never allocates and stays graph-capturable.
+struct ExpertScratch {
+  std::uint32_t* expert_rows;   // [E_local] pairs per local expert this round (zeroed per round)
+  std::uint32_t* expert_fill;   // [E_local] bucketing cursor per local expert (zeroed per round)
+  std::uint32_t* pair_offset;   // [E_local + 1] first pair of each expert; [E_local] = all pairs
+  std::uint32_t* chunk_offset;  // [E_local + 1] first chunk of each expert; [E_local] = all chunks
+  std::uint32_t* pairs;         // [max_pairs] (src, entry, row) of each pair, grouped by expert
+  float* x;                     // [world * max_tokens, H] received rows, decoded
+  float* h;                     // [max_pairs, I] SwiGLU output per pair, quantized in place
+};
+
 struct ForwardParams {
   // The layer
   protocol::WorkspaceLayout layout;
@@ -56,6 +76,7 @@ struct ForwardParams {
   const float* w2;   // [E_local, H, I]
   RoundState* state;
   HealthRecord* health;  // device pointer of the mapped record
+  ExpertScratch scratch;
   // This round's tensors
   std::int64_t tokens;
   const std::uint16_t* x;  // [T, H] bf16

@@ -38,9 +38,15 @@ KernelShape dispatch_shape(const ForwardParams& p, int device);
 void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
 
 // Steps 4-6: wait for every count, run FC1 -> SwiGLU -> FC2 on every arrived (row, expert),
-// send results home, publish done to every rank.
-KernelShape experts_shape(const ForwardParams& p, int device);
-void launch_experts(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+// send results home, publish done to every rank. A chain of kernels (src/cuda/experts.cu) over a
+// scratch of expert_scratch_bytes(), allocated once per layer and sliced by expert_scratch().
+struct ExpertShapes {
+  KernelShape route, bucket, fc1, quantize_h, fc2;
+};
+std::size_t expert_scratch_bytes(const ForwardParams& p);
+ExpertScratch expert_scratch(std::uint8_t* base, const ForwardParams& p);
+ExpertShapes experts_shape(const ForwardParams& p, int device);
+void launch_experts(const ForwardParams& p, const ExpertShapes& s, cudaStream_t stream);
 
 // Step 7: wait for every done, finish y, advance the round.
 KernelShape combine_shape(const ForwardParams& p, int device);

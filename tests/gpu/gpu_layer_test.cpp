@@ -135,6 +135,34 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
   });
 }
 
+// The expert step cuts an expert's rows into chunks of 64 and its columns into tiles: every slot
+// of every token on one expert (duplicate ids: K pairs per row) at T = max gives that expert
+// world x 1000 x 4 pairs, a last chunk with a remainder; T = 77 and T = 5 give remainders of their
+// own and the few-row warp layout (rows split over k groups).
+TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
+  const int world = std::min(gpus(), 2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const auto weights = reference::make_random_weights(kShape, 14);
+  for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
+    LayerOptions options;
+    options.combine = combine;
+    options.timeout_ms = 20'000;
+    Cluster cluster(kShape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
+    within_seconds(300, "one-expert routing", [&] {
+      run_on_rank_threads(world, [&](int rank) {
+        for (const std::int64_t t :
+             {kShape.max_tokens_per_rank, std::int64_t{77}, std::int64_t{5}}) {
+          const Batch b = reference::make_random_batch(kShape, world, t, Routing::one_expert, 1,
+                                                       60 + static_cast<std::uint64_t>(rank));
+          expect_matches(cluster.forward(rank, b), b, cluster,
+                         std::string(to_string(combine)) + " T=" + std::to_string(t));
+        }
+      });
+    });
+    for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
+  }
+}
+
 TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   const int world = std::min(gpus(), 2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";

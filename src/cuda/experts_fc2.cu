@@ -1,0 +1,109 @@
+// Expert step, part 4 (DESIGN §3 steps 5-6): FC2 over the quantized h rows, each result sent
+// home as before: staged, the bf16 row into the home rank's [token, slot] combine row;
+// in-kernel reduce, weight x row added into the home rank's fp32 accumulator. Work items are
+// (chunk of up to 64 rows of one expert, tile of 128 hidden columns), tile fastest; the last
+// tile of a hidden size that is not a multiple of 128 (gpt-oss: 2880) computes clamped columns
+// it never stores. The last CTA tells every rank this rank's experts are done.
+#include "cuda/cuda_check.hpp"
+#include "cuda/experts.hpp"
+#include "cuda/experts_gemm.cuh"
+#include "protocol/wire.hpp"
+
+namespace epmoe::cuda {
+namespace {
+
+using namespace experts;
+
+// Where a row's result goes: the home rank, its token and top-k slot, and the router weight.
+struct HomeSlot {
+  std::int32_t src;
+  std::int32_t token;
+  std::int32_t slot;
+  float weight;
+};
+
+__global__ void __launch_bounds__(kThreads) fc2_kernel(ForwardParams p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  auto& s = *reinterpret_cast<TileSmem*>(smem);
+  __shared__ HomeSlot home_of[kTileRows];
+
+  const RoundStart start = start_round(p);
+  if (start.skip) return;
+
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t hidden = p.hidden, inter = p.intermediate;
+  const auto tiles = static_cast<std::uint32_t>((hidden + kTileCols - 1) / kTileCols);
+  const std::uint32_t items = p.scratch.chunk_offset[p.local_experts] * tiles;
+  const std::uint8_t* window = p.peer_windows[p.rank];
+  for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Chunk chunk = find_chunk(p, item / tiles);
+    const std::int64_t c0 = std::int64_t{item % tiles} * kTileCols;
+    __syncthreads();  // the previous item's epilogue is done with home_of
+    if (threadIdx.x < chunk.rows) {
+      const std::uint32_t pair = p.scratch.pairs[chunk.first_pair + threadIdx.x];
+      const std::uint8_t* row =
+          window + p.layout.recv_row(start.round, pair_src(pair), pair_row(pair));
+      const auto* entries =
+          reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+      const protocol::WireEntry entry = entries[pair_entry(pair)];
+      home_of[threadIdx.x] =
+          HomeSlot{pair_src(pair), reinterpret_cast<const protocol::WireRowHeader*>(row)->token,
+                   entry.slot, entry.weight};
+    }
+    __syncthreads();
+
+    const float* w2 = p.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+    const WarpRole role = warp_role(chunk.rows);
+    Accumulators acc;
+    tile_gemm(
+        s, role, chunk.rows, inter,
+        [&](int r) {
+          return p.scratch.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+        },
+        [&](int c) { return w2 + (c0 + c < hidden ? c0 + c : hidden - 1) * inter; }, acc);
+
+    // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a warp's
+    // stores to a row are contiguous.
+    if (role.k_group != 0) continue;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = role.row_group * kRowsPerWarp + i;
+      if (r >= chunk.rows) break;
+      const HomeSlot home = home_of[r];
+      std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
+      for (int q = 0; q < kColsPerLane; ++q) {
+        const std::int64_t c = c0 + lane + 32 * q;
+        if (c >= hidden) break;
+        const auto out = static_cast<float>(acc[i][q]);
+        if (p.combine == Combine::staged) {
+          auto* dst = reinterpret_cast<std::uint16_t*>(
+              combine + static_cast<std::size_t>(home.token * p.top_k + home.slot) *
+                            p.layout.combine_row_bytes);
+          dst[c] = formats::float_to_bf16(out);
+        } else {
+          auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
+                                                             p.layout.combine_row_bytes);
+          protocol::add_relaxed(&sum[c], home.weight * out);
+        }
+      }
+    }
+  }
+
+  // 6. The last CTA tells every rank this rank's experts are done.
+  if (last_cta_done(&p.state->tickets[kExpertsDoneTicket])) {
+    const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, start.round);
+    for (int dest = 0; dest < p.world; ++dest) session.publish_done(dest);
+  }
+}
+
+}  // namespace
+
+KernelShape fc2_shape(const ForwardParams& /*p*/, int device) {
+  return occupancy_shape(fc2_kernel, kTileSmemBytes, device);
+}
+
+void launch_fc2(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+  fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda

@@ -1,0 +1,182 @@
+// Expert step, part 1 (DESIGN §3 steps 4-5): wait for this round's counts, check every received
+// row, decode it once, and group the arrived (row, entry) pairs by local expert, so the GEMM
+// kernels that follow can take a chunk of one expert's rows and read its weights once per chunk.
+//
+//   route:  every CTA waits for every count (bounded; a failure fails the round), then takes
+//           received rows grid-stride: checks the header and entries (a violation is reported and
+//           never computed on), decodes the row into scratch.x, counts its pairs per expert. The
+//           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
+//   bucket: one thread per received row writes its pairs into the expert's part of the pair
+//           list (the order inside an expert is arrival order, which changes no result: rows
+//           of a GEMM are independent).
+// The per-expert counters are zeroed by a memset before route (launch_experts), every round.
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_common.cuh"
+#include "cuda/experts.hpp"
+#include "cuda/experts_gemm.cuh"
+#include "cuda/row_codec.cuh"
+
+namespace epmoe::cuda {
+namespace {
+
+using experts::kTileRows;
+
+// A receive row past the receive buffer (a count above max_tokens), not this round's, or naming a
+// slot or expert that cannot exist: a protocol
+// violation by its writer, reported (by one thread) and never computed on. The CTA then returns.
+__device__ void reject_row(const ForwardParams& p, std::uint32_t round, int src,
+                           std::uint32_t row_round) {
+  if (threadIdx.x != 0) return;
+  const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
+  fail_round(p, session, protocol::WaitOutcome{protocol::WaitStatus::violation, src, row_round, 0},
+             Phase::dispatch_counts);
+}
+
+// Received row `item` of this round: which source rank, which of its rows.
+__device__ void locate_row(const std::uint32_t* rows_from, std::uint32_t item, int& src,
+                           std::uint32_t& row) {
+  src = 0;
+  row = item;
+  while (row >= rows_from[src]) row -= rows_from[src++];
+}
+
+// The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
+// per-thread sums over the CTA, Hillis-Steele in shared memory). [E_local] holds the totals.
+__device__ void write_offsets(const ForwardParams& p) {
+  constexpr int kMaxPerThread = static_cast<int>(kMaxExperts / kThreads);
+  static_assert(kMaxExperts % kThreads == 0);
+  __shared__ std::uint32_t scan_pairs[kThreads], scan_chunks[kThreads];
+  const int experts = static_cast<int>(p.local_experts);
+  const int per_thread = (experts + kThreads - 1) / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * per_thread;
+  std::uint32_t count[kMaxPerThread];
+  std::uint32_t pairs = 0, chunks = 0;
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const int e = first + i;
+    count[i] = i < per_thread && e < experts ? __ldcg(&p.scratch.expert_rows[e]) : 0u;
+    pairs += count[i];
+    chunks += (count[i] + kTileRows - 1) / kTileRows;
+  }
+  scan_pairs[threadIdx.x] = pairs;
+  scan_chunks[threadIdx.x] = chunks;
+  __syncthreads();
+  for (int offset = 1; offset < kThreads; offset *= 2) {
+    const std::uint32_t add_pairs = threadIdx.x >= offset ? scan_pairs[threadIdx.x - offset] : 0;
+    const std::uint32_t add_chunks = threadIdx.x >= offset ? scan_chunks[threadIdx.x - offset] : 0;
+    __syncthreads();
+    scan_pairs[threadIdx.x] += add_pairs;
+    scan_chunks[threadIdx.x] += add_chunks;
+    __syncthreads();
+  }
+  std::uint32_t pair_at = scan_pairs[threadIdx.x] - pairs;
+  std::uint32_t chunk_at = scan_chunks[threadIdx.x] - chunks;
+  for (int i = 0; i < per_thread && first + i < experts; ++i) {
+    p.scratch.pair_offset[first + i] = pair_at;
+    p.scratch.chunk_offset[first + i] = chunk_at;
+    pair_at += count[i];
+    chunk_at += (count[i] + kTileRows - 1) / kTileRows;
+  }
+  if (threadIdx.x == kThreads - 1) {
+    p.scratch.pair_offset[experts] = scan_pairs[kThreads - 1];
+    p.scratch.chunk_offset[experts] = scan_chunks[kThreads - 1];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) route_kernel(ForwardParams p) {
+  __shared__ std::uint32_t rows_from[kMaxWorld];
+  __shared__ bool last;
+  // 4. Every CTA needs every count before it can pick rows.
+  const RoundStart start = start_round(
+      p, Phase::dispatch_counts,
+      [&](const DeviceSession& session, protocol::Deadline deadline, DevicePlatform& platform) {
+        return session.await_counts(deadline, platform, rows_from);
+      });
+  if (start.skip) return;
+  const std::uint32_t round = start.round;
+  if (blockIdx.x == 0 && threadIdx.x < p.world)
+    p.state->rows_from[threadIdx.x] = rows_from[threadIdx.x];
+
+  std::uint32_t total = 0;
+  for (int src = 0; src < p.world; ++src) total += rows_from[src];
+  const std::uint8_t* window = p.peer_windows[p.rank];
+  for (std::uint32_t item = blockIdx.x; item < total; item += gridDim.x) {
+    int src;
+    std::uint32_t r;
+    locate_row(rows_from, item, src, r);
+    const std::uint8_t* row = window + p.layout.recv_row(round, src, r);
+    const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
+    if (r >= p.layout.max_tokens || header.round != round || header.token < 0 ||
+        header.token >= p.layout.max_tokens || header.num_entries < 1 ||
+        header.num_entries > p.top_k) {
+      reject_row(p, round, src, header.round);
+      return;
+    }
+    const auto* entries =
+        reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+    for (std::int32_t n = 0; n < header.num_entries; ++n) {
+      const protocol::WireEntry entry = entries[n];
+      if (entry.local_expert < 0 || entry.local_expert >= p.local_experts || entry.slot < 0 ||
+          entry.slot >= p.top_k) {
+        reject_row(p, round, src, header.round);
+        return;
+      }
+    }
+    decode_row_block(row + protocol::wire_payload_offset(p.top_k), p.hidden, p.precision,
+                     header.row_scale,
+                     p.scratch.x + (static_cast<std::size_t>(src) * p.layout.max_tokens + r) *
+                                       static_cast<std::size_t>(p.hidden));
+    if (threadIdx.x == 0)
+      for (std::int32_t n = 0; n < header.num_entries; ++n)
+        atomicAdd(&p.scratch.expert_rows[entries[n].local_expert], 1u);
+  }
+
+  // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in.
+  const bool mine = last_cta_done(&p.state->tickets[kRouteTicket]);
+  if (threadIdx.x == 0) last = mine;
+  __syncthreads();
+  if (last) write_offsets(p);
+}
+
+__global__ void __launch_bounds__(kThreads) bucket_kernel(ForwardParams p) {
+  const RoundStart start = start_round(p);
+  if (start.skip) return;
+  std::uint32_t rows_from[kMaxWorld];
+  std::uint32_t total = 0;
+  for (int src = 0; src < p.world; ++src) total += rows_from[src] = p.state->rows_from[src];
+  const std::uint8_t* window = p.peer_windows[p.rank];
+  for (std::uint32_t item = blockIdx.x * blockDim.x + threadIdx.x; item < total;
+       item += gridDim.x * blockDim.x) {
+    int src;
+    std::uint32_t r;
+    locate_row(rows_from, item, src, r);
+    const std::uint8_t* row = window + p.layout.recv_row(start.round, src, r);
+    const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
+    const auto* entries =
+        reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+    for (std::int32_t n = 0; n < header.num_entries; ++n) {  // checked by route
+      const int e = entries[n].local_expert;
+      const std::uint32_t at = p.scratch.pair_offset[e] + atomicAdd(&p.scratch.expert_fill[e], 1u);
+      p.scratch.pairs[at] = experts::pack_pair(src, n, r);
+    }
+  }
+}
+
+}  // namespace
+
+KernelShape route_shape(const ForwardParams& /*p*/, int device) {
+  return occupancy_shape(route_kernel, 0, device);
+}
+KernelShape bucket_shape(const ForwardParams& /*p*/, int device) {
+  return occupancy_shape(bucket_kernel, 0, device);
+}
+
+void launch_route(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+  route_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+void launch_bucket(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+  bucket_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda
