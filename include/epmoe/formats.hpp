@@ -1,9 +1,11 @@
-// MXFP8 and NVFP4 quantization of fp32 matrices on the host (DESIGN §6, docs/formats.md).
+// MXFP8 and NVFP4 quantization of fp32 matrices (DESIGN §6, docs/formats.md), on host memory
+// (pointers) or on host or CUDA memory (TensorViews, at the end of this file).
 //
 // A matrix is row-major [rows, cols] and is quantized along cols (the reduction dimension), so
 // every row carries its own block scales. These functions produce exactly the bytes the CUDA
-// kernels and the reference forward produce (they share one codec), and are what the Python
-// bindings quantize_mxfp8 / dequantize_mxfp8 / quantize_nvfp4 / dequantize_nvfp4 call.
+// kernels and the reference forward produce (they share one codec), and the TensorView versions
+// are what the Python bindings quantize_mxfp8 / dequantize_mxfp8 / quantize_nvfp4 /
+// dequantize_nvfp4 call.
 //
 // Every rejected argument throws epmoe::Error(ErrorCode::invalid_argument) naming the function,
 // the argument, its value and the rule. A pointer may be null only when rows * cols == 0.
@@ -12,6 +14,7 @@
 #include <cstdint>
 
 #include "epmoe/config.hpp"  // ScaleRounding
+#include "epmoe/tensor.hpp"  // TensorView, Stream
 
 namespace epmoe {
 
@@ -62,5 +65,34 @@ void quantize_nvfp4_static(const float* x, std::int64_t rows, std::int64_t cols,
 void dequantize_nvfp4(const std::uint8_t* packed, const std::uint8_t* scales,
                       const float* tensor_scales, std::int64_t rows, std::int64_t cols,
                       Nvfp4ScaleGroup group, float* out);
+
+// ---- The same codecs on tensors: host memory or CUDA memory, dispatched on where they live. ----
+//
+// Each tensor is contiguous and holds a matrix [..., cols] taken along its last dimension (rows =
+// the product of the others); outputs have the input's leading dimensions:
+//   x, out:        f32 [..., cols]
+//   elements:      u8  [..., cols]        (MXFP8 E4M3 codes)
+//   scales:        u8  [..., cols / 32]   (MXFP8 E8M0) or [..., cols / 16] (NVFP4 E4M3)
+//   packed:        u8  [..., cols / 2]    (NVFP4 E2M1 pairs)
+//   tensor_scales: f32, 1 element (per_tensor) or rows elements (per_row), any shape
+// All tensors of a call live on one device. Host tensors run the pointer functions above (the
+// stream is ignored; they return when done). CUDA tensors run the same per-block codec in kernels
+// queued on `stream` (cudaStream_t; null = the legacy default stream) on the tensors' device, and
+// return at once: no host synchronisation, no allocation, capturable into a CUDA graph. Both give
+// the same bytes. A CUDA tensor in a build without CUDA throws Error(unsupported); one on a device
+// this process cannot use throws too, naming the argument.
+void quantize_mxfp8(const TensorView& x, const TensorView& elements, const TensorView& scales,
+                    ScaleRounding rounding = ScaleRounding::rceil, Stream stream = {});
+void dequantize_mxfp8(const TensorView& elements, const TensorView& scales, const TensorView& out,
+                      Stream stream = {});
+void quantize_nvfp4(const TensorView& x, Nvfp4ScaleGroup group, const TensorView& packed,
+                    const TensorView& scales, const TensorView& tensor_scales, Stream stream = {});
+// With the static s_enc `tensor_scale` (finite, > 0), also written to tensor_scales (1 element).
+void quantize_nvfp4_static(const TensorView& x, float tensor_scale, const TensorView& packed,
+                           const TensorView& scales, const TensorView& tensor_scales,
+                           Stream stream = {});
+void dequantize_nvfp4(const TensorView& packed, const TensorView& scales,
+                      const TensorView& tensor_scales, Nvfp4ScaleGroup group, const TensorView& out,
+                      Stream stream = {});
 
 }  // namespace epmoe

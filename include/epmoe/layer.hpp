@@ -19,11 +19,6 @@ struct ExpertWeights {
   TensorView w2;
 };
 
-// A CUDA stream handle (cudaStream_t) for the CUDA executor; ignored by the CPU executor.
-struct Stream {
-  void* handle = nullptr;
-};
-
 class LayerImpl;
 
 class Layer {

@@ -41,6 +41,12 @@ struct TensorView {
   }
 };
 
+// A CUDA stream handle (cudaStream_t): where work on CUDA tensors is queued (Layer::forward of the
+// CUDA executor, the codecs of formats.hpp); ignored for host tensors and by the CPU executor.
+struct Stream {
+  void* handle = nullptr;
+};
+
 // A contiguous host view: view(ptr, DType::bf16, {T, H}).
 inline TensorView view(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
                        Device device = {}) {

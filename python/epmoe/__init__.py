@@ -4,8 +4,10 @@ Every rank creates a :class:`Layer` (collectively) and calls :meth:`Layer.forwar
 whatever its token count (T may be 0), with no barrier between steps. Tensors are taken without a
 copy: torch tensors are read directly (data pointer, shape, strides, dtype, device: no DLPack
 export, so nothing is synchronised and CUDA graph capture works), other tensors through DLPack or
-the buffer protocol (numpy, cupy, jax, ...). A wrong dtype, shape, device or stride is rejected by
-the C++ library, before anything runs, with an :class:`Error` that names the argument.
+the buffer protocol (numpy, cupy, jax, ...); a CUDA array is exported with
+``__dlpack__(stream=S)``, S the stream the call runs on, so its producer orders S after the
+array's pending work without synchronising the device. A wrong dtype, shape, device or stride is
+rejected by the C++ library, before anything runs, with an :class:`Error` that names the argument.
 
 bf16 tensors: torch.bfloat16 (DLPack kDLBfloat), numpy arrays of ``ml_dtypes.bfloat16``, or numpy
 ``uint16`` arrays holding bf16 bits (numpy has no bfloat16 of its own) are all read as bf16.
@@ -215,7 +217,7 @@ def _default_stream(x: Any) -> int:
     return 0
 
 
-def _stream_handle(stream: Any, x: Any) -> int:
+def _stream_handle(stream: Any, x: Any, fn: str = "forward") -> int:
     """cudaStream_t as an integer: None (x's framework's current stream), an int, a torch/cupy
     stream, or any object with the CUDA stream protocol (``__cuda_stream__``)."""
     if stream is None:
@@ -227,7 +229,7 @@ def _stream_handle(stream: Any, x: Any) -> int:
     for attr in ("cuda_stream", "ptr", "handle"):  # torch.cuda.Stream, cupy Stream, others
         if hasattr(stream, attr):
             return int(getattr(stream, attr))
-    raise TypeError(f"forward: stream must be None, an int or a CUDA stream, not {type(stream)}")
+    raise TypeError(f"{fn}: stream must be None, an int or a CUDA stream, not {type(stream)}")
 
 
 # ---- communicators ----
@@ -392,7 +394,93 @@ class Layer(_ext._Layer):
     __call__ = forward
 
 
-# ---- formats (host arrays; numpy inputs are converted to float32) ----
+# ---- formats: host arrays, or torch / cupy tensors on their own device ----
+#
+# Each codec takes its input where it lives and returns its outputs there: numpy (and any other
+# host array) in, numpy out; a torch tensor in, torch tensors out on the same device; a cupy array
+# in, cupy arrays out. On a GPU the work is queued on ``stream`` (default: the current stream of the
+# input's framework) and the call returns at once; the bytes are those of the host codec. ``out=``
+# takes preallocated outputs instead (any writable DLPack arrays on the input's device).
+
+
+def _reject(message: str) -> Error:
+    error = Error(message)
+    error.code = "invalid_argument"
+    return error
+
+
+def _kind(a: Any) -> str:
+    """'torch', 'cupy', 'cuda' (another CUDA array: DLPack device kDLCUDA) or 'host'."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return "torch"
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(a, cupy.ndarray):
+        return "cupy"
+    if hasattr(a, "__dlpack_device__") and not _is_numpy(a):
+        try:
+            if int(a.__dlpack_device__()[0]) == 2:  # kDLCUDA
+                return "cuda"
+        except Exception:  # noqa: BLE001 - not a device we know: the library names it
+            pass
+    return "host"
+
+
+def _codec_input(x: Any, kind: str) -> Any:
+    """x as contiguous float32 of its own framework (a no-op when it already is)."""
+    if kind == "torch":
+        import torch
+
+        return x.to(torch.float32).contiguous()
+    if kind == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(x, dtype=cupy.float32)
+    if kind == "host":
+        return _host_f32(x)
+    return x  # another CUDA array: it must already be contiguous float32 (the library checks)
+
+
+def _shape(a: Any) -> Tuple[int, ...]:
+    return tuple(int(d) for d in getattr(a, "shape", ()))
+
+
+def _with_last(shape: Tuple[int, ...], last: int) -> Tuple[int, ...]:
+    return shape[:-1] + (last,) if shape else shape
+
+
+def _rows(shape: Tuple[int, ...]) -> int:
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows
+
+
+def _empty(fn: str, like: Any, kind: str, shape: Tuple[int, ...], dtype: str) -> Any:
+    """An uninitialised output of like's framework and device (dtype: "uint8" or "float32")."""
+    if kind == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    if kind == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.empty(shape, dtype=dtype)
+    if kind == "cuda":
+        raise _reject(f"{fn}: the input is a {type(like).__module__}.{type(like).__name__} on "
+                      "CUDA; the codecs allocate their outputs with torch or cupy: pass a "
+                      "torch.Tensor or cupy.ndarray (e.g. torch.from_dlpack(x)), or out=")
+    import numpy as np
+
+    return np.empty(shape, dtype=dtype)
+
+
+def _outputs(fn: str, out: Any, names: Tuple[str, ...]) -> Tuple[Any, ...]:
+    outputs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(outputs) != len(names):
+        raise _reject(f"{fn}: out must be ({', '.join(names)}), got {len(outputs)} array(s)")
+    return outputs
 
 
 def _host_f32(x: Any) -> Any:
@@ -409,19 +497,46 @@ def _host_f32(x: Any) -> Any:
     return x
 
 
-def quantize_mxfp8(x: Any, rounding: NameOr = "rceil") -> Tuple[Any, Any]:
+def quantize_mxfp8(
+    x: Any, rounding: NameOr = "rceil", *, out: Any = None, stream: Any = None
+) -> Tuple[Any, Any]:
     """MXFP8 of x [..., cols] along its last dimension (cols a multiple of 32):
-    ``(elements uint8 [..., cols] E4M3 codes, scales uint8 [..., cols/32] E8M0 codes)``."""
-    return _ext.quantize_mxfp8(_host_f32(x), _name(rounding))
+    ``(elements uint8 [..., cols] E4M3 codes, scales uint8 [..., cols/32] E8M0 codes)``.
+
+    x is converted to contiguous float32 of its framework first (bf16 bits in a numpy uint16 array
+    too). Outputs live where x does (see "formats" above); ``out=(elements, scales)`` writes into
+    given arrays. ``stream``: for CUDA inputs, as in :meth:`Layer.forward`."""
+    fn = "quantize_mxfp8"
+    kind = _kind(x)
+    x = _codec_input(x, kind)
+    shape = _shape(x)
+    if out is None:
+        cols = shape[-1] if shape else 0
+        out = (_empty(fn, x, kind, shape, "uint8"),
+               _empty(fn, x, kind, _with_last(shape, cols // 32), "uint8"))
+    elements, scales = _outputs(fn, out, ("elements", "scales"))
+    _ext.quantize_mxfp8(x, elements, scales, _name(rounding), _stream_handle(stream, x, fn))
+    return elements, scales
 
 
-def dequantize_mxfp8(elements: Any, scales: Any) -> Any:
-    """float32 [..., cols]: e4m3(elements) * 2^(scale - 127) (NaN for the 0xFF scale)."""
-    return _ext.dequantize_mxfp8(elements, scales)
+def dequantize_mxfp8(elements: Any, scales: Any, *, out: Any = None, stream: Any = None) -> Any:
+    """float32 [..., cols]: e4m3(elements) * 2^(scale - 127) (NaN for the 0xFF scale), where
+    elements lives; ``out=`` writes into a given array."""
+    fn = "dequantize_mxfp8"
+    if out is None:
+        out = _empty(fn, elements, _kind(elements), _shape(elements), "float32")
+    (out,) = _outputs(fn, out, ("out",))
+    _ext.dequantize_mxfp8(elements, scales, out, _stream_handle(stream, elements, fn))
+    return out
 
 
 def quantize_nvfp4(
-    x: Any, group: NameOr = "per_tensor", tensor_scale: Optional[float] = None
+    x: Any,
+    group: NameOr = "per_tensor",
+    tensor_scale: Optional[float] = None,
+    *,
+    out: Any = None,
+    stream: Any = None,
 ) -> Tuple[Any, Any, Any]:
     """NVFP4 of x [..., cols] along its last dimension (cols a multiple of 16):
     ``(packed uint8 [..., cols/2], scales uint8 [..., cols/16] E4M3 codes, tensor_scales float32)``.
@@ -430,15 +545,42 @@ def quantize_nvfp4(
     one expert's matrix); ``"per_row"``: one per row (activations), tensor_scales has one per row.
     ``tensor_scale``: a static s_enc (per_tensor only). A value decodes as
     e2m1 * block_scale / s_enc. Element c of a row is in byte c//2, low nibble when c is even.
+    Outputs live where x does; ``out=(packed, scales, tensor_scales)`` writes into given arrays.
     """
-    return _ext.quantize_nvfp4(_host_f32(x), _name(group), tensor_scale)
+    fn = "quantize_nvfp4"
+    kind = _kind(x)
+    x = _codec_input(x, kind)
+    shape = _shape(x)
+    if out is None:
+        cols = shape[-1] if shape else 0
+        n_scales = _rows(shape) if _name(group) == "per_row" else 1
+        out = (_empty(fn, x, kind, _with_last(shape, cols // 2), "uint8"),
+               _empty(fn, x, kind, _with_last(shape, cols // 16), "uint8"),
+               _empty(fn, x, kind, (n_scales,), "float32"))
+    packed, scales, tensor_scales = _outputs(fn, out, ("packed", "scales", "tensor_scales"))
+    _ext.quantize_nvfp4(x, packed, scales, tensor_scales, _name(group), tensor_scale,
+                        _stream_handle(stream, x, fn))
+    return packed, scales, tensor_scales
 
 
 def dequantize_nvfp4(
-    packed: Any, scales: Any, tensor_scales: Any, group: Optional[NameOr] = None
+    packed: Any,
+    scales: Any,
+    tensor_scales: Any,
+    group: Optional[NameOr] = None,
+    *,
+    out: Any = None,
+    stream: Any = None,
 ) -> Any:
-    """float32 [..., cols]. ``group`` defaults to what tensor_scales' size says (1 value:
-    per_tensor, one per row: per_row)."""
-    return _ext.dequantize_nvfp4(
-        packed, scales, tensor_scales, None if group is None else _name(group)
-    )
+    """float32 [..., cols], where packed lives. ``group`` defaults to what tensor_scales' size
+    says (1 value: per_tensor, one per row: per_row); ``out=`` writes into a given array."""
+    fn = "dequantize_nvfp4"
+    if out is None:
+        shape = _shape(packed)
+        out = _empty(fn, packed, _kind(packed), _with_last(shape, 2 * shape[-1] if shape else 0),
+                     "float32")
+    (out,) = _outputs(fn, out, ("out",))
+    _ext.dequantize_nvfp4(packed, scales, tensor_scales, out,
+                          None if group is None else _name(group),
+                          _stream_handle(stream, packed, fn))
+    return out

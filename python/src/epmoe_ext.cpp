@@ -10,7 +10,12 @@
 // never through DLPack: torch's __dlpack__() makes its default stream wait on the current stream
 // (an event record and a cross-stream wait on every call), which breaks CUDA graph capture, and it
 // refuses tensors that require grad. Reading attributes launches nothing and synchronises nothing.
-// Every other tensor (numpy, cupy, jax, ...) goes through DLPack or the buffer protocol.
+// Every other tensor (numpy, cupy, jax, ...) goes through DLPack or the buffer protocol. A CUDA
+// array (__dlpack_device__ says kDLCUDA) is exported with __dlpack__(stream=S), S the stream the
+// call's work is queued on (1 for the legacy default stream, as DLPack spells it): the producer
+// then orders S after the array's pending work (nothing when S is its own current stream) instead
+// of making the legacy default stream wait, which would serialise the device and break CUDA graph
+// capture.
 //
 // Collective calls (Layer construction, close, reset; communicator creation and close) and forward
 // release the GIL: the ranks of a one-process group (CPU executor, nccl_communicators) are threads
@@ -55,12 +60,6 @@ namespace {
 
 std::string where(const char* fn, const char* name) {
   return std::string(fn) + ": " + name;
-}
-
-std::string shape_string(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // The ErrorCode's identifier (to_string gives prose: "invalid argument").
@@ -175,11 +174,31 @@ std::string python_type_name(nb::handle obj) {
   return Py_TYPE(obj.ptr())->tp_name;
 }
 
+// A CUDA array's DLPack capsule, exported for the consumer stream `stream` (the top of this
+// file); an invalid object for anything else (host arrays, objects without DLPack).
+nb::object cuda_dlpack_capsule(const char* fn, const char* name, nb::handle obj,
+                               std::uintptr_t stream) {
+  if (!nb::hasattr(obj, "__dlpack__") || !nb::hasattr(obj, "__dlpack_device__")) return {};
+  const nb::object device = obj.attr("__dlpack_device__")();
+  if (nb::cast<int>(device[0]) != kDLCUDA) return {};
+  const std::uintptr_t consumer = stream == 0 ? 1 : stream;  // DLPack: 0 is not a CUDA stream
+  try {
+    return obj.attr("__dlpack__")("stream"_a = nb::int_(consumer));
+  } catch (const nb::python_error& e) {
+    reject(where(fn, name) + ": __dlpack__(stream=" + std::to_string(consumer) +
+           ") failed: " + e.what());
+  }
+}
+
 // The object as an ndarray (no copy, never converted), or an Error naming the argument.
+// `stream`: the stream the call's work goes on, for CUDA arrays (nullopt: DLPack's default, the
+// legacy default stream).
 template <class Array>
-Array import_array(const char* fn, const char* name, nb::handle obj) {
+Array import_array(const char* fn, const char* name, nb::handle obj,
+                   std::optional<std::uintptr_t> stream = std::nullopt) {
   Array a;
-  if (nb::try_cast(obj, a, /*convert=*/false)) return a;
+  const nb::object capsule = stream ? cuda_dlpack_capsule(fn, name, obj, *stream) : nb::object();
+  if (nb::try_cast(capsule.is_valid() ? nb::handle(capsule) : obj, a, /*convert=*/false)) return a;
   if constexpr (!std::is_same_v<Array, ReadArray>) {
     ReadArray ro;
     if (nb::try_cast(obj, ro, false))
@@ -304,90 +323,29 @@ struct Imported {
   std::optional<WriteArray> write;
 };
 
-Imported import_read(const char* fn, const char* name, nb::handle obj) {
+// `stream`: where the call's work is queued (see import_array).
+Imported import_read(const char* fn, const char* name, nb::handle obj,
+                     std::optional<std::uintptr_t> stream = std::nullopt) {
   Imported t;
   if (std::optional<TensorView> v = torch_tensor_view(fn, name, obj)) {
     t.view = std::move(*v);
     return t;
   }
-  t.read = import_array<ReadArray>(fn, name, obj);
+  t.read = import_array<ReadArray>(fn, name, obj, stream);
   t.view = tensor_view(fn, name, *t.read);
   return t;
 }
 
-Imported import_write(const char* fn, const char* name, nb::handle obj) {
+Imported import_write(const char* fn, const char* name, nb::handle obj,
+                      std::optional<std::uintptr_t> stream = std::nullopt) {
   Imported t;
   if (std::optional<TensorView> v = torch_tensor_view(fn, name, obj)) {
     t.view = std::move(*v);
     return t;
   }
-  t.write = import_array<WriteArray>(fn, name, obj);
+  t.write = import_array<WriteArray>(fn, name, obj, stream);
   t.view = tensor_view(fn, name, *t.write);
   return t;
-}
-
-// ---- host arrays for the codecs ----
-
-// A contiguous host array of one dtype, as [rows, cols] along its last dimension.
-struct HostMatrix {
-  const void* data = nullptr;
-  std::vector<std::int64_t> shape;
-  std::int64_t rows = 0;
-  std::int64_t cols = 0;
-};
-
-HostMatrix host_matrix(const char* fn, const char* name, const ReadArray& a, DType want) {
-  const TensorView v = tensor_view(fn, name, a);
-  if (v.dtype != want)
-    reject(where(fn, name) + " has dtype " + to_string(v.dtype) + ", expected " + to_string(want));
-  if (v.device.kind != DeviceKind::cpu)
-    reject(where(fn, name) + " is on " + to_string(v.device) +
-           "; the codecs take host (cpu) arrays for now");
-  if (!v.is_contiguous())
-    reject(where(fn, name) + " is not contiguous (strides " + shape_string(v.strides) +
-           "); pass a contiguous row-major array");
-  if (v.shape.empty()) reject(where(fn, name) + " is 0-d; expected shape [..., cols]");
-  HostMatrix m;
-  m.data = v.data;
-  m.shape = v.shape;
-  m.cols = v.shape.back();
-  m.rows = 1;
-  for (std::size_t i = 0; i + 1 < v.shape.size(); ++i) m.rows *= v.shape[i];
-  return m;
-}
-
-void expect_shape(const char* fn, const char* name, const HostMatrix& m,
-                  const std::vector<std::int64_t>& shape) {
-  if (m.shape != shape)
-    reject(where(fn, name) + " has shape " + shape_string(m.shape) + ", expected " +
-           shape_string(shape));
-}
-
-std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last) {
-  shape.back() = last;
-  return shape;
-}
-
-// A new numpy array that owns its memory (freed when Python drops it).
-template <class T>
-struct OwnedArray {
-  T* data = nullptr;
-  nb::ndarray<nb::numpy, T> array;
-};
-
-template <class T>
-OwnedArray<T> new_array(const std::vector<std::int64_t>& shape) {
-  std::size_t n = 1;
-  std::vector<std::size_t> dims;
-  for (std::int64_t d : shape) {
-    dims.push_back(static_cast<std::size_t>(d));
-    n *= static_cast<std::size_t>(d);
-  }
-  OwnedArray<T> out;
-  out.data = new T[n == 0 ? 1 : n]();
-  nb::capsule owner(out.data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  out.array = nb::ndarray<nb::numpy, T>(out.data, dims.size(), dims.data(), owner);
-  return out;
 }
 
 template <class Enum, std::size_t N>
@@ -408,108 +366,86 @@ Nvfp4ScaleGroup parse_group(const std::string& name, const char* what) {
   return parse_enum(name, what, {Nvfp4ScaleGroup::per_tensor, Nvfp4ScaleGroup::per_row});
 }
 
-using U8Array = nb::ndarray<nb::numpy, std::uint8_t>;
-using F32Array = nb::ndarray<nb::numpy, float>;
+// ---- the codecs: inputs and outputs (allocated by python/epmoe/__init__.py) on one device ----
 
-std::tuple<U8Array, U8Array> quantize_mxfp8_py(nb::handle x_obj, const std::string& rounding_name) {
+Stream stream_arg(std::uintptr_t stream) {
+  return Stream{reinterpret_cast<void*>(stream)};
+}
+
+void quantize_mxfp8_py(nb::handle x_obj, nb::handle elements_obj, nb::handle scales_obj,
+                       const std::string& rounding_name, std::uintptr_t stream) {
   constexpr const char* fn = "quantize_mxfp8";
   const ScaleRounding rounding = parse_rounding(rounding_name, "quantize_mxfp8: rounding");
-  const ReadArray x_array = import_array<ReadArray>(fn, "x", x_obj);
-  const HostMatrix x = host_matrix(fn, "x", x_array, DType::f32);
-  auto elements = new_array<std::uint8_t>(x.shape);
-  auto scales = new_array<std::uint8_t>(with_last(x.shape, x.cols / 32));
-  {
-    nb::gil_scoped_release release;
-    quantize_mxfp8(static_cast<const float*>(x.data), x.rows, x.cols, elements.data, scales.data,
-                   rounding);
-  }
-  return {elements.array, scales.array};
+  const Imported x = import_read(fn, "x", x_obj, stream);
+  const Imported elements = import_write(fn, "elements", elements_obj, stream);
+  const Imported scales = import_write(fn, "scales", scales_obj, stream);
+  nb::gil_scoped_release release;
+  quantize_mxfp8(x.view, elements.view, scales.view, rounding, stream_arg(stream));
 }
 
-F32Array dequantize_mxfp8_py(nb::handle elements_obj, nb::handle scales_obj) {
+void dequantize_mxfp8_py(nb::handle elements_obj, nb::handle scales_obj, nb::handle out_obj,
+                         std::uintptr_t stream) {
   constexpr const char* fn = "dequantize_mxfp8";
-  const ReadArray ea = import_array<ReadArray>(fn, "elements", elements_obj);
-  const ReadArray sa = import_array<ReadArray>(fn, "scales", scales_obj);
-  const HostMatrix elements = host_matrix(fn, "elements", ea, DType::u8);
-  const HostMatrix scales = host_matrix(fn, "scales", sa, DType::u8);
-  if (elements.cols % 32 == 0)  // otherwise the library names the rule
-    expect_shape(fn, "scales", scales, with_last(elements.shape, elements.cols / 32));
-  auto out = new_array<float>(elements.shape);
-  {
-    nb::gil_scoped_release release;
-    dequantize_mxfp8(static_cast<const std::uint8_t*>(elements.data),
-                     static_cast<const std::uint8_t*>(scales.data), elements.rows, elements.cols,
-                     out.data);
-  }
-  return out.array;
+  const Imported elements = import_read(fn, "elements", elements_obj, stream);
+  const Imported scales = import_read(fn, "scales", scales_obj, stream);
+  const Imported out = import_write(fn, "out", out_obj, stream);
+  nb::gil_scoped_release release;
+  dequantize_mxfp8(elements.view, scales.view, out.view, stream_arg(stream));
 }
 
-std::tuple<U8Array, U8Array, F32Array> quantize_nvfp4_py(nb::handle x_obj,
-                                                         const std::string& group_name,
-                                                         std::optional<float> tensor_scale) {
+void quantize_nvfp4_py(nb::handle x_obj, nb::handle packed_obj, nb::handle scales_obj,
+                       nb::handle tensor_scales_obj, const std::string& group_name,
+                       std::optional<float> tensor_scale, std::uintptr_t stream) {
   constexpr const char* fn = "quantize_nvfp4";
   const Nvfp4ScaleGroup group = parse_group(group_name, "quantize_nvfp4: group");
-  const ReadArray x_array = import_array<ReadArray>(fn, "x", x_obj);
-  const HostMatrix x = host_matrix(fn, "x", x_array, DType::f32);
   if (tensor_scale && group != Nvfp4ScaleGroup::per_tensor)
     reject(
         "quantize_nvfp4: tensor_scale is one static scale for the whole array; it needs "
         "group=per_tensor, not group=" +
         group_name);
-  auto packed = new_array<std::uint8_t>(with_last(x.shape, x.cols / 2));
-  auto scales = new_array<std::uint8_t>(with_last(x.shape, x.cols / 16));
-  auto tensor_scales =
-      new_array<float>({group == Nvfp4ScaleGroup::per_tensor ? std::int64_t{1} : x.rows});
-  {
-    nb::gil_scoped_release release;
-    const auto* data = static_cast<const float*>(x.data);
-    if (tensor_scale) {
-      quantize_nvfp4_static(data, x.rows, x.cols, *tensor_scale, packed.data, scales.data);
-      tensor_scales.data[0] = *tensor_scale;
-    } else {
-      quantize_nvfp4(data, x.rows, x.cols, group, packed.data, scales.data, tensor_scales.data);
-    }
+  const Imported x = import_read(fn, "x", x_obj, stream);
+  const Imported packed = import_write(fn, "packed", packed_obj, stream);
+  const Imported scales = import_write(fn, "scales", scales_obj, stream);
+  const Imported tensor_scales = import_write(fn, "tensor_scales", tensor_scales_obj, stream);
+  nb::gil_scoped_release release;
+  if (tensor_scale) {
+    quantize_nvfp4_static(x.view, *tensor_scale, packed.view, scales.view, tensor_scales.view,
+                          stream_arg(stream));
+  } else {
+    quantize_nvfp4(x.view, group, packed.view, scales.view, tensor_scales.view, stream_arg(stream));
   }
-  return {packed.array, scales.array, tensor_scales.array};
 }
 
-F32Array dequantize_nvfp4_py(nb::handle packed_obj, nb::handle scales_obj,
-                             nb::handle tensor_scales_obj, std::optional<std::string> group_name) {
+void dequantize_nvfp4_py(nb::handle packed_obj, nb::handle scales_obj, nb::handle tensor_scales_obj,
+                         nb::handle out_obj, std::optional<std::string> group_name,
+                         std::uintptr_t stream) {
   constexpr const char* fn = "dequantize_nvfp4";
-  const ReadArray pa = import_array<ReadArray>(fn, "packed", packed_obj);
-  const ReadArray sa = import_array<ReadArray>(fn, "scales", scales_obj);
-  const ReadArray ta = import_array<ReadArray>(fn, "tensor_scales", tensor_scales_obj);
-  const HostMatrix packed = host_matrix(fn, "packed", pa, DType::u8);
-  const HostMatrix scales = host_matrix(fn, "scales", sa, DType::u8);
-  const HostMatrix tensor_scales = host_matrix(fn, "tensor_scales", ta, DType::f32);
-  const std::int64_t cols = packed.cols * 2;
-  if (cols % 16 == 0) expect_shape(fn, "scales", scales, with_last(packed.shape, cols / 16));
-  const std::int64_t n_scales = tensor_scales.rows * tensor_scales.cols;
-  Nvfp4ScaleGroup group;
+  const Imported packed = import_read(fn, "packed", packed_obj, stream);
+  const Imported scales = import_read(fn, "scales", scales_obj, stream);
+  const Imported tensor_scales = import_read(fn, "tensor_scales", tensor_scales_obj, stream);
+  const Imported out = import_write(fn, "out", out_obj, stream);
+  // The group, when not given, is what tensor_scales' size says (a 0-d `packed` is rejected by
+  // the library).
+  Nvfp4ScaleGroup group = Nvfp4ScaleGroup::per_tensor;
+  const std::vector<std::int64_t>& shape = packed.view.shape;
   if (group_name) {
     group = parse_group(*group_name, "dequantize_nvfp4: group");
-  } else if (n_scales == 1) {
-    group = Nvfp4ScaleGroup::per_tensor;  // one scale: the whole array (same as per_row if 1 row)
-  } else if (n_scales == packed.rows) {
-    group = Nvfp4ScaleGroup::per_row;
-  } else {
-    reject("dequantize_nvfp4: tensor_scales has " + std::to_string(n_scales) +
-           " elements, expected 1 (per_tensor) or rows=" + std::to_string(packed.rows) +
-           " (per_row)");
+  } else if (!shape.empty()) {
+    std::int64_t rows = 1;
+    for (std::size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    const std::int64_t n_scales = tensor_scales.view.numel();
+    if (n_scales == 1) {
+      group = Nvfp4ScaleGroup::per_tensor;  // one scale: the whole array (= per_row if 1 row)
+    } else if (n_scales == rows) {
+      group = Nvfp4ScaleGroup::per_row;
+    } else {
+      reject("dequantize_nvfp4: tensor_scales has " + std::to_string(n_scales) +
+             " elements, expected 1 (per_tensor) or rows=" + std::to_string(rows) + " (per_row)");
+    }
   }
-  const std::int64_t want = group == Nvfp4ScaleGroup::per_tensor ? 1 : packed.rows;
-  if (n_scales != want)
-    reject("dequantize_nvfp4: tensor_scales has " + std::to_string(n_scales) +
-           " elements, expected " + std::to_string(want) + " for group=" + to_string(group));
-  auto out = new_array<float>(with_last(packed.shape, cols));
-  {
-    nb::gil_scoped_release release;
-    dequantize_nvfp4(static_cast<const std::uint8_t*>(packed.data),
-                     static_cast<const std::uint8_t*>(scales.data),
-                     static_cast<const float*>(tensor_scales.data), packed.rows, cols, group,
-                     out.data);
-  }
-  return out.array;
+  nb::gil_scoped_release release;
+  dequantize_nvfp4(packed.view, scales.view, tensor_scales.view, group, out.view,
+                   stream_arg(stream));
 }
 
 // ---- Layer ----
@@ -677,10 +613,10 @@ void layer_forward(LayerHandle& self, nb::handle x_obj, nb::handle ids_obj, nb::
   constexpr const char* fn = "forward";
   Layer& layer = self.get(fn);
   // DLPack imports stay referenced (and their memory alive) until the end of this call.
-  const Imported x = import_read(fn, "x", x_obj);
-  const Imported ids = import_read(fn, "topk_ids", ids_obj);
-  const Imported weights = import_read(fn, "topk_weights", weights_obj);
-  const Imported y = import_write(fn, "y", y_obj);
+  const Imported x = import_read(fn, "x", x_obj, stream);
+  const Imported ids = import_read(fn, "topk_ids", ids_obj, stream);
+  const Imported weights = import_read(fn, "topk_weights", weights_obj, stream);
+  const Imported y = import_write(fn, "y", y_obj, stream);
   const Running running(self);
   nb::gil_scoped_release release;
   layer.forward(x.view, ids.view, weights.view, y.view, Stream{reinterpret_cast<void*>(stream)});
@@ -996,12 +932,15 @@ NB_MODULE(_epmoe, m) {
         return layer.next_round();
       });
 
-  m.def("quantize_mxfp8", &quantize_mxfp8_py, "x"_a, "rounding"_a = "rceil");
-  m.def("dequantize_mxfp8", &dequantize_mxfp8_py, "elements"_a, "scales"_a);
-  m.def("quantize_nvfp4", &quantize_nvfp4_py, "x"_a, "group"_a = "per_tensor",
-        "tensor_scale"_a = nb::none());
+  // The codecs write into given outputs (epmoe.quantize_mxfp8 & co. allocate them like the
+  // input); on CUDA tensors they are queued on `stream` and return at once.
+  m.def("quantize_mxfp8", &quantize_mxfp8_py, "x"_a, "elements"_a, "scales"_a, "rounding"_a,
+        "stream"_a);
+  m.def("dequantize_mxfp8", &dequantize_mxfp8_py, "elements"_a, "scales"_a, "out"_a, "stream"_a);
+  m.def("quantize_nvfp4", &quantize_nvfp4_py, "x"_a, "packed"_a, "scales"_a, "tensor_scales"_a,
+        "group"_a, "tensor_scale"_a.none(), "stream"_a);
   m.def("dequantize_nvfp4", &dequantize_nvfp4_py, "packed"_a, "scales"_a, "tensor_scales"_a,
-        "group"_a = nb::none());
+        "out"_a, "group"_a.none(), "stream"_a);
 
   m.def(
       "_run_command",

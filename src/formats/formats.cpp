@@ -1,13 +1,15 @@
-// Host matrix API over the codec (include/epmoe/formats.hpp): argument checks, then one codec row
-// call per row.
+// The matrix API over the codec (include/epmoe/formats.hpp): argument checks, then one codec row
+// call per row on the host, or the kernels of codec_device.cu for CUDA tensors.
 #include "epmoe/formats.hpp"
 
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"
+#include "formats/codec_device.hpp"
 
 namespace epmoe {
 namespace {
@@ -37,6 +39,26 @@ void check_pointer(const char* fn, const void* p, const char* name, std::int64_t
   }
 }
 
+void check_rounding(const char* fn, ScaleRounding rounding) {
+  if (rounding != ScaleRounding::rceil && rounding != ScaleRounding::ocp_floor) {
+    reject(fn, "rounding=" + std::to_string(static_cast<int>(rounding)) +
+                   " must be rceil or ocp_floor");
+  }
+}
+
+void check_group(const char* fn, Nvfp4ScaleGroup group) {
+  if (group != Nvfp4ScaleGroup::per_tensor && group != Nvfp4ScaleGroup::per_row) {
+    reject(fn,
+           "group=" + std::to_string(static_cast<int>(group)) + " must be per_tensor or per_row");
+  }
+}
+
+void check_static_scale(const char* fn, float tensor_scale) {
+  if (!(std::isfinite(tensor_scale) && tensor_scale > 0.0f)) {
+    reject(fn, "tensor_scale=" + std::to_string(tensor_scale) + " must be finite and > 0");
+  }
+}
+
 }  // namespace
 
 const char* to_string(Nvfp4ScaleGroup group) {
@@ -53,10 +75,7 @@ void quantize_mxfp8(const float* x, std::int64_t rows, std::int64_t cols, std::u
                     std::uint8_t* scales, ScaleRounding rounding) {
   constexpr const char* fn = "quantize_mxfp8";
   check_shape(fn, rows, cols, formats::kMxfp8Block);
-  if (rounding != ScaleRounding::rceil && rounding != ScaleRounding::ocp_floor) {
-    reject(fn, "rounding=" + std::to_string(static_cast<int>(rounding)) +
-                   " must be rceil or ocp_floor");
-  }
+  check_rounding(fn, rounding);
   check_pointer(fn, x, "x", rows, cols);
   check_pointer(fn, elements, "elements", rows, cols);
   check_pointer(fn, scales, "scales", rows, cols);
@@ -81,13 +100,6 @@ void dequantize_mxfp8(const std::uint8_t* elements, const std::uint8_t* scales, 
 }
 
 namespace {
-
-void check_group(const char* fn, Nvfp4ScaleGroup group) {
-  if (group != Nvfp4ScaleGroup::per_tensor && group != Nvfp4ScaleGroup::per_row) {
-    reject(fn,
-           "group=" + std::to_string(static_cast<int>(group)) + " must be per_tensor or per_row");
-  }
-}
 
 void encode_nvfp4_rows(const float* x, std::int64_t rows, std::int64_t cols,
                        const float* row_scales, std::int64_t row_scale_stride, std::uint8_t* packed,
@@ -128,9 +140,7 @@ void quantize_nvfp4_static(const float* x, std::int64_t rows, std::int64_t cols,
                            std::uint8_t* packed, std::uint8_t* scales) {
   constexpr const char* fn = "quantize_nvfp4_static";
   check_shape(fn, rows, cols, formats::kNvfp4Block);
-  if (!(std::isfinite(tensor_scale) && tensor_scale > 0.0f)) {
-    reject(fn, "tensor_scale=" + std::to_string(tensor_scale) + " must be finite and > 0");
-  }
+  check_static_scale(fn, tensor_scale);
   check_pointer(fn, x, "x", rows, cols);
   check_pointer(fn, packed, "packed", rows, cols);
   check_pointer(fn, scales, "scales", rows, cols);
@@ -156,6 +166,197 @@ void dequantize_nvfp4(const std::uint8_t* packed, const std::uint8_t* scales,
     formats::nvfp4_decode_row(packed + r * packed_cols, scales + r * scale_cols,
                               tensor_scales[r * stride], cols, out + r * cols);
   }
+}
+
+// ---- TensorViews: the checks above plus dtype, layout, shape and device; then host or CUDA. ----
+
+namespace {
+
+std::string dims_string(const std::vector<std::int64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// A tensor argument as the matrix [rows, cols] along its last dimension.
+struct Matrix {
+  void* data = nullptr;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+Matrix matrix_arg(const char* fn, const char* name, const TensorView& v, DType dtype) {
+  const std::string arg(name);
+  if (v.dtype != dtype)
+    reject(fn, arg + " has dtype " + to_string(v.dtype) + ", expected " + to_string(dtype));
+  if (v.shape.empty()) reject(fn, arg + " is 0-d; expected shape [..., cols]");
+  for (const std::int64_t d : v.shape)
+    if (d < 0) reject(fn, arg + " has shape " + dims_string(v.shape) + " with a negative size");
+  if (!v.is_contiguous())
+    reject(fn, arg + " is not contiguous (strides " + dims_string(v.strides) +
+                   "); pass a contiguous row-major array");
+  Matrix m{v.data, 1, v.shape.back()};
+  for (std::size_t i = 0; i + 1 < v.shape.size(); ++i) {
+    if (v.shape[i] != 0 && m.rows > std::numeric_limits<std::int64_t>::max() / v.shape[i])
+      reject(fn, arg + " has shape " + dims_string(v.shape) + ": too many elements");
+    m.rows *= v.shape[i];
+  }
+  return m;
+}
+
+// An argument whose shape follows from the first one's (`first`, named `first_name`): same
+// device, that shape.
+Matrix follower_arg(const char* fn, const char* name, const TensorView& v, DType dtype,
+                    const std::vector<std::int64_t>& shape, const TensorView& first,
+                    const char* first_name) {
+  const std::string arg(name);
+  if (v.dtype != dtype)
+    reject(fn, arg + " has dtype " + to_string(v.dtype) + ", expected " + to_string(dtype));
+  if (v.shape != shape)
+    reject(fn, arg + " has shape " + dims_string(v.shape) + ", expected " + dims_string(shape));
+  if (v.device != first.device)
+    reject(fn, arg + " is on " + to_string(v.device) + ", expected " + to_string(first.device) +
+                   " (where " + first_name + " is)");
+  const Matrix m = matrix_arg(fn, name, v, dtype);
+  check_pointer(fn, m.data, name, m.rows, m.cols);
+  return m;
+}
+
+// The s_enc argument: `count` f32 values (1 or rows), contiguous, any shape.
+void scales_arg(const char* fn, const TensorView& v, std::int64_t count, Nvfp4ScaleGroup group,
+                const TensorView& first, const char* first_name) {
+  if (v.dtype != DType::f32)
+    reject(fn, "tensor_scales has dtype " + std::string(to_string(v.dtype)) + ", expected f32");
+  if (v.numel() != count)
+    reject(fn, "tensor_scales has " + std::to_string(v.numel()) + " elements, expected " +
+                   std::to_string(count) + " for group=" + to_string(group));
+  if (!v.is_contiguous())
+    reject(fn, "tensor_scales is not contiguous (strides " + dims_string(v.strides) + ")");
+  if (v.device != first.device)
+    reject(fn, "tensor_scales is on " + to_string(v.device) + ", expected " +
+                   to_string(first.device) + " (where " + first_name + " is)");
+  check_pointer(fn, v.data, "tensor_scales", count, 1);
+}
+
+std::vector<std::int64_t> with_last(std::vector<std::int64_t> shape, std::int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+bool on_host(const TensorView& v) {
+  return v.device.kind == DeviceKind::cpu;
+}
+
+formats::CudaTarget cuda_target(const char* fn, const char* name, const TensorView& v,
+                                Stream stream) {
+  return formats::CudaTarget{fn, name, v.device.index, stream.handle};
+}
+
+}  // namespace
+
+void quantize_mxfp8(const TensorView& x, const TensorView& elements, const TensorView& scales,
+                    ScaleRounding rounding, Stream stream) {
+  constexpr const char* fn = "quantize_mxfp8";
+  const Matrix xm = matrix_arg(fn, "x", x, DType::f32);
+  check_shape(fn, xm.rows, xm.cols, formats::kMxfp8Block);
+  check_rounding(fn, rounding);
+  check_pointer(fn, xm.data, "x", xm.rows, xm.cols);
+  const Matrix em = follower_arg(fn, "elements", elements, DType::u8, x.shape, x, "x");
+  const Matrix sm = follower_arg(fn, "scales", scales, DType::u8,
+                                 with_last(x.shape, xm.cols / formats::kMxfp8Block), x, "x");
+  const auto* xp = static_cast<const float*>(xm.data);
+  auto* ep = static_cast<std::uint8_t*>(em.data);
+  auto* sp = static_cast<std::uint8_t*>(sm.data);
+  if (on_host(x)) return quantize_mxfp8(xp, xm.rows, xm.cols, ep, sp, rounding);
+  formats::quantize_mxfp8_cuda(cuda_target(fn, "x", x, stream), xp, xm.rows, xm.cols, rounding, ep,
+                               sp);
+}
+
+void dequantize_mxfp8(const TensorView& elements, const TensorView& scales, const TensorView& out,
+                      Stream stream) {
+  constexpr const char* fn = "dequantize_mxfp8";
+  const Matrix em = matrix_arg(fn, "elements", elements, DType::u8);
+  check_shape(fn, em.rows, em.cols, formats::kMxfp8Block);
+  check_pointer(fn, em.data, "elements", em.rows, em.cols);
+  const Matrix sm =
+      follower_arg(fn, "scales", scales, DType::u8,
+                   with_last(elements.shape, em.cols / formats::kMxfp8Block), elements, "elements");
+  const Matrix om = follower_arg(fn, "out", out, DType::f32, elements.shape, elements, "elements");
+  const auto* ep = static_cast<const std::uint8_t*>(em.data);
+  const auto* sp = static_cast<const std::uint8_t*>(sm.data);
+  auto* op = static_cast<float*>(om.data);
+  if (on_host(elements)) return dequantize_mxfp8(ep, sp, em.rows, em.cols, op);
+  formats::dequantize_mxfp8_cuda(cuda_target(fn, "elements", elements, stream), ep, sp, em.rows,
+                                 em.cols, op);
+}
+
+namespace {
+
+// quantize_nvfp4 and quantize_nvfp4_static: static_scale null = s_enc computed per group.
+void quantize_nvfp4_views(const char* fn, const TensorView& x, Nvfp4ScaleGroup group,
+                          const float* static_scale, const TensorView& packed,
+                          const TensorView& scales, const TensorView& tensor_scales,
+                          Stream stream) {
+  const Matrix xm = matrix_arg(fn, "x", x, DType::f32);
+  check_shape(fn, xm.rows, xm.cols, formats::kNvfp4Block);
+  check_group(fn, group);
+  if (static_scale) check_static_scale(fn, *static_scale);
+  check_pointer(fn, xm.data, "x", xm.rows, xm.cols);
+  const Matrix pm =
+      follower_arg(fn, "packed", packed, DType::u8, with_last(x.shape, xm.cols / 2), x, "x");
+  const Matrix sm = follower_arg(fn, "scales", scales, DType::u8,
+                                 with_last(x.shape, xm.cols / formats::kNvfp4Block), x, "x");
+  scales_arg(fn, tensor_scales, group == Nvfp4ScaleGroup::per_row ? xm.rows : 1, group, x, "x");
+  const auto* xp = static_cast<const float*>(xm.data);
+  auto* pp = static_cast<std::uint8_t*>(pm.data);
+  auto* sp = static_cast<std::uint8_t*>(sm.data);
+  auto* tp = tensor_scales.as<float>();
+  if (!on_host(x)) {
+    return formats::quantize_nvfp4_cuda(cuda_target(fn, "x", x, stream), xp, xm.rows, xm.cols,
+                                        group, static_scale, pp, sp, tp);
+  }
+  if (static_scale == nullptr) return quantize_nvfp4(xp, xm.rows, xm.cols, group, pp, sp, tp);
+  quantize_nvfp4_static(xp, xm.rows, xm.cols, *static_scale, pp, sp);
+  tp[0] = *static_scale;
+}
+
+}  // namespace
+
+void quantize_nvfp4(const TensorView& x, Nvfp4ScaleGroup group, const TensorView& packed,
+                    const TensorView& scales, const TensorView& tensor_scales, Stream stream) {
+  quantize_nvfp4_views("quantize_nvfp4", x, group, nullptr, packed, scales, tensor_scales, stream);
+}
+
+void quantize_nvfp4_static(const TensorView& x, float tensor_scale, const TensorView& packed,
+                           const TensorView& scales, const TensorView& tensor_scales,
+                           Stream stream) {
+  quantize_nvfp4_views("quantize_nvfp4_static", x, Nvfp4ScaleGroup::per_tensor, &tensor_scale,
+                       packed, scales, tensor_scales, stream);
+}
+
+void dequantize_nvfp4(const TensorView& packed, const TensorView& scales,
+                      const TensorView& tensor_scales, Nvfp4ScaleGroup group, const TensorView& out,
+                      Stream stream) {
+  constexpr const char* fn = "dequantize_nvfp4";
+  const Matrix pm = matrix_arg(fn, "packed", packed, DType::u8);
+  const std::int64_t cols = pm.cols * 2;
+  check_shape(fn, pm.rows, cols, formats::kNvfp4Block);
+  check_group(fn, group);
+  check_pointer(fn, pm.data, "packed", pm.rows, cols);
+  const Matrix sm =
+      follower_arg(fn, "scales", scales, DType::u8,
+                   with_last(packed.shape, cols / formats::kNvfp4Block), packed, "packed");
+  scales_arg(fn, tensor_scales, group == Nvfp4ScaleGroup::per_row ? pm.rows : 1, group, packed,
+             "packed");
+  const Matrix om =
+      follower_arg(fn, "out", out, DType::f32, with_last(packed.shape, cols), packed, "packed");
+  const auto* pp = static_cast<const std::uint8_t*>(pm.data);
+  const auto* sp = static_cast<const std::uint8_t*>(sm.data);
+  const auto* tp = tensor_scales.as<const float>();
+  auto* op = static_cast<float*>(om.data);
+  if (on_host(packed)) return dequantize_nvfp4(pp, sp, tp, pm.rows, cols, group, op);
+  formats::dequantize_nvfp4_cuda(cuda_target(fn, "packed", packed, stream), pp, sp, tp, pm.rows,
+                                 cols, group, op);
 }
 
 }  // namespace epmoe
