@@ -215,12 +215,15 @@ EPMOE_HD void mxfp8_encode_block(const float* x, int n, ScaleRounding rounding,
   for (int i = 0; i < n; ++i) elements[i] = float_to_e4m3(x[i] * inv_scale);
 }
 
-// out = e4m3 * 2^e (exact whenever representable in fp32); scale 0xFF gives n NaNs.
+// out = e4m3 * 2^e (exact whenever representable in fp32); scale 0xFF gives n NaNs. A NaN is
+// always kF32QuietNan, never NaN * scale: GPU arithmetic returns its own canonical NaN
+// (0x7fffffff) where the host's keeps the payload, and the two must agree bit for bit.
 EPMOE_HD void mxfp8_decode_block(const std::uint8_t* elements, std::uint8_t scale_code, int n,
                                  float* out) {
   const float scale = e8m0_to_float(scale_code);
   for (int i = 0; i < n; ++i) {
-    out[i] = scale_code == kE8m0Nan ? quiet_nan() : e4m3_to_float(elements[i]) * scale;
+    const bool nan = scale_code == kE8m0Nan || e4m3_is_nan(elements[i]);
+    out[i] = nan ? quiet_nan() : e4m3_to_float(elements[i]) * scale;
   }
 }
 
