@@ -4,11 +4,13 @@
   python3 bench/plot.py bench/out/epmoe.json bench/out/torch_ep.json --out bench/out --table
 
 One PNG per model shape (latency_<model>.png): median latency (p50, line; p90, shaded) against T
-(tokens per rank), one panel per world size, a line per implementation / precision / combine, and
-the floor of each precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that
-`epmoe bench` derives from its measured ceilings). --table prints (and writes table.md) the p50
-latencies of every implementation side by side, with the bf16 floor and the best epmoe config over
-the torch baseline. Needs matplotlib for the plots only.
+(tokens per rank), one panel per world size, a line per implementation / precision / combine /
+expert math (circles: exact; triangles and dash-dots: tensor_core), and the floor of each
+precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that `epmoe bench` derives
+from its measured ceilings). --table prints (and writes table.md) the p50 latencies of every
+implementation side by side (a column per precision / combine / expert math), with the bf16 floor
+and the best epmoe config (any column) over the torch baseline. Needs matplotlib for the plots
+only.
 """
 
 import argparse
@@ -37,9 +39,16 @@ def model_label(p):
     return f'{p["model"]} E{p["experts"]}/{p["model_experts"]}'
 
 
+def math_of(p):
+    """Expert math of a point: epmoe points before the field existed were exact; other
+    implementations have none."""
+    return p.get("math", "exact") if p["impl"] == "epmoe" else ""
+
+
 def series_name(p):
     if p["impl"] == "epmoe":
-        return f'epmoe {p["precision"]} {p["combine"]}'
+        tc = " tensor_core" if math_of(p) == "tensor_core" else ""
+        return f'epmoe {p["precision"]} {p["combine"]}{tc}'
     return f'{p["impl"]} {p["precision"]}'
 
 
@@ -48,6 +57,7 @@ def ok(p):
 
 
 COMBINE_SHORT = {"staged": "st", "in_kernel_reduce": "ikr"}
+MATH_SHORT = {"exact": "", "tensor_core": " tc"}
 PRECISION_COLOR = {"bf16": "tab:blue", "mxfp8": "tab:orange", "nvfp4": "tab:green"}
 
 
@@ -76,17 +86,26 @@ def plot(points, out_dir):
                 p90 = [p["latency_ms_p90"] or p["latency_ms_p50"] for p in s]
                 if s[0]["impl"] == "epmoe":
                     color = PRECISION_COLOR.get(s[0]["precision"])
-                    style = "-" if s[0]["combine"] == "staged" else ":"
-                    marker = "o"
+                    tc = math_of(s[0]) == "tensor_core"
+                    if s[0]["combine"] == "staged":
+                        style = "-." if tc else "-"
+                    else:
+                        style = (0, (3, 1, 1, 1, 1, 1)) if tc else ":"
+                    marker = "^" if tc else "o"
                 else:
                     color, style, marker = "black", "-", "s"
-                ax.plot(xs, p50, style, marker=marker, color=color, label=name, linewidth=1.6)
+                ax.plot(xs, p50, linestyle=style, marker=marker, color=color, label=name,
+                        linewidth=1.6)
                 ax.fill_between(xs, p50, p90, color=color, alpha=0.12)
-            # Floors: one dashed line per precision (from epmoe's staged points).
+            # Floors: one dashed line per precision (from epmoe's staged points; the floor does not
+            # depend on the expert math, so one point per T).
             for prec in ("bf16", "mxfp8", "nvfp4"):
-                s = sorted((p for p in pts if p["impl"] == "epmoe" and p["precision"] == prec
-                            and p["combine"] == "staged" and p.get("floor_ms")),
-                           key=lambda p: p["tokens_per_rank"])
+                at = {}
+                for p in pts:
+                    if (p["impl"] == "epmoe" and p["precision"] == prec
+                            and p["combine"] == "staged" and p.get("floor_ms")):
+                        at.setdefault(p["tokens_per_rank"], p)
+                s = [at[t] for t in sorted(at)]
                 if s:
                     ax.plot([xpos[p["tokens_per_rank"]] for p in s], [p["floor_ms"] for p in s],
                             "--", color=PRECISION_COLOR[prec], alpha=0.7, linewidth=1.2,
@@ -130,17 +149,23 @@ def table(points, meta):
         else:
             lines.append(f"{doc.get('tool')} ({os.path.basename(path)}): {doc.get('executor')}; "
                          f"gemm {doc.get('settings', {}).get('gemm')}")
+    # A column per (impl, precision, combine, math) the files hold: tensor_core gets columns of its
+    # own ("bf16 st tc") for both combines rather than only staged, since in_kernel_reduce with
+    # tensor cores is usually the fastest epmoe config and "best epmoe / torch" must be able to
+    # point at it; the short names keep the default sweep (12 epmoe columns) about 150 characters
+    # wide. Within a precision: st, st tc, ikr, ikr tc.
     cols = []
     for p in points:
-        key = (p["impl"], p["precision"], p["combine"])
+        key = (p["impl"], p["precision"], p["combine"], math_of(p))
         if key not in cols:
             cols.append(key)
     cols.sort(key=lambda k: (k[0] != "torch_ep", ["bf16", "mxfp8", "nvfp4"].index(k[1])
-                             if k[1] in ("bf16", "mxfp8", "nvfp4") else 9, k[2] != "staged"))
+                             if k[1] in ("bf16", "mxfp8", "nvfp4") else 9, k[2] != "staged",
+                             k[3] == "tensor_core"))
 
     def col_name(k):
         if k[0] == "epmoe":
-            return f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}"
+            return f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}{MATH_SHORT.get(k[3], ' ' + k[3])}"
         return k[0]
 
     head = ["model", "W", "T", "floor bf16"] + [col_name(k) for k in cols] + ["best epmoe / torch"]
@@ -150,12 +175,13 @@ def table(points, meta):
     by = {}
     for p in points:
         by[(model_label(p), p["world"], p["tokens_per_rank"], p["impl"], p["precision"],
-            p["combine"])] = p
+            p["combine"], math_of(p))] = p
     rows = sorted({(model_label(p), p["world"], p["tokens_per_rank"]) for p in points},
                   key=lambda r: (r[0], -r[1], r[2]))
     for model, world, t in rows:
         cells = [model, str(world), str(t)]
-        floor = by.get((model, world, t, "epmoe", "bf16", "staged"))
+        floor = (by.get((model, world, t, "epmoe", "bf16", "staged", "exact"))
+                 or by.get((model, world, t, "epmoe", "bf16", "staged", "tensor_core")))
         cells.append(fmt(floor.get("floor_ms")) if floor and ok(floor) else "-")
         best, torch_ms = None, None
         for k in cols:
@@ -175,7 +201,9 @@ def table(points, meta):
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("p50 latency per forward in ms (the slowest rank, median over rounds); W = GPUs; "
-                 "T = tokens per rank; st = staged, ikr = in_kernel_reduce combine; floor bf16 = "
+                 "T = tokens per rank; st = staged, ikr = in_kernel_reduce combine; tc = "
+                 "tensor_core expert math (bf16 tensor cores, fp32 accumulation), else exact; "
+                 "floor bf16 = "
                  "the largest of the HBM / matmul / NVLink floors of the bf16 layer; best epmoe / "
                  "torch < 1 means epmoe is faster.")
     return "\n".join(lines)

@@ -6,6 +6,7 @@
 #
 #   bench/run_all.sh                           # the default sweep; the whole run stays < 10 min
 #   bench/run_all.sh --rounds 20 --no-check    # extra arguments go to `epmoe bench`
+#   bench/run_all.sh --math tensor_core        # one expert math only (half the layers to prepare)
 #   EPMOE_BENCH_MODELS=deepseek-v3 EPMOE_BENCH_TOTAL_S=1800 bench/run_all.sh   # all 256 experts
 #
 # Environment: EPMOE_BENCH_MODELS, EPMOE_BENCH_TOKENS (both lists shared by the two sides),

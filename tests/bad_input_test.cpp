@@ -95,24 +95,14 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
     return b;
   }
 
-  // y against the emulating reference: bit-exact (staged) or within 1 bf16 ulp; NaN == NaN and
-  // equal infinities are equal (compare_bf16_tolerant alone counts Inf vs Inf as a mismatch).
+  // y against the emulating reference with the rule every checker uses (bit-exact staged, 1 bf16
+  // ulp in_kernel_reduce; NaN == NaN and equal infinities are equal).
   void expect_matches(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
                       const std::string& where) {
-    if (GetParam().combine == Combine::staged) {
-      const auto err = reference::compare_bf16(y, ref);
-      EXPECT_EQ(err.mismatches, 0) << where << " max_abs=" << err.max_abs;
-      return;
-    }
-    ASSERT_EQ(y.size(), ref.size()) << where;
-    std::vector<std::uint16_t> a, b;
-    for (std::size_t i = 0; i < y.size(); ++i) {
-      if (y[i] == ref[i] && std::isinf(formats::bf16_to_float(y[i]))) continue;
-      a.push_back(y[i]);
-      b.push_back(ref[i]);
-    }
-    const auto err = reference::compare_bf16_tolerant(a, b, 1, 1e-6);
-    EXPECT_EQ(err.mismatches, 0) << where << " max_abs=" << err.max_abs;
+    const auto check = reference::check_output(y, ref, GetParam().combine, ExpertMath::exact);
+    EXPECT_TRUE(check.pass) << where << ": " << check.stats.mismatches
+                            << " elements outside tolerance, max_abs=" << check.stats.max_abs
+                            << " (" << check.rule << ")";
   }
 
   // Row t of y: every element non-finite (all) or exactly the columns in `columns`.
@@ -489,8 +479,33 @@ TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
   });
   for (const auto& e : errors) {
     EXPECT_THAT(e, HasSubstr("Layer creation: rank 1 was given a different config than rank 0"));
-    EXPECT_THAT(e, HasSubstr("rank 1: epmoe.config/1 hidden=64 intermediate=64 num_experts=8 "
+    EXPECT_THAT(e, HasSubstr("rank 1: epmoe.config/2 hidden=64 intermediate=64 num_experts=8 "
                              "top_k=2 max_tokens_per_rank=16"));
+  }
+}
+
+TEST(LayerCreationShapes, DifferentExpertMathOnDifferentRanksFailsOnEveryRank) {
+  const auto weights = reference::make_random_weights(kShape, 1);
+  auto group = make_host_group(kWorld);
+  std::vector<std::string> errors(kWorld);
+  within_seconds(20, "layer creation", [&] {
+    run_on_rank_threads(kWorld, [&](int rank) {
+      auto comm = make_host_communicator(group, rank);
+      LayerOptions o;
+      o.timeout_ms = 2'000;
+      if (rank == 1) o.expert_math = ExpertMath::tensor_core;
+      try {
+        Layer layer(*comm, make_config(kShape, Precision::bf16, rank, kWorld, o),
+                    local_weight_views(weights, kShape, rank, kWorld));
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  });
+  for (const auto& e : errors) {
+    EXPECT_THAT(e, HasSubstr("Layer creation: rank 1 was given a different config than rank 0"));
+    EXPECT_THAT(e, HasSubstr("expert_math=tensor_core"));
   }
 }
 

@@ -82,6 +82,7 @@ TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
   o.timeout_ms = 1234;
   o.swiglu_limit = 7.0f;
   o.mxfp8_scale_rounding = ScaleRounding::ocp_floor;
+  o.expert_math = ExpertMath::tensor_core;
   const LayerConfig c = make_config(kQwen, Precision::mxfp8, 3, 8, o);
   EXPECT_EQ(c.shape().hidden, 2048);
   EXPECT_EQ(c.shape().intermediate, 768);
@@ -96,6 +97,7 @@ TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
   EXPECT_EQ(c.options().timeout_ms, 1234u);
   EXPECT_EQ(c.options().swiglu_limit, 7.0f);
   EXPECT_EQ(c.options().mxfp8_scale_rounding, ScaleRounding::ocp_floor);
+  EXPECT_EQ(c.options().expert_math, ExpertMath::tensor_core);
   EXPECT_EQ(c.local_experts(), 16);
   EXPECT_EQ(c.expert_owner(127), 7);
 }
@@ -245,6 +247,9 @@ TEST(MakeConfigRejects, EnumValuesOutsideTheirNames) {
   o = {};
   o.mxfp8_scale_rounding = static_cast<ScaleRounding>(9);
   EXPECT_EQ(options_rejection(o), "mxfp8_scale_rounding=9: must be rceil or ocp_floor");
+  o = {};
+  o.expert_math = static_cast<ExpertMath>(4);
+  EXPECT_EQ(options_rejection(o), "expert_math=4: must be exact or tensor_core");
 }
 
 // ---- with_knobs rejects knobs outside kKnobSpace, naming the knob
@@ -453,6 +458,12 @@ TEST(ConfigNames, ToStringAndParseRoundTrip) {
   for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) {
     EXPECT_EQ(parse_combine(to_string(c)), c);
   }
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core}) {
+    EXPECT_EQ(parse_expert_math(to_string(m)), m);
+  }
+  EXPECT_STREQ(to_string(ExpertMath::exact), "exact");
+  EXPECT_STREQ(to_string(ExpertMath::tensor_core), "tensor_core");
+  EXPECT_STREQ(to_string(static_cast<ExpertMath>(7)), "unknown");
   EXPECT_STREQ(to_string(TokenBack::dispatch_warps), "dispatch_warps");
   EXPECT_STREQ(to_string(TokenBack::epilogue_warps), "epilogue_warps");
   EXPECT_STREQ(to_string(ScaleRounding::rceil), "rceil");
@@ -469,6 +480,15 @@ TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
             "--precision=BF16: must be one of bf16, mxfp8, nvfp4");
   EXPECT_EQ(rejection([] { parse_combine("reduce"); }),
             "combine=reduce: must be one of staged, in_kernel_reduce");
+  EXPECT_EQ(rejection([] { parse_expert_math("tf32"); }),
+            "expert_math=tf32: must be one of exact, tensor_core");
+  EXPECT_EQ(rejection([] { parse_expert_math("Exact", "--math"); }),
+            "--math=Exact: must be one of exact, tensor_core");
+}
+
+TEST(ConfigOptions, ExpertMathDefaultsToExact) {
+  EXPECT_EQ(LayerOptions{}.expert_math, ExpertMath::exact);
+  EXPECT_EQ(make_config(kQwen, Precision::bf16, 0, 4).options().expert_math, ExpertMath::exact);
 }
 
 // ---- describe ----------------------------------------------------------------------------------
@@ -488,6 +508,7 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
                             "timeout_ms=10000",
                             "swiglu_limit=0",
                             "mxfp8_scale_rounding=rceil",
+                            "expert_math=exact",
                             "knobs.decode={",
                             "knobs.small={",
                             "knobs.medium={",
@@ -534,6 +555,7 @@ TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
   option([](LayerOptions& o) { o.timeout_ms = 10'001; });
   option([](LayerOptions& o) { o.swiglu_limit = 7.0f; });
   option([](LayerOptions& o) { o.mxfp8_scale_rounding = ScaleRounding::ocp_floor; });
+  option([](LayerOptions& o) { o.expert_math = ExpertMath::tensor_core; });
   auto knob = [&](auto edit) {
     Knobs k = base.knobs(TokenBucket::medium);
     edit(k);
@@ -569,9 +591,10 @@ TEST(ConfigDescribe, HasAStableFormat) {
       "{token_back=epilogue_warps block_m=128 block_n=64 stages=5 dispatch_warps=6 num_sms=100 "
       "megakernel=false}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/1 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/2 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
-            "timeout_ms=10000 swiglu_limit=7.5 mxfp8_scale_rounding=rceil knobs.decode=" +
+            "timeout_ms=10000 swiglu_limit=7.5 mxfp8_scale_rounding=rceil expert_math=exact "
+            "knobs.decode=" +
                 knobs + " knobs.small=" + knobs + " knobs.medium=" + knobs +
                 " knobs.prefill=" + knobs);
 }

@@ -1,12 +1,12 @@
 // `epmoe bench`: latency of the layer against the floors of the machine it runs on.
 //
-// Sweeps model shape × precision × combine × world × T (tokens per rank). For every point: warm-up
-// rounds, then timed rounds with uniform random top-k routing; a round's latency is the slowest
-// rank's forward (CUDA events around forward() on each rank's stream; wall clock on the CPU
-// executor), and a point reports the median and p90 of that over its rounds. Next to each latency:
-// the bytes of the experts the round touched (in the layer's precision), the FLOPs, the bytes that
-// crossed NVLink, and the floors those give over the HBM bandwidth, bf16 matmul rate and peer
-// bandwidth measured at the start of the same run. docs/bench.md has the definitions.
+// Sweeps model shape × precision × combine × expert math × world × T (tokens per rank). For every
+// point: warm-up rounds, then timed rounds with uniform random top-k routing; a round's latency is
+// the slowest rank's forward (CUDA events around forward() on each rank's stream; wall clock on the
+// CPU executor), and a point reports the median and p90 of that over its rounds. Next to each
+// latency: the bytes of the experts the round touched (in the layer's precision), the FLOPs, the
+// bytes that crossed NVLink, and the floors those give over the HBM bandwidth, bf16 matmul rate and
+// peer bandwidth measured at the start of the same run. docs/bench.md has the definitions.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -72,6 +72,7 @@ struct BenchOptions {
   std::string tokens = "0,1,16,64,128,512,2048,8192";
   std::string precisions = "bf16,mxfp8,nvfp4";
   std::string combines = "staged,in_kernel_reduce";
+  std::string maths = "exact,tensor_core";  // LayerOptions::expert_math
   std::string worlds = "auto";
   std::string executor = "auto";
   int warmup = 2;
@@ -292,6 +293,7 @@ struct Point {
   int world = 1;
   Precision precision = Precision::bf16;
   Combine combine = Combine::staged;
+  ExpertMath math = ExpertMath::exact;
   std::int64_t tokens = 0;
   std::string status = "pending";  // ok | skipped | error
   std::string note;
@@ -559,7 +561,7 @@ Ceilings measure_ceilings(const BenchOptions& o, Backend backend) {
   return c;
 }
 
-// ---- one config (model, world, precision, combine): a cluster and its T sweep ----
+// ---- one config (model, world, precision, combine, math): a cluster and its T sweep ----
 
 struct SweepState {
   const BenchOptions* o = nullptr;
@@ -662,8 +664,9 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
   return out;
 }
 
-// One round on check_tokens tokens per rank against the emulating reference.
-std::string check_config(Cluster& cluster, const LayerShape& s, Combine combine,
+// One round on check_tokens tokens per rank against the emulating reference, with the rule of the
+// layer's combine and expert math (reference::check_output).
+std::string check_config(Cluster& cluster, const LayerShape& s, const LayerOptions& options,
                          std::int64_t tokens, std::uint64_t seed) {
   const int world = cluster.world();
   std::vector<std::string> result(static_cast<std::size_t>(world));
@@ -672,13 +675,15 @@ std::string check_config(Cluster& cluster, const LayerShape& s, Combine combine,
         reference::make_random_batch(s, world, tokens, reference::Routing::uniform, 0,
                                      seed * 104729 + static_cast<std::uint64_t>(rank));
     const auto y = cluster.forward(rank, batch);
-    const auto ref = cluster.reference(rank).forward(batch);
-    const auto err = combine == Combine::staged ? reference::compare_bf16(y, ref)
-                                                : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
+    const auto check = reference::check_output(y, cluster.reference(rank).forward(batch),
+                                               options.combine, options.expert_math);
+    char rel_l2[32];
+    std::snprintf(rel_l2, sizeof rel_l2, "%.3g", check.stats.rel_l2);
     result[static_cast<std::size_t>(rank)] =
-        err.mismatches == 0 ? "pass"
-                            : "fail (rank " + std::to_string(rank) + ": " +
-                                  std::to_string(err.mismatches) + " elements differ)";
+        check.pass
+            ? "pass"
+            : "fail (rank " + std::to_string(rank) + ": " + std::to_string(check.stats.mismatches) +
+                  " elements outside tolerance, rel_l2 " + rel_l2 + "; " + check.rule + ")";
   });
   for (const auto& r : result)
     if (r != "pass") return r;
@@ -696,11 +701,12 @@ bool check_wanted(const BenchOptions& o, const LayerShape& s, int world) {
 }
 
 void run_config(SweepState& st, const Model& model, const ModelData& data, int world,
-                Precision precision, Combine combine, std::vector<Point*>& points) {
+                Precision precision, Combine combine, ExpertMath math,
+                std::vector<Point*>& points) {
   const BenchOptions& o = *st.o;
   const LayerShape& s = model.shape;
   const std::string what = model.label() + " W=" + std::to_string(world) + " " +
-                           to_string(precision) + " " + to_string(combine);
+                           to_string(precision) + " " + to_string(combine) + " " + to_string(math);
   auto skip_rest = [&](std::size_t from, const std::string& status, const std::string& note) {
     for (std::size_t i = from; i < points.size(); ++i) {
       points[i]->status = status;
@@ -719,6 +725,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   }
   LayerOptions options;
   options.combine = combine;
+  options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
   std::unique_ptr<Cluster> cluster;
   const auto t_prep = Clock::now();
@@ -735,7 +742,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   std::string check = "skipped";
   if (check_wanted(o, s, world)) {
     try {
-      check = check_config(*cluster, s, combine, std::min(o.check_tokens, s.max_tokens_per_rank),
+      check = check_config(*cluster, s, options, std::min(o.check_tokens, s.max_tokens_per_rank),
                            o.seed);
     } catch (const std::exception& e) {
       check = std::string("error: ") + e.what();
@@ -865,12 +872,13 @@ std::string json_str(const std::string& s) {
 }
 
 void print_table(const std::vector<Point>& points) {
-  std::printf("\n%-22s %2s %-5s %-16s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %s\n", "model", "W",
-              "prec", "combine", "T", "p50 ms", "p90 ms", "wt GB", "TB/s", "TFLOPS", "NVL MB",
-              "floor ms", "bound", "x floor", "check");
+  std::printf("\n%-22s %2s %-5s %-16s %-11s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %s\n", "model",
+              "W", "prec", "combine", "math", "T", "p50 ms", "p90 ms", "wt GB", "TB/s", "TFLOPS",
+              "NVL MB", "floor ms", "bound", "x floor", "check");
   for (const Point& p : points) {
-    std::printf("%-22s %2d %-5s %-16s %5lld ", p.model->label().c_str(), p.world,
-                to_string(p.precision), to_string(p.combine), static_cast<long long>(p.tokens));
+    std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
+                to_string(p.precision), to_string(p.combine), to_string(p.math),
+                static_cast<long long>(p.tokens));
     if (p.status != "ok") {
       std::printf("%s: %s\n", p.status.c_str(), p.note.c_str());
       continue;
@@ -914,7 +922,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
       << ", \"hidden\": " << s.hidden << ", \"intermediate\": " << s.intermediate
       << ", \"experts\": " << s.num_experts << ", \"model_experts\": " << p.model->model_experts
       << ", \"top_k\": " << s.top_k << ", \"precision\": " << json_str(to_string(p.precision))
-      << ", \"combine\": " << json_str(to_string(p.combine)) << ", \"world\": " << p.world
+      << ", \"combine\": " << json_str(to_string(p.combine))
+      << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": " << p.world
       << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
       << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
       << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()
@@ -967,7 +976,10 @@ int bench(const BenchOptions& o) {
     precisions.push_back(parse_precision(p, "--precisions"));
   std::vector<Combine> combines;
   for (const auto& c : split(o.combines)) combines.push_back(parse_combine(c, "--combines"));
-  if (precisions.empty() || combines.empty()) reject("--precisions / --combines: empty list");
+  std::vector<ExpertMath> maths;
+  for (const auto& m : split(o.maths)) maths.push_back(parse_expert_math(m, "--math"));
+  if (precisions.empty() || combines.empty() || maths.empty())
+    reject("--precisions / --combines / --math: empty list");
 
   // Worlds: auto = 2 and 1 (largest first), clipped to the GPUs on the CUDA executor.
   std::vector<int> worlds;
@@ -1012,13 +1024,14 @@ int bench(const BenchOptions& o) {
               ceilings.matmul_how.empty() ? "not measured" : ceilings.matmul_how.c_str());
   std::fflush(stdout);
 
-  // Points, in the order they run: world (largest first), precision, combine, model, T. A
+  // Points, in the order they run: world (largest first), precision, combine, math, model, T. A
   // --budget-s cut therefore drops the least central configs first.
   struct Config {
     std::size_t model;
     int world;
     Precision precision;
     Combine combine;
+    ExpertMath math;
     std::vector<std::size_t> points;
   };
   std::vector<Point> points;
@@ -1026,20 +1039,22 @@ int bench(const BenchOptions& o) {
   for (int w : worlds)
     for (Precision p : precisions)
       for (Combine c : combines)
-        for (std::size_t m = 0; m < models.size(); ++m) {
-          Config cfg{m, w, p, c, {}};
-          for (std::int64_t t : tokens) {
-            Point pt;
-            pt.model = &models[m];
-            pt.world = w;
-            pt.precision = p;
-            pt.combine = c;
-            pt.tokens = t;
-            cfg.points.push_back(points.size());
-            points.push_back(pt);
+        for (ExpertMath x : maths)
+          for (std::size_t m = 0; m < models.size(); ++m) {
+            Config cfg{m, w, p, c, x, {}};
+            for (std::int64_t t : tokens) {
+              Point pt;
+              pt.model = &models[m];
+              pt.world = w;
+              pt.precision = p;
+              pt.combine = c;
+              pt.math = x;
+              pt.tokens = t;
+              cfg.points.push_back(points.size());
+              points.push_back(pt);
+            }
+            configs.push_back(cfg);
           }
-          configs.push_back(cfg);
-        }
 
   std::map<std::size_t, std::unique_ptr<ModelData>> data;
   Progress progress("bench", static_cast<std::int64_t>(points.size()));
@@ -1060,7 +1075,7 @@ int bench(const BenchOptions& o) {
     }
     std::vector<Point*> pts;
     for (std::size_t i : cfg.points) pts.push_back(&points[i]);
-    run_config(st, m, *data[cfg.model], cfg.world, cfg.precision, cfg.combine, pts);
+    run_config(st, m, *data[cfg.model], cfg.world, cfg.precision, cfg.combine, cfg.math, pts);
   }
   progress.finish();
   const double total_s = seconds_since(start);
@@ -1084,8 +1099,8 @@ BenchCommand add_bench_command(CLI::App& parent) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = parent.add_subcommand(
       "bench",
-      "time the layer over model shape x precision x combine x world x T, next to the "
-      "floors of this machine (HBM, bf16 matmul, NVLink) measured in the same run");
+      "time the layer over model shape x precision x combine x expert math x world x T, next to "
+      "the floors of this machine (HBM, bf16 matmul, NVLink) measured in the same run");
   cmd->footer(
       "Each point: --warmup rounds, then --rounds timed rounds (uniform random top-k); a round's "
       "latency is the\nslowest rank's forward (CUDA events); p50/p90 over rounds. Points whose "
@@ -1104,6 +1119,10 @@ BenchCommand add_bench_command(CLI::App& parent) {
   cmd->add_option("--precisions", o->precisions, "comma list of bf16, mxfp8, nvfp4")
       ->capture_default_str();
   cmd->add_option("--combines", o->combines, "comma list of staged, in_kernel_reduce")
+      ->capture_default_str();
+  cmd->add_option("--math", o->maths,
+                  "comma list of expert math: exact, tensor_core (bf16 tensor cores, fp32 "
+                  "accumulation; the CPU executor always computes exactly)")
       ->capture_default_str();
   cmd->add_option("--worlds", o->worlds,
                   "comma list of ranks (GPUs); auto = 2,1 clipped to the visible GPUs")

@@ -54,6 +54,7 @@ struct StressOptions {
   std::int64_t rounds = 2000;
   std::string precision = "bf16";
   std::string combine = "staged";
+  std::string math = "exact";  // exact | tensor_core (LayerOptions::expert_math)
   std::string routing = "mixed";
   std::uint64_t seed = 1;
   double idle_fraction = 0.4;
@@ -499,6 +500,33 @@ struct RankStats {
   std::vector<std::string> mismatch_notes;
 };
 
+// Checks one round's output against the reference with reference::check_output (the rule of the
+// layer's combine and expert math) and records it in `st` (both modes).
+reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16_t>& y,
+                                    const std::vector<std::uint16_t>& ref,
+                                    const LayerOptions& options, int rank, std::int64_t round,
+                                    const RoundDraw& draw) {
+  reference::OutputCheck check =
+      reference::check_output(y, ref, options.combine, options.expert_math);
+  ++st.checked;
+  st.mismatches += check.stats.mismatches;
+  if (!check.pass) {
+    ++st.mismatched_rounds;
+    if (st.mismatch_notes.size() < 5) {
+      char note[200];
+      std::snprintf(note, sizeof note,
+                    "rank %d round %lld T=%lld routing=%s: %lld elements outside tolerance, "
+                    "max_abs=%.4g rel_l2=%.3g",
+                    rank, static_cast<long long>(round), static_cast<long long>(draw.tokens),
+                    reference::to_string(draw.routing),
+                    static_cast<long long>(check.stats.mismatches), check.stats.max_abs,
+                    check.stats.rel_l2);
+      st.mismatch_notes.emplace_back(note);
+    }
+  }
+  return check;
+}
+
 double percentile(std::vector<float>& v, double q) {
   if (v.empty()) return 0.0;
   const auto i = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
@@ -507,8 +535,8 @@ double percentile(std::vector<float>& v, double q) {
 }
 
 // The load part of the summary (both modes); returns the totals, sets rounds_seen (rank 0's).
-RankStats print_load_summary(std::vector<RankStats>& stats, const StressOptions& o, bool staged,
-                             double wall_s, std::int64_t& rounds_seen) {
+RankStats print_load_summary(std::vector<RankStats>& stats, const StressOptions& o,
+                             const std::string& rule, double wall_s, std::int64_t& rounds_seen) {
   RankStats all;
   std::int64_t all_idle_rounds = 0;
   int max_rank = 0;
@@ -547,11 +575,11 @@ RankStats print_load_summary(std::vector<RankStats>& stats, const StressOptions&
               static_cast<long long>(all.zero), pct(all.zero, all.forwards),
               static_cast<long long>(all_idle_rounds), pct(all_idle_rounds, o.rounds));
   std::printf("checked           %lld forwards against the emulating reference (%s)\n",
-              static_cast<long long>(all.checked),
-              staged ? "staged: bit-exact" : "in_kernel_reduce: within 1 bf16 ulp");
-  std::printf("mismatches        %lld elements in %lld forwards\n",
-              static_cast<long long>(all.mismatches),
-              static_cast<long long>(all.mismatched_rounds));
+              static_cast<long long>(all.checked), rule.c_str());
+  std::printf(
+      "mismatches        %lld elements outside the per-element tolerance; %lld forwards "
+      "broke the rule\n",
+      static_cast<long long>(all.mismatches), static_cast<long long>(all.mismatched_rounds));
   for (const RankStats& s : stats)
     for (const std::string& note : s.mismatch_notes) std::printf("  %s\n", note.c_str());
   std::printf(
@@ -815,7 +843,6 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
   }
   if (ps.cuda && !restarted && !read_resume(down, resume)) return kRankError;
   if (!restarted) rank_layer.build(resume.unique_id);
-  const bool staged = ps.options.combine == Combine::staged;
   Load load(o, rank);
   RankStats st;
   st.wall_us.reserve(static_cast<std::size_t>(o.rounds));
@@ -935,23 +962,7 @@ int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int u
         y[0] ^= 0x4000;
         corrupt_pending = false;
       }
-      const auto ref = reference.forward(batch);
-      const auto err = staged ? reference::compare_bf16(y, ref)
-                              : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
-      ++st.checked;
-      if (err.mismatches > 0) {
-        ++st.mismatched_rounds;
-        st.mismatches += err.mismatches;
-        if (st.mismatch_notes.size() < 5) {
-          char note[200];
-          std::snprintf(note, sizeof note,
-                        "rank %d round %lld T=%lld routing=%s: %lld elements differ, max_abs=%.4g",
-                        rank, static_cast<long long>(round), static_cast<long long>(draw.tokens),
-                        reference::to_string(draw.routing), static_cast<long long>(err.mismatches),
-                        err.max_abs);
-          st.mismatch_notes.emplace_back(note);
-        }
-      }
+      record_check(st, y, reference.forward(batch), ps.options, rank, round, draw);
     }
     ++round;
   }
@@ -1199,9 +1210,10 @@ int stress_processes(const StressOptions& o, ProcessSetup ps) {
   remove_shared_memory_group(ps.name, world);
 
   // ---- summary ----
-  const bool staged = ps.options.combine == Combine::staged;
   std::int64_t rounds_seen = 0;
-  const RankStats all = print_load_summary(stats, o, staged, wall_s, rounds_seen);
+  const RankStats all = print_load_summary(
+      stats, o, reference::output_rule(ps.options.combine, ps.options.expert_math), wall_s,
+      rounds_seen);
   bool fault_ok = problems.empty();
   const double bound_ms = o.timeout_ms + 1000.0;
   for (KillEpisode& e : episodes) {
@@ -1274,9 +1286,9 @@ int stress_processes(const StressOptions& o, ProcessSetup ps) {
   const bool idle_enough =
       static_cast<double>(all.zero) >= o.min_zero_fraction * static_cast<double>(all.forwards);
   if (!idle_enough) std::printf("PROBLEM: fewer zero-token forwards than --min-zero-fraction\n");
-  const bool ok = all.mismatches == 0 && fault_ok && exits_ok && complete && idle_enough;
+  const bool ok = all.mismatched_rounds == 0 && fault_ok && exits_ok && complete && idle_enough;
   std::string why;
-  if (all.mismatches > 0) why += " mismatch";
+  if (all.mismatched_rounds > 0) why += " mismatch";
   if (!fault_ok) why += ps.plan.kill ? " fault-detection/recovery" : " errors";
   if (!exits_ok) why += " rank-process-failed";
   if (!complete) why += " stopped-early";
@@ -1309,6 +1321,7 @@ int stress(const StressOptions& o) {
   const Precision precision = parse_precision(o.precision);
   LayerOptions options;
   options.combine = parse_combine(o.combine);
+  options.expert_math = parse_expert_math(o.math, "--math");
   options.timeout_ms = o.timeout_ms;
   std::optional<reference::Routing> fixed_routing;
   if (o.routing != "mixed") fixed_routing = reference::parse_routing(o.routing);
@@ -1340,14 +1353,14 @@ int stress(const StressOptions& o) {
            std::to_string(need >> 30) + " GiB of host memory on the CPU executor and " +
            std::to_string(have >> 30) + " GiB are available; pass --experts with fewer experts");
 
-  const bool staged = options.combine == Combine::staged;
   std::printf(
       "epmoe stress: %s H=%lld I=%lld E=%lld K=%lld max_tokens=%lld  precision=%s combine=%s "
-      "routing=%s\n",
+      "math=%s routing=%s\n",
       shape_name.c_str(), static_cast<long long>(shape.hidden),
       static_cast<long long>(shape.intermediate), static_cast<long long>(shape.num_experts),
       static_cast<long long>(shape.top_k), static_cast<long long>(shape.max_tokens_per_rank),
-      to_string(precision), to_string(options.combine), o.routing.c_str());
+      to_string(precision), to_string(options.combine), to_string(options.expert_math),
+      o.routing.c_str());
   std::printf(
       "executor: %s, no barrier between rounds  rounds=%lld seed=%llu "
       "idle-fraction=%.2f max-sleep-us=%u timeout-ms=%u check-every=%lld fault=%s\n",
@@ -1375,7 +1388,7 @@ int stress(const StressOptions& o) {
   std::vector<RankStats> stats(static_cast<std::size_t>(o.ranks));
   Recovery recovery(o.ranks, plan, o.timeout_ms);
   Progress progress("stress rounds", o.rounds);
-  std::atomic<std::int64_t> zero_total{0}, forwards_total{0}, mismatch_total{0};
+  std::atomic<std::int64_t> zero_total{0}, forwards_total{0}, failed_total{0};
   const auto start = Clock::now();
   {
     Watchdog watchdog(o.watchdog_s, live);
@@ -1395,7 +1408,6 @@ int stress(const StressOptions& o) {
         if (recovery.stopped()) break;
         const RoundDraw draw = draw_round(load, o, shape, round, fixed_routing);
         const std::int64_t tokens = draw.tokens;
-        const reference::Routing routing = draw.routing;
         const reference::Batch batch = round_batch(o, shape, draw, round, rank);
         // The faulty rank arms its fault at evenly spaced rounds (one episode each).
         const std::int64_t arm_at =
@@ -1482,32 +1494,16 @@ int stress(const StressOptions& o) {
             y[0] ^= 0x4000;  // --corrupt-check: prove the checker can fail
             corrupt_pending = false;
           }
-          const auto ref = cluster.reference(rank).forward(batch);
-          const auto err = staged ? reference::compare_bf16(y, ref)
-                                  : reference::compare_bf16_tolerant(y, ref, 1, 1e-6);
-          ++st.checked;
-          if (err.mismatches > 0) {
-            ++st.mismatched_rounds;
-            st.mismatches += err.mismatches;
-            mismatch_total.fetch_add(err.mismatches, std::memory_order_relaxed);
-            if (st.mismatch_notes.size() < 5) {
-              char note[200];
-              std::snprintf(note, sizeof note,
-                            "rank %d round %lld T=%lld routing=%s: %lld elements differ, "
-                            "max_abs=%.4g",
-                            rank, static_cast<long long>(round), static_cast<long long>(tokens),
-                            reference::to_string(routing), static_cast<long long>(err.mismatches),
-                            err.max_abs);
-              st.mismatch_notes.emplace_back(note);
-            }
-          }
+          const auto check = record_check(st, y, cluster.reference(rank).forward(batch), options,
+                                          rank, round, draw);
+          if (!check.pass) failed_total.fetch_add(1, std::memory_order_relaxed);
         }
         if (rank == 0) {
           const double f = static_cast<double>(zero_total.load(std::memory_order_relaxed)) /
                            std::max<double>(1.0, static_cast<double>(forwards_total.load()));
           char detail[128];
-          std::snprintf(detail, sizeof detail, "zero-token %.0f%%  mismatches %lld", 100.0 * f,
-                        static_cast<long long>(mismatch_total.load()));
+          std::snprintf(detail, sizeof detail, "zero-token %.0f%%  failed checks %lld", 100.0 * f,
+                        static_cast<long long>(failed_total.load()));
           progress.update(round, detail);
         }
         ++round;
@@ -1520,7 +1516,8 @@ int stress(const StressOptions& o) {
 
   // ---- summary ----
   std::int64_t rounds_seen = 0;
-  const RankStats all = print_load_summary(stats, o, staged, wall_s, rounds_seen);
+  const RankStats all = print_load_summary(
+      stats, o, reference::output_rule(options.combine, options.expert_math), wall_s, rounds_seen);
   const auto pct = [](std::int64_t a, std::int64_t b) {
     return b > 0 ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0;
   };
@@ -1578,9 +1575,9 @@ int stress(const StressOptions& o) {
   if (!idle_enough)
     std::printf("PROBLEM: %.1f%% zero-token forwards, fewer than --min-zero-fraction=%.2f\n",
                 pct(all.zero, all.forwards), o.min_zero_fraction);
-  const bool ok = all.mismatches == 0 && errors == 0 && fault_ok && complete && idle_enough;
+  const bool ok = all.mismatched_rounds == 0 && errors == 0 && fault_ok && complete && idle_enough;
   std::string why;
-  if (all.mismatches > 0) why += " mismatch";
+  if (all.mismatched_rounds > 0) why += " mismatch";
   if (errors > 0) why += " errors";
   if (!fault_ok) why += plan.fault != Fault::none ? " fault-detection/recovery" : " recovery";
   if (!complete) why += " stopped-early";
@@ -1642,6 +1639,10 @@ StressCommand add_stress_command(CLI::App& parent) {
   cmd->add_option("--rounds", o->rounds, "rounds every rank runs")->capture_default_str();
   cmd->add_option("--precision", o->precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
   cmd->add_option("--combine", o->combine, "staged | in_kernel_reduce")->capture_default_str();
+  cmd->add_option("--math", o->math,
+                  "expert math: exact | tensor_core (CUDA executor; the CPU executor always "
+                  "computes exactly); picks the rule outputs are checked with")
+      ->capture_default_str();
   cmd->add_option("--routing", o->routing,
                   "mixed (a pattern per rank per round) | uniform | one_expert | one_rank | "
                   "all_dropped")

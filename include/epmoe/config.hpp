@@ -1,8 +1,8 @@
 // Layer configuration: shape, precision, caller options and tuned knobs (DESIGN §5).
 //
 // A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
-// mode, determinism, timeouts, SwiGLU clamp, scale rounding) are caller-owned: with_knobs() adjusts
-// any tuned knob that conflicts with them and never changes them.
+// mode, determinism, timeouts, SwiGLU clamp, scale rounding, expert math) are caller-owned:
+// with_knobs() adjusts any tuned knob that conflicts with them and never changes them.
 #pragma once
 
 #include <array>
@@ -36,14 +36,17 @@ enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4 };  // weights, wire an
 enum class Combine : std::uint8_t { staged, in_kernel_reduce };
 enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };
 enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 E8M0 scale rule
+enum class ExpertMath : std::uint8_t { exact, tensor_core };   // how the expert GEMMs sum
 
 const char* to_string(Precision p);
 const char* to_string(Combine c);
 const char* to_string(TokenBack t);
 const char* to_string(ScaleRounding s);
+const char* to_string(ExpertMath m);
 // Parse a name printed by to_string; throws Error(invalid_argument) naming `what` otherwise.
 Precision parse_precision(const std::string& name, const char* what = "precision");
 Combine parse_combine(const std::string& name, const char* what = "combine");
+ExpertMath parse_expert_math(const std::string& name, const char* what = "expert_math");
 
 // Caller-owned choices. Nothing here is ever changed by tuning.
 struct LayerOptions {
@@ -52,6 +55,11 @@ struct LayerOptions {
   std::uint32_t timeout_ms = 10'000;  // every cross-rank wait; 0 = wait forever
   float swiglu_limit = 0.0f;          // clamp of gpt-oss style SwiGLU; 0 = no clamp
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
+  // exact: float64 sums of exact products (bit-exact vs the emulating reference with staged
+  // combine); tensor_core: bf16 tensor cores with fp32 accumulation on the CUDA executor, agreeing
+  // with the reference to accumulation-order noise (reference::check_output); the CPU executor
+  // always computes exactly.
+  ExpertMath expert_math = ExpertMath::exact;
 };
 
 // Token buckets: the knob set is chosen per launch from T, so decode and prefill steps of one layer

@@ -57,6 +57,7 @@ __all__ = [
     "Combine",
     "Communicator",
     "Error",
+    "ExpertMath",
     "Health",
     "HostGroup",
     "Layer",
@@ -116,6 +117,16 @@ class Combine(_Named):
     in_kernel_reduce = "in_kernel_reduce"
 
 
+class ExpertMath(_Named):
+    """How the expert GEMMs sum: ``exact`` (float64 sums of exact products: bit-exact against the
+    emulating reference with staged combine) or ``tensor_core`` (bf16 tensor cores with fp32
+    accumulation on the CUDA executor: agrees with the reference to accumulation-order noise,
+    docs/tuning.md gives the rule). The CPU executor always computes exactly."""
+
+    exact = "exact"
+    tensor_core = "tensor_core"
+
+
 class ScaleRounding(_Named):
     """MXFP8 E8M0 scale rule: ``rceil`` (no element saturates) or ``ocp_floor`` (OCP MX v1.0)."""
 
@@ -148,11 +159,13 @@ def make_config(
     timeout_ms: int = 10_000,
     swiglu_limit: float = 0.0,
     mxfp8_scale_rounding: NameOr = "rceil",
+    expert_math: NameOr = "exact",
 ) -> LayerConfig:
     """A validated :class:`LayerConfig`; raises :class:`Error` naming the field, value and rule.
 
     ``timeout_ms`` bounds every cross-rank wait (0 = wait forever); ``swiglu_limit`` > 0 clamps the
-    SwiGLU as gpt-oss does; ``deterministic`` requires ``combine="staged"``.
+    SwiGLU as gpt-oss does; ``deterministic`` requires ``combine="staged"``; ``expert_math`` is an
+    :class:`ExpertMath` (``"tensor_core"`` is faster on the CUDA executor and not bit-exact).
     """
     return _ext.make_config(
         shape,
@@ -164,6 +177,7 @@ def make_config(
         timeout_ms=timeout_ms,
         swiglu_limit=swiglu_limit,
         mxfp8_scale_rounding=_name(mxfp8_scale_rounding),
+        expert_math=_name(expert_math),
     )
 
 
@@ -298,7 +312,7 @@ class Layer(_ext._Layer):
     """One rank's expert-parallel MoE layer.
 
     ``Layer(comm, shape, precision, w13, w2, *, combine=..., deterministic=..., timeout_ms=...,
-    swiglu_limit=..., mxfp8_scale_rounding=...)`` is collective: every rank of ``comm`` creates its
+    swiglu_limit=..., mxfp8_scale_rounding=..., expert_math=...)`` is collective: every rank of ``comm`` creates its
     layer with the same shape and options (a mismatch is reported on every rank), each from its
     own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
     [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32, on
@@ -324,6 +338,7 @@ class Layer(_ext._Layer):
         timeout_ms: int = 10_000,
         swiglu_limit: float = 0.0,
         mxfp8_scale_rounding: NameOr = "rceil",
+        expert_math: NameOr = "exact",
     ) -> None:
         config = make_config(
             shape,
@@ -335,6 +350,7 @@ class Layer(_ext._Layer):
             timeout_ms=timeout_ms,
             swiglu_limit=swiglu_limit,
             mxfp8_scale_rounding=mxfp8_scale_rounding,
+            expert_math=expert_math,
         )
         self._init(comm, config, w13, w2)
 

@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--precision", default="bf16", help="bf16 | mxfp8 | nvfp4")
     run.add_argument("--combine", default="staged", help="staged | in_kernel_reduce")
+    run.add_argument(
+        "--math",
+        default="exact",
+        help="expert math: exact | tensor_core (bf16 tensor cores, fp32 accumulation; CUDA "
+        "executor only, the CPU executor always computes exactly)",
+    )
     run.add_argument("--executor", default="auto", help="auto | cpu | cuda")
     run.add_argument("--rounds", type=int, default=2, help="rounds to run (each checked)")
     run.add_argument("--seed", type=int, default=1, help="seed of weights, inputs and routing")
@@ -61,6 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 rounds=args.rounds,
                 seed=args.seed,
                 timeout_ms=args.timeout_ms,
+                math=args.math,
             )
     except Error as e:
         print(f"epmoe: error ({e.code}): {e}", file=sys.stderr)

@@ -460,9 +460,11 @@ std::uint32_t timeout_arg(std::int64_t timeout_ms) {
 LayerConfig make_config_py(const LayerShape& shape, const std::string& precision, int rank,
                            int world, const std::string& combine, bool deterministic,
                            std::int64_t timeout_ms, float swiglu_limit,
-                           const std::string& mxfp8_scale_rounding) {
+                           const std::string& mxfp8_scale_rounding,
+                           const std::string& expert_math) {
   LayerOptions options;
   options.combine = parse_combine(combine);
+  options.expert_math = parse_expert_math(expert_math);
   options.deterministic = deterministic;
   options.timeout_ms = timeout_arg(timeout_ms);
   options.swiglu_limit = swiglu_limit;
@@ -750,6 +752,9 @@ NB_MODULE(_epmoe, m) {
                    [](const LayerConfig& c) {
                      return std::string(to_string(c.options().mxfp8_scale_rounding));
                    })
+      .def_prop_ro(
+          "expert_math",
+          [](const LayerConfig& c) { return std::string(to_string(c.options().expert_math)); })
       .def("expert_owner", &LayerConfig::expert_owner, "expert"_a)
       .def("workspace_bytes", &LayerConfig::workspace_bytes,
            "Bytes of the symmetric window one rank registers for this layer.")
@@ -759,6 +764,7 @@ NB_MODULE(_epmoe, m) {
   m.def("make_config", &make_config_py, "shape"_a, "precision"_a = "bf16", "rank"_a = 0,
         "world"_a = 1, nb::kw_only(), "combine"_a = "staged", "deterministic"_a = false,
         "timeout_ms"_a = 10'000, "swiglu_limit"_a = 0.0f, "mxfp8_scale_rounding"_a = "rceil",
+        "expert_math"_a = "exact",
         "Validates everything (raises epmoe.Error naming the field, its value and the rule).");
 
   nb::class_<ModelShape>(m, "ModelShape", "The MoE layer shape of a real model.")
@@ -946,7 +952,7 @@ NB_MODULE(_epmoe, m) {
       "_run_command",
       [](const std::string& model, int ranks, std::int64_t tokens, std::int64_t experts,
          const std::string& precision, const std::string& combine, const std::string& executor,
-         int rounds, std::uint64_t seed, std::int64_t timeout_ms) {
+         int rounds, std::uint64_t seed, std::int64_t timeout_ms, const std::string& math) {
         tools::RunOptions o;
         o.model = model;
         o.ranks = ranks;
@@ -954,6 +960,7 @@ NB_MODULE(_epmoe, m) {
         o.experts = experts;
         o.precision = precision;
         o.combine = combine;
+        o.math = math;
         o.executor = executor;
         o.rounds = rounds;
         o.seed = seed;
@@ -965,7 +972,7 @@ NB_MODULE(_epmoe, m) {
         return rc;
       },
       "model"_a, "ranks"_a, "tokens"_a, "experts"_a, "precision"_a, "combine"_a, "executor"_a,
-      "rounds"_a, "seed"_a, "timeout_ms"_a,
+      "rounds"_a, "seed"_a, "timeout_ms"_a, "math"_a = "exact",
       "`epmoe run` (tools/run.cpp): prints its report, returns the exit status.");
 
 #if defined(EPMOE_FAULT_INJECTION)

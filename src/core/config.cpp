@@ -74,6 +74,9 @@ void check_options(const LayerOptions& o) {
     reject("mxfp8_scale_rounding", static_cast<std::int64_t>(o.mxfp8_scale_rounding),
            "must be rceil or ocp_floor");
   }
+  if (o.expert_math != ExpertMath::exact && o.expert_math != ExpertMath::tensor_core) {
+    reject("expert_math", static_cast<std::int64_t>(o.expert_math), "must be exact or tensor_core");
+  }
   // The caller asked for two things that exclude each other: rejected, not adjusted.
   if (o.deterministic && o.combine != Combine::staged) {
     reject("deterministic", "true",
@@ -144,6 +147,16 @@ const char* to_string(ScaleRounding s) {
   return "unknown";
 }
 
+const char* to_string(ExpertMath m) {
+  switch (m) {
+    case ExpertMath::exact:
+      return "exact";
+    case ExpertMath::tensor_core:
+      return "tensor_core";
+  }
+  return "unknown";
+}
+
 const char* to_string(TokenBucket b) {
   switch (b) {
     case TokenBucket::decode:
@@ -172,6 +185,13 @@ Combine parse_combine(const std::string& name, const char* what) {
   reject(what, name, "must be one of staged, in_kernel_reduce");
 }
 
+ExpertMath parse_expert_math(const std::string& name, const char* what) {
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core}) {
+    if (name == to_string(m)) return m;
+  }
+  reject(what, name, "must be one of exact, tensor_core");
+}
+
 TokenBucket token_bucket(std::int64_t tokens) {
   if (tokens < 0) reject("tokens", tokens, "must be >= 0");
   if (tokens <= kDecodeMaxTokens) return TokenBucket::decode;
@@ -187,7 +207,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/1";
+  std::string s = "epmoe.config/2";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);
@@ -203,6 +223,8 @@ std::string LayerConfig::describe() const {
   s += " swiglu_limit=" + float_text(options_.swiglu_limit);
   s += " mxfp8_scale_rounding=";
   s += to_string(options_.mxfp8_scale_rounding);
+  s += " expert_math=";
+  s += to_string(options_.expert_math);
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     s += " knobs.";
     s += to_string(static_cast<TokenBucket>(b));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "epmoe/config.hpp"
@@ -64,5 +65,32 @@ ErrorStats compare_exact(const std::vector<std::uint16_t>& y, const std::vector<
 // Mismatch = differs by more than `ulps` bf16 ulps of the larger magnitude plus `abs_floor`.
 ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
                                  const std::vector<std::uint16_t>& ref, int ulps, double abs_floor);
+
+// The one rule every checker (tests, `epmoe run|stress|bench`) applies to a layer's output `y`
+// against ReferenceModel::forward() of the same options (docs/tuning.md, "Expert math"):
+//   exact + staged:           bit-exact (compare_bf16);
+//   exact + in_kernel_reduce: every element within 1 bf16 ulp + 1e-6 (fp32 adds in any order);
+//   tensor_core (either):     rel_l2 <= kTensorCoreMaxRelL2, and at most
+//                             max(1, kTensorCoreOutlierFraction of the elements) differ by more
+//                             than kTensorCoreUlps bf16 ulps + kAbsFloor (accumulation-order noise
+//                             may flip the quantization step of an intermediate value; a wrong tile
+//                             fails).
+// NaN against NaN in the same place is equal; NaN against a number is a mismatch (and makes
+// rel_l2 NaN, so it fails every rule). Outputs of different sizes always fail.
+inline constexpr double kAbsFloor = 1e-6;
+inline constexpr int kInKernelReduceUlps = 1;
+inline constexpr int kTensorCoreUlps = 2;
+inline constexpr double kTensorCoreMaxRelL2 = 4e-3;
+inline constexpr double kTensorCoreOutlierFraction = 1e-3;
+
+struct OutputCheck {
+  ErrorStats stats;  // mismatches: elements outside the rule's per-element tolerance
+  bool pass = false;
+  std::string rule;  // output_rule(combine, math)
+};
+OutputCheck check_output(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
+                         Combine combine, ExpertMath math);
+// The rule as a short human string, for reports ("staged: bit-exact", ...).
+std::string output_rule(Combine combine, ExpertMath math);
 
 }  // namespace epmoe::reference

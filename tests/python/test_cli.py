@@ -33,6 +33,18 @@ def test_run_with_zero_tokens_on_every_rank():
     assert "PASS" in p.stdout
 
 
+def test_run_with_tensor_core_math_checks_with_the_tensor_core_rule():
+    # The CPU executor computes exactly whatever the option; the rule is the tensor-core one.
+    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "8", "--ranks", "2", "--tokens", "2",
+            "--rounds", "1", "--math", "tensor_core")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "math=tensor_core" in p.stdout
+    assert "PASS: qwen3-30b-a3b" in p.stdout and "tensor_core: rel_l2 <= 4e-3" in p.stdout
+    p = run("run", "--math", "fast")
+    assert p.returncode == 2
+    assert "--math=fast: must be one of exact, tensor_core" in p.stderr
+
+
 def test_run_errors_exit_2_with_the_library_message():
     p = run("run", "--precision", "fp8")
     assert p.returncode == 2
@@ -45,7 +57,7 @@ def test_help_lists_the_options_of_the_tool():
     p = run("run", "--help")
     assert p.returncode == 0
     for option in ("--model", "--ranks", "--tokens", "--experts", "--precision", "--combine",
-                   "--executor", "--rounds", "--seed", "--timeout-ms"):
+                   "--math", "--executor", "--rounds", "--seed", "--timeout-ms"):
         assert option in p.stdout
 
 

@@ -98,6 +98,8 @@ def test_bad_config_names_field_value_and_rule():
         epmoe.make_config(shape, combine="fast")
     with pytest.raises(epmoe.Error, match=r"mxfp8_scale_rounding=up: must be rceil or ocp_floor"):
         epmoe.make_config(shape, mxfp8_scale_rounding="up")
+    with pytest.raises(epmoe.Error, match=r"expert_math=tf32: must be one of exact, tensor_core"):
+        epmoe.make_config(shape, expert_math="tf32")
     with pytest.raises(epmoe.Error, match=r"timeout_ms=-1"):
         epmoe.make_config(shape, timeout_ms=-1)
     with pytest.raises(epmoe.Error, match=r"world"):

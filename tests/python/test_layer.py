@@ -160,6 +160,31 @@ def test_config_and_options_round_trip():
     assert "mixtral-8x7b" in [m.name for m in epmoe.known_models()]
 
 
+def test_expert_math_round_trips_through_the_config_and_the_layer():
+    assert epmoe.make_config(shape()).expert_math == "exact"
+    exact = epmoe.make_config(shape(), "bf16", 0, 1)
+    tc = epmoe.make_config(shape(), "bf16", 0, 1, expert_math=epmoe.ExpertMath.tensor_core)
+    assert tc.expert_math == "tensor_core"
+    assert "expert_math=tensor_core" in tc.describe() and "expert_math=exact" in exact.describe()
+    assert tc.describe() != exact.describe()
+    with pytest.raises(epmoe.Error, match=r"expert_math=fast: must be one of exact, tensor_core"):
+        epmoe.make_config(shape(), expert_math="fast")
+    # The CPU executor computes exactly whatever the option: tensor_core output is the exact one.
+    problem = make_problem(shape(), 1, seed=21)
+    b = make_batch(problem.shape, 5, seed=22)
+    group = epmoe.HostGroup(1)
+    ys = []
+    for math in ("exact", "tensor_core"):
+        with epmoe.Layer(group.communicator(0), problem.shape, "bf16", *problem.local(0),
+                         expert_math=math) as layer:
+            assert layer.config.expert_math == math
+            ys.append(layer.forward(b.x, b.ids, b.weights))
+    np.testing.assert_array_equal(ys[0], ys[1])
+    with pytest.raises(epmoe.Error, match=r"expert_math=TC: must be one of exact, tensor_core"):
+        epmoe.Layer(group.communicator(0), problem.shape, "bf16", *problem.local(0),
+                    expert_math="TC")
+
+
 def test_layers_from_config_and_communicator_properties():
     problem = make_problem(shape(), 2, seed=9)
     group = epmoe.HostGroup(2)

@@ -1,0 +1,212 @@
+// reference::check_output: the one rule every checker applies to a layer's output against the
+// emulating reference, per (combine, expert math), on synthetic bf16 vectors.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "epmoe/config.hpp"
+#include "formats/codec.hpp"
+#include "reference/reference.hpp"
+
+namespace epmoe {
+namespace {
+
+using reference::check_output;
+using reference::OutputCheck;
+
+constexpr std::size_t kRows = 64, kCols = 64, kSize = kRows * kCols;
+constexpr std::uint16_t kNaN = 0x7fc0, kOtherNaN = 0xffc1, kInf = 0x7f80;
+
+struct Rule {
+  Combine combine;
+  ExpertMath math;
+};
+constexpr Rule kExactStaged{Combine::staged, ExpertMath::exact};
+constexpr Rule kExactReduce{Combine::in_kernel_reduce, ExpertMath::exact};
+constexpr Rule kTensorStaged{Combine::staged, ExpertMath::tensor_core};
+constexpr Rule kTensorReduce{Combine::in_kernel_reduce, ExpertMath::tensor_core};
+constexpr Rule kAll[] = {kExactStaged, kExactReduce, kTensorStaged, kTensorReduce};
+
+std::string name(const Rule& r) {
+  return std::string(to_string(r.combine)) + "/" + to_string(r.math);
+}
+
+OutputCheck check(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
+                  const Rule& r) {
+  return check_output(y, ref, r.combine, r.math);
+}
+
+// [64, 64] bf16 values of magnitude in [0.5, 0.9), random signs: every element's ulp is 2^-8, and
+// stays so after a bump of up to 16 ulps.
+std::vector<std::uint16_t> reference_output(std::uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.5f, 0.9f);
+  std::vector<std::uint16_t> out(kSize);
+  for (auto& v : out) v = formats::float_to_bf16(rng() % 2 ? u(rng) : -u(rng));
+  return out;
+}
+
+// Moves element i by `ulps` bf16 steps away from zero.
+void bump(std::vector<std::uint16_t>& y, std::size_t i, int ulps) {
+  y[i] = static_cast<std::uint16_t>(y[i] + ulps);
+}
+
+TEST(CheckOutput, IdenticalOutputsPassEveryRule) {
+  const auto ref = reference_output();
+  for (const Rule& r : kAll) {
+    const OutputCheck c = check(ref, ref, r);
+    EXPECT_TRUE(c.pass) << name(r);
+    EXPECT_EQ(c.stats.mismatches, 0) << name(r);
+    EXPECT_EQ(c.stats.max_abs, 0.0) << name(r);
+    EXPECT_EQ(c.stats.rel_l2, 0.0) << name(r);
+  }
+}
+
+TEST(CheckOutput, EmptyOutputsPassEveryRule) {
+  for (const Rule& r : kAll) EXPECT_TRUE(check({}, {}, r).pass) << name(r);
+}
+
+TEST(CheckOutput, OneElementOffByOneUlpFailsOnlyExactStaged) {
+  const auto ref = reference_output();
+  auto y = ref;
+  bump(y, 777, 1);
+  const OutputCheck staged = check(y, ref, kExactStaged);
+  EXPECT_FALSE(staged.pass);
+  EXPECT_EQ(staged.stats.mismatches, 1);
+  for (const Rule& r : {kExactReduce, kTensorStaged, kTensorReduce}) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_TRUE(c.pass) << name(r);
+    EXPECT_EQ(c.stats.mismatches, 0) << name(r);
+    EXPECT_GT(c.stats.max_abs, 0.0) << name(r);
+  }
+}
+
+TEST(CheckOutput, ExactInKernelReduceFailsTwoUlps) {
+  const auto ref = reference_output();
+  auto y = ref;
+  bump(y, 5, 2);
+  EXPECT_FALSE(check(y, ref, kExactReduce).pass);
+  EXPECT_TRUE(check(y, ref, kTensorStaged).pass);  // 2 ulps is inside the tensor-core tolerance
+}
+
+TEST(CheckOutput, TensorCoreAllowsAFewFlippedStepsButNotMore) {
+  // 0.1% of 4096 elements = 4 may differ by more than 2 ulps.
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i : {3u, 900u, 2000u, 4000u}) bump(y, i, 8);
+  for (const Rule& r : {kTensorStaged, kTensorReduce}) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_TRUE(c.pass) << name(r) << " rel_l2=" << c.stats.rel_l2;
+    EXPECT_EQ(c.stats.mismatches, 4) << name(r);
+  }
+  EXPECT_FALSE(check(y, ref, kExactStaged).pass);
+  EXPECT_FALSE(check(y, ref, kExactReduce).pass);
+  bump(y, 4001, 8);
+  for (const Rule& r : {kTensorStaged, kTensorReduce}) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_FALSE(c.pass) << name(r);
+    EXPECT_EQ(c.stats.mismatches, 5) << name(r);
+  }
+}
+
+TEST(CheckOutput, TensorCoreAllowsOneOutlierInASmallOutput) {
+  // Fewer than 1000 elements: max(1, 0.1%) = 1.
+  auto ref = reference_output();
+  ref.resize(640);
+  auto y = ref;
+  bump(y, 10, 8);
+  EXPECT_TRUE(check(y, ref, kTensorStaged).pass);
+  bump(y, 11, 8);
+  EXPECT_FALSE(check(y, ref, kTensorStaged).pass);
+}
+
+TEST(CheckOutput, TensorCoreFailsSmallErrorsEverywhereAboveTheRelL2Bound) {
+  // Every element 1 ulp off (2^-8 on values in [0.5, 0.9)): each is within tolerance, but the
+  // relative L2 error is ~0.5%, above 4e-3.
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i = 0; i < kSize; ++i) bump(y, i, 1);
+  const OutputCheck c = check(y, ref, kTensorStaged);
+  EXPECT_EQ(c.stats.mismatches, 0);
+  EXPECT_GT(c.stats.rel_l2, reference::kTensorCoreMaxRelL2);
+  EXPECT_FALSE(c.pass);
+  EXPECT_TRUE(check(y, ref, kExactReduce).pass);  // the per-element rule alone
+}
+
+TEST(CheckOutput, AGarbageRowFailsEveryRule) {
+  const auto ref = reference_output();
+  auto y = ref;
+  const auto garbage = reference_output(99);
+  for (std::size_t j = 0; j < kCols; ++j) y[7 * kCols + j] = garbage[j];
+  for (const Rule& r : kAll) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_FALSE(c.pass) << name(r);
+    EXPECT_GT(c.stats.mismatches, 8) << name(r);
+  }
+  EXPECT_GT(check(y, ref, kTensorStaged).stats.rel_l2, reference::kTensorCoreMaxRelL2);
+}
+
+TEST(CheckOutput, NaNAgainstNaNInTheSamePlaceIsEqual) {
+  auto ref = reference_output();
+  auto y = ref;
+  ref[42] = kNaN;
+  y[42] = kOtherNaN;  // any NaN equals any NaN
+  ref[43] = y[43] = kInf;
+  for (const Rule& r : kAll) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_TRUE(c.pass) << name(r);
+    EXPECT_EQ(c.stats.mismatches, 0) << name(r);
+    EXPECT_EQ(c.stats.rel_l2, 0.0) << name(r);
+    EXPECT_EQ(c.stats.max_abs, 0.0) << name(r);
+  }
+}
+
+TEST(CheckOutput, NaNAgainstANumberIsAMismatchUnderEveryRule) {
+  const auto ref = reference_output();
+  for (bool nan_in_y : {true, false}) {
+    auto y = ref;
+    auto r2 = ref;
+    (nan_in_y ? y : r2)[100] = kNaN;
+    for (const Rule& r : kAll) {
+      const OutputCheck c = check(y, r2, r);
+      EXPECT_FALSE(c.pass) << name(r) << " nan_in_y=" << nan_in_y;
+      EXPECT_EQ(c.stats.mismatches, 1) << name(r);
+    }
+  }
+}
+
+TEST(CheckOutput, InfinityAgainstANumberOrTheOtherInfinityIsAMismatchUnderEveryRule) {
+  const auto ref = reference_output();
+  for (std::uint16_t bad : {kInf, static_cast<std::uint16_t>(kInf | 0x8000)}) {
+    auto y = ref;
+    auto r2 = ref;
+    y[200] = bad;
+    r2[300] = kInf;
+    y[300] = static_cast<std::uint16_t>(kInf | 0x8000);
+    for (const Rule& r : kAll) {
+      const OutputCheck c = check(y, r2, r);
+      EXPECT_FALSE(c.pass) << name(r);
+      EXPECT_EQ(c.stats.mismatches, 2) << name(r);
+    }
+  }
+}
+
+TEST(CheckOutput, OutputsOfDifferentSizesFailEveryRule) {
+  const auto ref = reference_output();
+  const std::vector<std::uint16_t> y(ref.begin(), ref.end() - 1);
+  for (const Rule& r : kAll) EXPECT_FALSE(check(y, ref, r).pass) << name(r);
+}
+
+TEST(CheckOutput, NamesItsRule) {
+  EXPECT_EQ(check({}, {}, kExactStaged).rule, "staged: bit-exact");
+  EXPECT_EQ(check({}, {}, kExactReduce).rule, "in_kernel_reduce: within 1 bf16 ulp + 1e-6");
+  EXPECT_EQ(check({}, {}, kTensorStaged).rule, check({}, {}, kTensorReduce).rule);
+  EXPECT_NE(check({}, {}, kTensorStaged).rule.find("tensor_core"), std::string::npos);
+  EXPECT_EQ(reference::output_rule(Combine::staged, ExpertMath::exact), "staged: bit-exact");
+}
+
+}  // namespace
+}  // namespace epmoe
