@@ -90,8 +90,18 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&reset_outcome_device_),
                                               reset_outcome_host_, 0));
 
-    w13_ = device_copy(experts.w13);
-    w2_ = device_copy(experts.w2);
+    // The expert weights as the chosen math reads them: fp32 values (exact), or bf16 codes and
+    // one scale per matrix (tensor cores).
+    const bool tensor_cores = config.options().expert_math == ExpertMath::tensor_core;
+    if (tensor_cores) {
+      w13_16_ = device_copy(reference::bf16_codes(experts.w13, experts.w13_s_enc));
+      w2_16_ = device_copy(reference::bf16_codes(experts.w2, experts.w2_s_enc));
+      w13_scale_ = device_copy(experts.w13_s_enc);
+      w2_scale_ = device_copy(experts.w2_s_enc);
+    } else {
+      w13_ = device_copy(experts.w13);
+      w2_ = device_copy(experts.w2);
+    }
 
     const LayerShape& s = config.shape();
     base_ = ForwardParams{};
@@ -111,6 +121,11 @@ class CudaLayer final : public LayerImpl {
     base_.timeout_ms = config.options().timeout_ms;
     base_.w13 = w13_;
     base_.w2 = w2_;
+    base_.tensor_cores = tensor_cores;
+    base_.w13_16 = w13_16_;
+    base_.w2_16 = w2_16_;
+    base_.w13_scale = w13_scale_;
+    base_.w2_scale = w2_scale_;
     base_.state = state_;
     base_.health = health_device_;
     EPMOE_CUDA_CHECK(cudaMalloc(&expert_scratch_, expert_scratch_bytes(base_)));
@@ -129,8 +144,10 @@ class CudaLayer final : public LayerImpl {
     if (window_base_ != nullptr) ncclMemFree(window_base_);
     cudaFree(peer_windows_);
     cudaFree(state_);
-    cudaFree(w13_);
-    cudaFree(w2_);
+    for (void* w : {static_cast<void*>(w13_), static_cast<void*>(w2_), static_cast<void*>(w13_16_),
+                    static_cast<void*>(w2_16_), static_cast<void*>(w13_scale_),
+                    static_cast<void*>(w2_scale_)})
+      cudaFree(w);
     cudaFree(expert_scratch_);
     cudaFreeHost(health_host_);
     cudaFreeHost(reset_outcome_host_);
@@ -277,8 +294,12 @@ class CudaLayer final : public LayerImpl {
   HealthRecord* health_device_ = nullptr;
   std::int32_t* reset_outcome_host_ = nullptr;
   std::int32_t* reset_outcome_device_ = nullptr;
-  float* w13_ = nullptr;
+  float* w13_ = nullptr;  // exact math
   float* w2_ = nullptr;
+  std::uint16_t* w13_16_ = nullptr;  // tensor cores
+  std::uint16_t* w2_16_ = nullptr;
+  float* w13_scale_ = nullptr;
+  float* w2_scale_ = nullptr;
   std::uint8_t* expert_scratch_ = nullptr;  // the expert step's scratch (kernels.hpp)
   ForwardParams base_{};
   KernelShape dispatch_, combine_;

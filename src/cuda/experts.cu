@@ -48,6 +48,12 @@ ExpertScratch slice(std::uint8_t* base, const ForwardParams& p, std::size_t* byt
   s.pairs = cursor.take<std::uint32_t>(pairs);
   s.x = cursor.take<float>(rows * static_cast<std::size_t>(p.hidden));
   s.h = cursor.take<float>(pairs * static_cast<std::size_t>(p.intermediate));
+  if (p.tensor_cores) {
+    s.x16 = cursor.take<std::uint16_t>(rows * static_cast<std::size_t>(p.hidden));
+    s.x_scale = cursor.take<float>(rows);
+    s.h16 = cursor.take<std::uint16_t>(pairs * static_cast<std::size_t>(p.intermediate));
+    s.h_scale = cursor.take<float>(pairs);
+  }
   if (bytes != nullptr) *bytes = cursor.used;
   return s;
 }

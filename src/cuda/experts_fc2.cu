@@ -7,6 +7,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts.hpp"
 #include "cuda/experts_gemm.cuh"
+#include "cuda/experts_mma.cuh"
 #include "protocol/wire.hpp"
 
 namespace epmoe::cuda {
@@ -22,9 +23,27 @@ struct HomeSlot {
   float weight;
 };
 
+// One result element home: staged, bf16 into the home rank's [token, slot] combine row;
+// in-kernel reduce, weight x out added into the home rank's fp32 accumulator.
+__device__ inline void send_home(const ForwardParams& p, const HomeSlot& home, std::int64_t c,
+                                 float out) {
+  std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
+  if (p.combine == Combine::staged) {
+    auto* dst = reinterpret_cast<std::uint16_t*>(
+        combine +
+        static_cast<std::size_t>(home.token * p.top_k + home.slot) * p.layout.combine_row_bytes);
+    dst[c] = formats::float_to_bf16(out);
+  } else {
+    auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
+                                                       p.layout.combine_row_bytes);
+    protocol::add_relaxed(&sum[c], home.weight * out);
+  }
+}
+
+// Exact math: float64 tile (experts_gemm.cuh); tensor cores: bf16 mma tile (experts_mma.cuh).
+template <bool kTensorCores>
 __global__ void __launch_bounds__(kThreads) fc2_kernel(ForwardParams p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
-  auto& s = *reinterpret_cast<TileSmem*>(smem);
   __shared__ HomeSlot home_of[kTileRows];
 
   const RoundStart start = start_round(p);
@@ -51,38 +70,56 @@ __global__ void __launch_bounds__(kThreads) fc2_kernel(ForwardParams p) {
                    entry.slot, entry.weight};
     }
     __syncthreads();
+    // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
+    const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-    const float* w2 = p.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
-    const WarpRole role = warp_role(chunk.rows);
-    Accumulators acc;
-    tile_gemm(
-        s, role, chunk.rows, inter,
-        [&](int r) {
-          return p.scratch.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
-        },
-        [&](int c) { return w2 + (c0 + c < hidden ? c0 + c : hidden - 1) * inter; }, acc);
+    if constexpr (kTensorCores) {
+      const std::uint16_t* w2 = p.w2_16 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+      mma::Accumulators acc;
+      mma::tile_mma(
+          *reinterpret_cast<mma::Smem*>(smem), chunk.rows, inter,
+          [&](int r) {
+            return p.scratch.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+          },
+          [&](int c) { return w2 + w_row(c) * inter; }, acc);
+      const mma::WarpTile tile = mma::warp_tile();
+      const float w_scale = p.w2_scale[chunk.expert];
+#pragma unroll
+      for (int mi = 0; mi < mma::kMTiles; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+          if (r >= chunk.rows) continue;
+          const float scale = p.scratch.h_scale[chunk.first_pair + r] * w_scale;
+#pragma unroll
+          for (int ni = 0; ni < mma::kNTiles; ++ni)
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+              const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
+              if (c < hidden) send_home(p, home_of[r], c, acc[mi][ni][2 * half + v] / scale);
+            }
+        }
+    } else {
+      const float* w2 = p.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+      const WarpRole role = warp_role(chunk.rows);
+      Accumulators acc;
+      tile_gemm(
+          *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, inter,
+          [&](int r) {
+            return p.scratch.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+          },
+          [&](int c) { return w2 + w_row(c) * inter; }, acc);
 
-    // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a warp's
-    // stores to a row are contiguous.
-    if (role.k_group != 0) continue;
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = role.row_group * kRowsPerWarp + i;
-      if (r >= chunk.rows) break;
-      const HomeSlot home = home_of[r];
-      std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
-      for (int q = 0; q < kColsPerLane; ++q) {
-        const std::int64_t c = c0 + lane + 32 * q;
-        if (c >= hidden) break;
-        const auto out = static_cast<float>(acc[i][q]);
-        if (p.combine == Combine::staged) {
-          auto* dst = reinterpret_cast<std::uint16_t*>(
-              combine + static_cast<std::size_t>(home.token * p.top_k + home.slot) *
-                            p.layout.combine_row_bytes);
-          dst[c] = formats::float_to_bf16(out);
-        } else {
-          auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
-                                                             p.layout.combine_row_bytes);
-          protocol::add_relaxed(&sum[c], home.weight * out);
+      // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
+      // warp's stores to a row are contiguous.
+      if (role.k_group != 0) continue;
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = role.row_group * kRowsPerWarp + i;
+        if (r >= chunk.rows) break;
+        for (int q = 0; q < kColsPerLane; ++q) {
+          const std::int64_t c = c0 + lane + 32 * q;
+          if (c >= hidden) break;
+          send_home(p, home_of[r], c, static_cast<float>(acc[i][q]));
         }
       }
     }
@@ -97,12 +134,16 @@ __global__ void __launch_bounds__(kThreads) fc2_kernel(ForwardParams p) {
 
 }  // namespace
 
-KernelShape fc2_shape(const ForwardParams& /*p*/, int device) {
-  return occupancy_shape(fc2_kernel, kTileSmemBytes, device);
+KernelShape fc2_shape(const ForwardParams& p, int device) {
+  return p.tensor_cores ? occupancy_shape(fc2_kernel<true>, mma::kSmemBytes, device)
+                        : occupancy_shape(fc2_kernel<false>, kTileSmemBytes, device);
 }
 
 void launch_fc2(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
-  fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  if (p.tensor_cores)
+    fc2_kernel<true><<<s.grid, kThreads, s.smem, stream>>>(p);
+  else
+    fc2_kernel<false><<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -22,9 +22,16 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(ForwardParams p) {
   const RoundStart start = start_round(p);
   if (start.skip) return;
   const std::uint32_t pairs = p.scratch.pair_offset[p.local_experts];
-  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x)
-    quantize_row_block(p.scratch.h + static_cast<std::size_t>(pair) * p.intermediate,
-                       p.intermediate, p.precision, p.rounding, bytes, scratch);
+  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    float* h = p.scratch.h + static_cast<std::size_t>(pair) * p.intermediate;
+    const float s_enc =
+        quantize_row_block(h, p.intermediate, p.precision, p.rounding, bytes, scratch);
+    if (p.tensor_cores) {  // FC2's bf16 operand and its row scale
+      to_bf16_codes(h, p.intermediate, s_enc,
+                    p.scratch.h16 + static_cast<std::size_t>(pair) * p.intermediate);
+      if (threadIdx.x == 0) p.scratch.h_scale[pair] = s_enc;
+    }
+  }
 }
 
 }  // namespace

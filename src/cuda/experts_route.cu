@@ -121,10 +121,16 @@ __global__ void __launch_bounds__(kThreads) route_kernel(ForwardParams p) {
         return;
       }
     }
+    const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
+    float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);
     decode_row_block(row + protocol::wire_payload_offset(p.top_k), p.hidden, p.precision,
-                     header.row_scale,
-                     p.scratch.x + (static_cast<std::size_t>(src) * p.layout.max_tokens + r) *
-                                       static_cast<std::size_t>(p.hidden));
+                     header.row_scale, x);
+    if (p.tensor_cores) {  // the bf16 operand of the tensor-core GEMM, and its row scale
+      const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
+      __syncthreads();  // the row is complete (decode spreads it over the CTA's threads)
+      to_bf16_codes(x, p.hidden, scale, p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
+      if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
+    }
     if (threadIdx.x == 0)
       for (std::int32_t n = 0; n < header.num_entries; ++n)
         atomicAdd(&p.scratch.expert_rows[entries[n].local_expert], 1u);

@@ -58,6 +58,12 @@ struct ExpertScratch {
   std::uint32_t* pairs;         // [max_pairs] (src, entry, row) of each pair, grouped by expert
   float* x;                     // [world * max_tokens, H] received rows, decoded
   float* h;                     // [max_pairs, I] SwiGLU output per pair, quantized in place
+  // Tensor-core math only (nullptr otherwise): the GEMM operands in bf16, each row a code row
+  // times 1 / its scale (NVFP4: code = e2m1 * block scale, scale = s_enc; else scale 1), exact.
+  std::uint16_t* x16;  // [world * max_tokens, H] bf16(x * x_scale)
+  float* x_scale;      // [world * max_tokens]
+  std::uint16_t* h16;  // [max_pairs, I] bf16(quantized h * h_scale)
+  float* h_scale;      // [max_pairs]
 };
 
 struct ForwardParams {
@@ -72,8 +78,14 @@ struct ForwardParams {
   ScaleRounding rounding;
   float swiglu_limit;
   std::uint32_t timeout_ms;
-  const float* w13;  // [E_local, 2I, H], quantization emulated
+  const float* w13;  // [E_local, 2I, H], quantization emulated (exact math)
   const float* w2;   // [E_local, H, I]
+  // Tensor-core math: bf16 code weights and their per-matrix scales (value = code / scale).
+  bool tensor_cores;
+  const std::uint16_t* w13_16;  // [E_local, 2I, H]
+  const std::uint16_t* w2_16;   // [E_local, H, I]
+  const float* w13_scale;       // [E_local]
+  const float* w2_scale;        // [E_local]
   RoundState* state;
   HealthRecord* health;  // device pointer of the mapped record
   ExpertScratch scratch;

@@ -62,14 +62,25 @@ __device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_
 }
 
 // A quantization point in place (the FC2 input): decode(encode(x)). `bytes`: scratch of
-// wire_payload_bytes(precision, n).
-__device__ inline void quantize_row_block(float* x, std::int64_t n, Precision precision,
-                                          ScaleRounding rounding, std::uint8_t* bytes,
-                                          float* scratch) {
+// wire_payload_bytes(precision, n). Returns the row's s_enc (NVFP4) or 1.
+__device__ inline float quantize_row_block(float* x, std::int64_t n, Precision precision,
+                                           ScaleRounding rounding, std::uint8_t* bytes,
+                                           float* scratch) {
   const float s_enc = encode_row_block(x, n, precision, rounding, bytes, scratch);
   __syncthreads();
   decode_row_block(bytes, n, precision, s_enc, x);
   __syncthreads();
+  return s_enc;
+}
+
+// A decoded row as a tensor-core operand: bf16(x * scale), exact because x * scale is the row's
+// code value (NVFP4: e2m1 * block scale, at most 6 significant bits, off by at most two fp32
+// roundings; MXFP8 and bf16: scale 1, already bf16 values). Every thread of the CTA calls it after
+// the row is complete in `x`.
+__device__ inline void to_bf16_codes(const float* x, std::int64_t n, float scale,
+                                     std::uint16_t* out) {
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    out[i] = formats::float_to_bf16(x[i] * scale);
 }
 
 // 16-byte copies of a CTA-staged buffer to (peer) global memory; `bytes` is a multiple of 16.

@@ -16,8 +16,10 @@ void emulate_activation_row(float* row, std::int64_t n, Precision precision,
 }
 
 std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std::int64_t cols,
-                                         Precision precision, ScaleRounding rounding) {
+                                         Precision precision, ScaleRounding rounding,
+                                         float* s_enc_out) {
   const auto c = static_cast<std::size_t>(cols);
+  if (s_enc_out != nullptr) *s_enc_out = 1.0f;
   std::vector<float> out(static_cast<std::size_t>(rows) * c);
   switch (precision) {
     case Precision::bf16:
@@ -33,6 +35,7 @@ std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std:
     }
     case Precision::nvfp4: {
       const float s_enc = formats::nvfp4_tensor_scale(formats::nvfp4_group_amax(w, rows * cols));
+      if (s_enc_out != nullptr) *s_enc_out = s_enc;
       std::vector<std::uint8_t> packed(c / 2), scales(c / formats::kNvfp4Block);
       for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
         formats::nvfp4_encode_row(w + r * c, cols, s_enc, packed.data(), scales.data());
@@ -57,7 +60,33 @@ std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::in
   return out;
 }
 
+// fn(i) for i in [0, count), spread over the cores; each i's result must not depend on the thread.
+template <class Fn>
+void parallel_for(std::int64_t count, Fn fn) {
+  const auto workers =
+      static_cast<std::int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::thread> pool;
+  for (std::int64_t w = 0; w < std::min(workers, count); ++w)
+    pool.emplace_back([&, w] {
+      for (std::int64_t i = w; i < count; i += workers) fn(i);
+    });
+  for (auto& t : pool) t.join();
+}
+
 }  // namespace
+
+std::vector<std::uint16_t> bf16_codes(const std::vector<float>& values,
+                                      const std::vector<float>& s_enc) {
+  std::vector<std::uint16_t> out(values.size());
+  const std::size_t per_matrix = s_enc.empty() ? 0 : values.size() / s_enc.size();
+  parallel_for(static_cast<std::int64_t>(s_enc.size()), [&](std::int64_t m) {
+    const auto first = static_cast<std::size_t>(m) * per_matrix;
+    const float scale = s_enc[static_cast<std::size_t>(m)];
+    for (std::size_t i = first; i < first + per_matrix; ++i)
+      out[i] = formats::float_to_bf16(values[i] * scale);
+  });
+  return out;
+}
 
 EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWeights& weights) {
   const LayerShape& s = config.shape();
@@ -68,26 +97,22 @@ EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWe
   EmulatedExperts out;
   out.w13.resize(static_cast<std::size_t>(experts) * w13_size);
   out.w2.resize(static_cast<std::size_t>(experts) * w2_size);
+  out.w13_s_enc.resize(static_cast<std::size_t>(experts));
+  out.w2_s_enc.resize(static_cast<std::size_t>(experts));
   const auto one_expert = [&](std::int64_t e) {
-    const auto w13 =
-        emulate_weight_matrix(load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden).data(),
-                              2 * s.intermediate, s.hidden, config.precision(), rounding);
+    const auto i = static_cast<std::size_t>(e);
+    const auto w13 = emulate_weight_matrix(
+        load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden).data(), 2 * s.intermediate,
+        s.hidden, config.precision(), rounding, &out.w13_s_enc[i]);
     const auto w2 =
         emulate_weight_matrix(load_matrix(weights.w2, e, s.hidden, s.intermediate).data(), s.hidden,
-                              s.intermediate, config.precision(), rounding);
+                              s.intermediate, config.precision(), rounding, &out.w2_s_enc[i]);
     std::copy(w13.begin(), w13.end(), out.w13.begin() + static_cast<std::ptrdiff_t>(e * w13_size));
     std::copy(w2.begin(), w2.end(), out.w2.begin() + static_cast<std::ptrdiff_t>(e * w2_size));
   };
   // Experts are independent: spread them over the cores (layer creation of a large model is
-  // otherwise minutes of one thread). Each expert's result is the same whichever thread makes it.
-  const auto workers =
-      static_cast<std::int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 32u));
-  std::vector<std::thread> pool;
-  for (std::int64_t w = 0; w < std::min(workers, experts); ++w)
-    pool.emplace_back([&, w] {
-      for (std::int64_t e = w; e < experts; e += workers) one_expert(e);
-    });
-  for (auto& t : pool) t.join();
+  // otherwise minutes of one thread).
+  parallel_for(experts, one_expert);
   return out;
 }
 

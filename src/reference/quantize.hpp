@@ -17,15 +17,26 @@ void emulate_activation_row(float* row, std::int64_t n, Precision precision,
 
 // One weight matrix [rows, cols] quantized along cols; NVFP4 uses one second-level scale for the
 // whole matrix (per expert, per FC).
+// `s_enc` (optional) receives the NVFP4 second-level scale (1 for the other precisions): the
+// decoded values are code / s_enc, with code = e2m1 * block scale exact in bf16.
 std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std::int64_t cols,
-                                         Precision precision, ScaleRounding rounding);
+                                         Precision precision, ScaleRounding rounding,
+                                         float* s_enc = nullptr);
 
 // A rank's experts as the GEMMs see them: every local expert's w13 [2I, H] then w2 [H, I], each
 // quantize-emulated, contiguous over experts. `weights` must be host tensors (bf16 or f32).
 struct EmulatedExperts {
-  std::vector<float> w13;  // [E_local, 2I, H]
-  std::vector<float> w2;   // [E_local, H, I]
+  std::vector<float> w13;        // [E_local, 2I, H]
+  std::vector<float> w2;         // [E_local, H, I]
+  std::vector<float> w13_s_enc;  // [E_local] NVFP4 second-level scale of each matrix, else 1
+  std::vector<float> w2_s_enc;   // [E_local]
 };
 EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWeights& weights);
+
+// The tensor-core operand of emulated weights: bf16(value * s_enc of its matrix), exact (the
+// value is code / s_enc with code = e2m1 * block scale, or already a bf16 value with s_enc = 1).
+// `values` holds s_enc.size() matrices of equal size, one after the other.
+std::vector<std::uint16_t> bf16_codes(const std::vector<float>& values,
+                                      const std::vector<float>& s_enc);
 
 }  // namespace epmoe::reference

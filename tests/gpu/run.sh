@@ -4,6 +4,7 @@
 # Full logs go to $OUT (the device tool's folder) or build/gpu-logs.
 #   tests/gpu/run.sh              # everything
 #   EPMOE_GPU_FILTER='Gpu.*Graph*' tests/gpu/run.sh
+#   EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh   # gpu_layer_test only: no epmoe run / stress
 # A machine without googletest or CLI11 needs them carried in $EPMOE_GPU_DEPS (default .gpu_deps):
 # googletest/ (the source tree of Debian's googletest package) and cli11/CLI/ (headers).
 set -uo pipefail
@@ -34,7 +35,8 @@ generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from ${nccl_root:-system})"
 if ! { cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
          -DNCCL_ROOT="$nccl_root" "${extra[@]}" &&
-       cmake --build build/gpu -j "$jobs"; } >"$out/build.log" 2>&1; then
+       cmake --build build/gpu -j "$jobs" ${EPMOE_GPU_TESTS_ONLY:+--target gpu_layer_test}; } \
+     >"$out/build.log" 2>&1; then
   tail -40 "$out/build.log"; echo "BUILD FAILED"; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"
@@ -44,6 +46,11 @@ echo "== GPU tests"
 build/gpu/tests/gpu/gpu_layer_test --gtest_filter="${EPMOE_GPU_FILTER:-*}" 2>&1 | tee "$out/gpu_tests.log" |
   grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|Expected|Which is|HANG|error' | head -120
 tests_rc=${PIPESTATUS[0]}
+
+if [ -n "${EPMOE_GPU_TESTS_ONLY:-}" ]; then
+  echo "== summary ($(( $(date +%s) - start )) s): gpu tests rc=$tests_rc (EPMOE_GPU_TESTS_ONLY)"
+  exit "$tests_rc"
+fi
 
 echo "== epmoe run on the GPUs"
 gpus=$(nvidia-smi -L | wc -l)

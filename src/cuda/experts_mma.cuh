@@ -1,0 +1,138 @@
+// The tile GEMM of the tensor-core expert math (LayerOptions::expert_math = tensor_core): the
+// same items as experts_gemm.cuh (one expert, a chunk of up to 64 of its rows, a tile of 128
+// weight rows), computed with bf16 mma.sync (m16n8k16) and fp32 accumulation. Both operands are
+// bf16 code rows (experts.cu: x16, h16, w13_16, w2_16), exact; the caller divides by the row and
+// matrix scales in its epilogue. So the result differs from the reference only by fp32
+// accumulation order and rounding — accumulation-order noise (DESIGN §6).
+//
+// One CTA: 8 warps as 2 (rows) x 4 (columns); a warp owns 32 rows x 32 columns = 2 x 4 mma tiles
+// of 16 x 8. K runs in slabs of 64 through a kStages-deep cp.async pipeline; A (rows) and B
+// (weight rows, K-contiguous: the "col" operand of mma.row.col) are staged [row][k] with 8
+// elements of padding, so each ldmatrix phase hits 32 distinct banks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/experts_gemm.cuh"
+
+namespace epmoe::cuda::experts::mma {
+
+inline constexpr int kRows = kTileRows;  // 64: a chunk
+inline constexpr int kCols = kTileCols;  // 128 weight rows
+inline constexpr int kSlabK = 64;
+inline constexpr int kStages = 4;
+inline constexpr int kStride = kSlabK + 8;  // bf16 per staged row: 144 bytes
+inline constexpr int kWarpRows = 32, kWarpCols = 32;
+inline constexpr int kMTiles = kWarpRows / 16, kNTiles = kWarpCols / 8;
+
+static_assert((kRows / kWarpRows) * (kCols / kWarpCols) == kThreads / 32, "2 x 4 warps");
+
+struct Smem {
+  struct Stage {
+    std::uint16_t a[kRows][kStride];
+    std::uint16_t b[kCols][kStride];
+  };
+  Stage stage[kStages];
+};
+inline constexpr std::size_t kSmemBytes = sizeof(Smem);  // 110,592: two CTAs per SM
+
+// acc[mi][ni][v]: row = warp_row0 + 16 mi + lane / 4 + 8 (v / 2), col = warp_col0 + 8 ni +
+// 2 (lane % 4) + v % 2 (the mma C fragment).
+using Accumulators = float[kMTiles][kNTiles][4];
+
+struct WarpTile {
+  int row0, col0;
+};
+__device__ inline WarpTile warp_tile() {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  return WarpTile{(warp / 4) * kWarpRows, (warp % 4) * kWarpCols};
+}
+
+__device__ inline std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc = sum over k < k_total of a_row(r)[k] * b_row(c)[k] for the warp's tile (see Accumulators).
+// a_row(r) is called for r < rows only (rows past the chunk repeat its last row and are never
+// stored); b_row(c) for every c < kCols (the caller clamps columns past the matrix). k_total is a
+// multiple of kSlabK. Every thread of the CTA calls it; it starts and ends with a barrier.
+template <class ARow, class BRow>
+__device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total, ARow a_row,
+                                         BRow b_row, Accumulators& acc) {
+  constexpr int kCopiesPerRow = kSlabK * 2 / 16;  // 16-byte copies per staged row
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int slabs = static_cast<int>(k_total / kSlabK);
+  const WarpTile tile = warp_tile();
+
+  auto load_slab = [&](int slab, int buffer) {
+    const std::int64_t k0 = std::int64_t{slab} * kSlabK;
+    Smem::Stage& st = s.stage[buffer];
+    for (int i = threadIdx.x; i < kCols * kCopiesPerRow; i += kThreads) {
+      const int c = i / kCopiesPerRow, q = i % kCopiesPerRow;
+      cp_async_16(&st.b[c][8 * q], b_row(c) + k0 + 8 * q);
+    }
+    for (int i = threadIdx.x; i < kRows * kCopiesPerRow; i += kThreads) {
+      const int r = i / kCopiesPerRow, q = i % kCopiesPerRow;
+      cp_async_16(&st.a[r][8 * q], a_row(r < rows ? r : rows - 1) + k0 + 8 * q);
+    }
+  };
+
+  for (int mi = 0; mi < kMTiles; ++mi)
+    for (int ni = 0; ni < kNTiles; ++ni)
+      for (int v = 0; v < 4; ++v) acc[mi][ni][v] = 0.0f;
+
+  __syncthreads();  // the previous tile is done with `s`
+  // One commit per stage even when no slab is left, so "all but kStages - 2 groups done" always
+  // means "the slab about to be used has landed".
+  for (int slab = 0; slab < kStages - 1; ++slab) {
+    if (slab < slabs) load_slab(slab, slab);
+    cp_async_commit();
+  }
+
+  // ldmatrix addresses (lane-dependent parts): A x4 = rows 0-15 x k 0-15 of a 16 x 16 tile, as
+  // mma's a0..a3; B x4 = two n8 tiles x k 0-15, as (b0, b1) of each.
+  const int a_row_in = lane % 16, a_k_in = (lane / 16) * 8;
+  const int b_col_in = (lane & 7) + ((lane >> 4) << 3), b_k_in = ((lane >> 3) & 1) * 8;
+  for (int slab = 0; slab < slabs; ++slab) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // slab landed for every thread; everyone is done with slab - 1's buffer
+    if (slab + kStages - 1 < slabs) load_slab(slab + kStages - 1, (slab + kStages - 1) % kStages);
+    cp_async_commit();
+
+    const Smem::Stage& st = s.stage[slab % kStages];
+#pragma unroll
+    for (int k = 0; k < kSlabK; k += 16) {
+      std::uint32_t a[kMTiles][4], b[kNTiles / 2][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+        ldmatrix_x4(a[mi], &st.a[tile.row0 + 16 * mi + a_row_in][k + a_k_in]);
+#pragma unroll
+      for (int nj = 0; nj < kNTiles / 2; ++nj)
+        ldmatrix_x4(b[nj], &st.b[tile.col0 + 16 * nj + b_col_in][k + b_k_in]);
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni)
+          mma_bf16(acc[mi][ni], a[mi], b[ni / 2][2 * (ni % 2)], b[ni / 2][2 * (ni % 2) + 1]);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can be left; drained before `s` is reused
+  __syncthreads();
+}
+
+}  // namespace epmoe::cuda::experts::mma
