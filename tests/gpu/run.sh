@@ -62,7 +62,13 @@ for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do
     echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
   done
 done
+for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do  # the tensor-core expert math
+  build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+    --precision $p --math tensor_core >"$out/run_${p}_tensor_core.log" 2>&1 || run_rc=1
+  echo "qwen3-30b-a3b $p staged tensor_core: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_tensor_core.log" | cut -c1-4)"
+done
 cat "$out/run_bf16_staged.log"
+grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"
 
 echo "== epmoe stress on the GPUs (no barrier, idle runs, mixed routing)"
 stress_rc=0
