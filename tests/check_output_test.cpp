@@ -112,6 +112,24 @@ TEST(CheckOutput, TensorCoreAllowsAFewFlippedStepsButNotMore) {
   }
 }
 
+TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
+  // Outputs near zero have ulps far below accumulation noise: up to 1e-3 x rms(ref) (here ~7e-4)
+  // beyond 2 ulps is noise on any element; more is a mismatch. Exact maths still count them all.
+  auto ref = reference_output();
+  for (std::size_t i = 0; i < 40; ++i) ref[i] = formats::float_to_bf16(1e-4f);
+  auto y = ref;
+  for (std::size_t i = 0; i < 40; ++i) y[i] = formats::float_to_bf16(4e-4f);  // ~80 ulps of 1e-4
+  for (const Rule& r : {kTensorStaged, kTensorReduce}) {
+    const OutputCheck c = check(y, ref, r);
+    EXPECT_TRUE(c.pass) << name(r);
+    EXPECT_EQ(c.stats.mismatches, 0) << name(r);
+  }
+  EXPECT_EQ(check(y, ref, kExactReduce).stats.mismatches, 40);
+  for (std::size_t i = 0; i < 40; ++i) y[i] = formats::float_to_bf16(5e-3f);  // beyond the floor
+  EXPECT_EQ(check(y, ref, kTensorStaged).stats.mismatches, 40);
+  EXPECT_FALSE(check(y, ref, kTensorStaged).pass);
+}
+
 TEST(CheckOutput, TensorCoreAllowsOneOutlierInASmallOutput) {
   // Fewer than 1000 elements: max(1, 0.1%) = 1.
   auto ref = reference_output();
