@@ -19,8 +19,9 @@ inline constexpr int kColumnsPerTile = kTileCols / 2;  // intermediate columns (
 // Exact math: float64 tile (experts_gemm.cuh); the tile's 128 weight rows are 64 gate rows then
 // the 64 up rows of the same columns. Tensor cores: bf16 mma tile (experts_mma.cuh); the weight
 // rows interleave gate and up of each column, so one thread's C fragment holds both.
+// Tensor cores: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 template <bool kTensorCores>
-__global__ void __launch_bounds__(kThreads) fc1_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc1_kernel(ForwardParams p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in scratch.x / scratch.x16
 

@@ -41,8 +41,9 @@ __device__ inline void send_home(const ForwardParams& p, const HomeSlot& home, s
 }
 
 // Exact math: float64 tile (experts_gemm.cuh); tensor cores: bf16 mma tile (experts_mma.cuh).
+// Tensor cores: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 template <bool kTensorCores>
-__global__ void __launch_bounds__(kThreads) fc2_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc2_kernel(ForwardParams p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kTileRows];
 
