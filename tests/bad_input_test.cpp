@@ -456,17 +456,18 @@ TEST(AfterAnError, ForwardIsRefusedAtOnceNamingTheOriginalFailure) {
 
 // ---- layers created with different shapes on different ranks ----
 
-TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
-  // Different max_tokens_per_rank also means windows of different sizes.
+// Every rank creates its layer with make_config(shape_of(rank), bf16, ..., options_of(rank)); the
+// error each rank's creation threw (every one must throw invalid_argument).
+template <class ShapeOf, class OptionsOf>
+std::vector<std::string> creation_errors(ShapeOf shape_of, OptionsOf options_of) {
   const auto weights = reference::make_random_weights(kShape, 1);
   auto group = make_host_group(kWorld);
   std::vector<std::string> errors(kWorld);
   within_seconds(20, "layer creation", [&] {
     run_on_rank_threads(kWorld, [&](int rank) {
       auto comm = make_host_communicator(group, rank);
-      LayerShape s = kShape;
-      if (rank == 1) s.max_tokens_per_rank = 16;
-      LayerOptions o;
+      const LayerShape s = shape_of(rank);
+      LayerOptions o = options_of(rank);
       o.timeout_ms = 2'000;
       try {
         Layer layer(*comm, make_config(s, Precision::bf16, rank, kWorld, o),
@@ -477,6 +478,18 @@ TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
       }
     });
   });
+  return errors;
+}
+
+TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
+  // Different max_tokens_per_rank also means windows of different sizes.
+  const auto errors = creation_errors(
+      [](int rank) {
+        LayerShape s = kShape;
+        if (rank == 1) s.max_tokens_per_rank = 16;
+        return s;
+      },
+      [](int) { return LayerOptions{}; });
   for (const auto& e : errors) {
     EXPECT_THAT(e, HasSubstr("Layer creation: rank 1 was given a different config than rank 0"));
     EXPECT_THAT(e, HasSubstr("rank 1: epmoe.config/2 hidden=64 intermediate=64 num_experts=8 "
@@ -485,24 +498,12 @@ TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
 }
 
 TEST(LayerCreationShapes, DifferentExpertMathOnDifferentRanksFailsOnEveryRank) {
-  const auto weights = reference::make_random_weights(kShape, 1);
-  auto group = make_host_group(kWorld);
-  std::vector<std::string> errors(kWorld);
-  within_seconds(20, "layer creation", [&] {
-    run_on_rank_threads(kWorld, [&](int rank) {
-      auto comm = make_host_communicator(group, rank);
-      LayerOptions o;
-      o.timeout_ms = 2'000;
-      if (rank == 1) o.expert_math = ExpertMath::tensor_core;
-      try {
-        Layer layer(*comm, make_config(kShape, Precision::bf16, rank, kWorld, o),
-                    local_weight_views(weights, kShape, rank, kWorld));
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
-        errors[static_cast<std::size_t>(rank)] = e.what();
-      }
-    });
-  });
+  const auto errors = creation_errors([](int) { return kShape; },
+                                      [](int rank) {
+                                        LayerOptions o;
+                                        if (rank == 1) o.expert_math = ExpertMath::tensor_core;
+                                        return o;
+                                      });
   for (const auto& e : errors) {
     EXPECT_THAT(e, HasSubstr("Layer creation: rank 1 was given a different config than rank 0"));
     EXPECT_THAT(e, HasSubstr("expert_math=tensor_core"));

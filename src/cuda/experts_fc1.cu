@@ -101,16 +101,11 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc1_kernel(For
 }  // namespace
 
 KernelShape fc1_shape(const ForwardParams& p, int device) {
-  return p.tensor_cores ? occupancy_shape(fc1_kernel<true>, mma::kSmemBytes, device)
-                        : occupancy_shape(fc1_kernel<false>, kTileSmemBytes, device);
+  return tile_kernel_shape(p, fc1_kernel<false>, fc1_kernel<true>, device);
 }
 
 void launch_fc1(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
-  if (p.tensor_cores)
-    fc1_kernel<true><<<s.grid, kThreads, s.smem, stream>>>(p);
-  else
-    fc1_kernel<false><<<s.grid, kThreads, s.smem, stream>>>(p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
+  launch_tile_kernel(p, s, fc1_kernel<false>, fc1_kernel<true>, stream);
 }
 
 }  // namespace epmoe::cuda

@@ -136,16 +136,11 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc2_kernel(For
 }  // namespace
 
 KernelShape fc2_shape(const ForwardParams& p, int device) {
-  return p.tensor_cores ? occupancy_shape(fc2_kernel<true>, mma::kSmemBytes, device)
-                        : occupancy_shape(fc2_kernel<false>, kTileSmemBytes, device);
+  return tile_kernel_shape(p, fc2_kernel<false>, fc2_kernel<true>, device);
 }
 
 void launch_fc2(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
-  if (p.tensor_cores)
-    fc2_kernel<true><<<s.grid, kThreads, s.smem, stream>>>(p);
-  else
-    fc2_kernel<false><<<s.grid, kThreads, s.smem, stream>>>(p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
+  launch_tile_kernel(p, s, fc2_kernel<false>, fc2_kernel<true>, stream);
 }
 
 }  // namespace epmoe::cuda

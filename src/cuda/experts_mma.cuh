@@ -155,3 +155,21 @@ __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total
 }
 
 }  // namespace epmoe::cuda::experts::mma
+
+namespace epmoe::cuda::experts {
+
+// FC1 and FC2 each come as an exact-math and a tensor-core kernel; the layer's expert math picks
+// one, with the shared memory its tile needs.
+using TileKernel = void (*)(ForwardParams);
+inline KernelShape tile_kernel_shape(const ForwardParams& p, TileKernel exact, TileKernel tensor,
+                                     int device) {
+  return p.tensor_cores ? occupancy_shape(tensor, mma::kSmemBytes, device)
+                        : occupancy_shape(exact, kTileSmemBytes, device);
+}
+inline void launch_tile_kernel(const ForwardParams& p, const KernelShape& s, TileKernel exact,
+                               TileKernel tensor, cudaStream_t stream) {
+  (p.tensor_cores ? tensor : exact)<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts
