@@ -1,7 +1,8 @@
-// The CUDA executor on 1 and 2 GPUs (run by tests/gpu/run.sh on a GPU machine; CI reports the GPU
-// suite as skipped). Every check compares against the emulating reference forward with the rule of
-// the layer's combine and expert math (reference::check_output): exact math with staged combine
-// bit for bit, in-kernel reduce within one bf16 ulp, tensor cores to accumulation-order noise.
+// The CUDA executor on 1, 2, 4 and 8 GPUs, as many as the machine has (run by tests/gpu/run.sh on a
+// GPU machine; CI reports the GPU suite as skipped). Every check compares against the emulating
+// reference forward with the rule of the layer's combine and expert math (reference::check_output):
+// exact math with staged combine bit for bit, in-kernel reduce within one bf16 ulp, tensor cores to
+// accumulation-order noise.
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -84,7 +85,7 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
 std::vector<Scenario> all_scenarios() {
   std::vector<Scenario> out;
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
-    for (int world : {1, 2})
+    for (int world : {1, 2, 4, 8})  // 4 and 8 skip, visibly, on machines with fewer GPUs
       for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
           out.push_back({p, c, world, m});
@@ -100,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMatchesReference, ::testing::ValuesIn(all_scena
                          });
 
 TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
-  const int world = std::min(gpus(), 2);
+  const int world = std::min(gpus(), 8);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
   const LayerShape shape{256, 128, 8, 4, 64};
   LayerOptions options;
@@ -130,7 +131,7 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
 }
 
 TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
-  const int world = std::min(gpus(), 2);
+  const int world = std::min(gpus(), 8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = reference::make_random_weights(kShape, 5);
   Cluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
@@ -148,7 +149,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
 // world x 1000 x 4 pairs, a last chunk with a remainder; T = 77 and T = 5 give remainders of their
 // own and the few-row warp layout (rows split over k groups).
 TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
-  const int world = std::min(gpus(), 2);
+  const int world = std::min(gpus(), 8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = reference::make_random_weights(kShape, 14);
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
@@ -177,7 +178,7 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
 // Hidden sizes that are multiples of 64 but not of 128 (gpt-oss: 2880): the last FC2 tile
 // computes clamped columns it must never store, on both maths and every precision.
 TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
-  const int world = std::min(gpus(), 2);
+  const int world = std::min(gpus(), 4);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape shape{
       .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
