@@ -22,11 +22,11 @@ class Communicator {
   virtual Backend backend() const = 0;
   virtual Device device() const = 0;  // where this rank's tensors must live
 
-  // Tear this communicator down without talking to its peers, for when a peer's process is gone
-  // (its layers must be destroyed first). Afterwards the communicator can only be destroyed. On the
-  // CUDA executor this is ncclCommAbort; destroying a communicator whose layer's reset() failed
-  // aborts on its own, so a dead peer never makes teardown wait. Idempotent; a no-op on the CPU
-  // executor, whose teardown is always local.
+  // Tear this communicator down without talking to its peers, for when a peer's process is gone.
+  // Afterwards its layers and it can only be destroyed (in any order; each is local). On the CUDA
+  // executor this is ncclCommAbort; destroying a communicator whose layer's reset() failed aborts
+  // on its own, so a dead peer never makes teardown wait. Idempotent; a no-op on the CPU executor,
+  // whose teardown is always local.
   virtual void abort() noexcept {}
 };
 
