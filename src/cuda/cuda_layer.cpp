@@ -158,6 +158,7 @@ class CudaLayer final : public LayerImpl {
                const TensorView& y, Stream stream) override {
     const ForwardArgs a =
         validate_forward(config(), x, topk_ids, topk_weights, y, comm_.device(), false);
+    refuse_if_aborted("forward");
     refuse_if_unhealthy();
     if (fault_skips_idle_launch(a.tokens)) return;  // test builds: the hang, on purpose
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
@@ -184,6 +185,7 @@ class CudaLayer final : public LayerImpl {
   }
 
   void reset() override {
+    refuse_if_aborted("reset");
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(last_stream_));  // every wait is bounded: this returns
     *reset_outcome_host_ = -1;
@@ -266,6 +268,15 @@ class CudaLayer final : public LayerImpl {
     else
       out.what = describe_failure(out, config().options().timeout_ms);
     health_ = out;
+  }
+
+  // After Communicator::abort() NCCL has unmapped the peers' windows: a kernel would fault.
+  void refuse_if_aborted(const char* fn) const {
+    if (comm_.aborted())
+      throw Error(ErrorCode::layer_unhealthy,
+                  std::string(fn) + " on rank " + std::to_string(config().rank()) +
+                      ": the communicator was aborted (Communicator::abort); destroy this layer "
+                      "and rebuild from a fresh unique id");
   }
 
   void refuse_if_unhealthy() {

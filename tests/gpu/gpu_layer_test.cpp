@@ -382,5 +382,35 @@ TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
   });
 }
 
+// After Communicator::abort() (a peer's process died) NCCL has unmapped the peers' windows: the
+// layer refuses forward() and reset() before any launch, and both teardowns stay local.
+TEST(GpuCreation, AbortedCommunicatorRefusesTheLayerAndTearsDownLocally) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  const LayerShape shape{256, 128, 8, 4, 32};
+  const auto weights = reference::make_random_weights(shape, 4);
+  const std::vector<int> devices{0};
+  auto comms = make_nccl_communicators(devices);
+  within_seconds(60, "abort", [&] {
+    Layer layer(*comms[0], make_config(shape, Precision::bf16, 0, 1),
+                local_weight_views(weights, shape, 0, 1));
+    cuda::DeviceBatch buffers(0, shape);
+    const Batch b = reference::make_random_batch(shape, 1, 9, Routing::uniform, 0, 1);
+    (void)buffers.forward(layer, b);
+    EXPECT_TRUE(layer.health().ok);
+    comms[0]->abort();
+    comms[0]->abort();  // idempotent
+    try {
+      (void)buffers.forward(layer, b);
+      ADD_FAILURE() << "forward after abort() did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::layer_unhealthy);
+      EXPECT_THAT(e.what(), HasSubstr("the communicator was aborted"));
+    }
+    EXPECT_THROW(layer.reset(), Error);
+  });  // the layer is destroyed after the abort: local
+  comms.clear();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the CUDA context is still usable";
+}
+
 }  // namespace
 }  // namespace epmoe
