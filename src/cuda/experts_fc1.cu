@@ -63,12 +63,14 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc1_kernel(For
         for (int half = 0; half < 2; ++half) {
           const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
           if (r >= chunk.rows) continue;
-          const float scale = p.scratch.x_scale[x_row_of[r]] * w_scale;
+          // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+          const float x_scale = p.scratch.x_scale[x_row_of[r]];
 #pragma unroll
           for (int ni = 0; ni < mma::kNTiles; ++ni) {
             const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
-            h_of(r)[column] = static_cast<float>(reference::swiglu(
-                acc[mi][ni][2 * half] / scale, acc[mi][ni][2 * half + 1] / scale, p.swiglu_limit));
+            h_of(r)[column] = static_cast<float>(
+                reference::swiglu(acc[mi][ni][2 * half] / x_scale / w_scale,
+                                  acc[mi][ni][2 * half + 1] / x_scale / w_scale, p.swiglu_limit));
           }
         }
     } else {

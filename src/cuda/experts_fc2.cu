@@ -91,13 +91,15 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc2_kernel(For
         for (int half = 0; half < 2; ++half) {
           const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
           if (r >= chunk.rows) continue;
-          const float scale = p.scratch.h_scale[chunk.first_pair + r] * w_scale;
+          // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+          const float h_scale = p.scratch.h_scale[chunk.first_pair + r];
 #pragma unroll
           for (int ni = 0; ni < mma::kNTiles; ++ni)
 #pragma unroll
             for (int v = 0; v < 2; ++v) {
               const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
-              if (c < hidden) send_home(p, home_of[r], c, acc[mi][ni][2 * half + v] / scale);
+              if (c < hidden)
+                send_home(p, home_of[r], c, acc[mi][ni][2 * half + v] / h_scale / w_scale);
             }
         }
     } else {
