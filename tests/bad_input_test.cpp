@@ -17,18 +17,18 @@
 #include <future>
 #include <limits>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "formats/codec.hpp"
-#include "host/rank_threads.hpp"
-#include "reference/problem.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
 
+using harness::Routing;
 using reference::Batch;
-using reference::Routing;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -80,8 +80,8 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
   std::vector<Batch> batches(std::uint64_t seed) const {
     std::vector<Batch> b;
     for (int rank = 0; rank < kWorld; ++rank)
-      b.push_back(reference::make_random_batch(kShape, kWorld, kTokens, Routing::uniform, 0,
-                                               seed + static_cast<std::uint64_t>(rank)));
+      b.push_back(harness::make_random_batch(kShape, kWorld, kTokens, Routing::uniform, 0,
+                                             seed + static_cast<std::uint64_t>(rank)));
     // Every token has an expert in slot 0 (uniform routing drops a slot now and then).
     for (Batch& x : b)
       for (std::int64_t t = 0; t < kTokens; ++t) {
@@ -118,7 +118,7 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
     }
   }
 
-  const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 31);
+  const reference::LayerWeights weights_ = harness::make_random_weights(kShape, 31);
 };
 
 TEST_P(NonFinite, NanAndInfInActivationsAndRoutingWeightsStayInTheirRow) {
@@ -243,7 +243,7 @@ class BadArguments : public ::testing::Test {
     LayerOptions o;
     o.timeout_ms = 2'000;
     cluster_ = std::make_unique<Cluster>(kShape, Precision::bf16, o, 1, weights_);
-    b_ = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 3);
+    b_ = harness::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 3);
     y_.resize(static_cast<std::size_t>(4 * kShape.hidden));
     raw_.resize(4096);
   }
@@ -274,7 +274,7 @@ class BadArguments : public ::testing::Test {
     return t;
   }
 
-  const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 4);
+  const reference::LayerWeights weights_ = harness::make_random_weights(kShape, 4);
   std::unique_ptr<Cluster> cluster_;
   Batch b_;
   std::vector<std::uint16_t> y_;
@@ -366,14 +366,14 @@ TEST_F(BadArguments, NullPointerAndBadTokenDimensionAreRejected) {
 // ---- a rejected forward is not a round ----
 
 TEST(RejectedForward, IsNotARoundTheRankCallsAgainAndTheRoundCompletes) {
-  const auto weights = reference::make_random_weights(kShape, 8);
+  const auto weights = harness::make_random_weights(kShape, 8);
   LayerOptions o;
   o.timeout_ms = 5'000;
   Cluster cluster(kShape, Precision::bf16, o, kWorld, weights);
   within_seconds(30, "the round", [&] {
     run_on_rank_threads(kWorld, [&](int rank) {
-      const Batch b = reference::make_random_batch(kShape, kWorld, 3 + rank, Routing::uniform, 0,
-                                                   50 + static_cast<std::uint64_t>(rank));
+      const Batch b = harness::make_random_batch(kShape, kWorld, 3 + rank, Routing::uniform, 0,
+                                                 50 + static_cast<std::uint64_t>(rank));
       if (rank == 0) {
         std::vector<std::uint16_t> y(static_cast<std::size_t>(b.tokens * kShape.hidden));
         try {
@@ -397,11 +397,11 @@ TEST(RejectedForward, IsNotARoundTheRankCallsAgainAndTheRoundCompletes) {
 // ---- forward after an error, without reset() ----
 
 TEST(AfterAnError, ForwardIsRefusedAtOnceNamingTheOriginalFailure) {
-  const auto weights = reference::make_random_weights(kShape, 9);
+  const auto weights = harness::make_random_weights(kShape, 9);
   LayerOptions o;
   o.timeout_ms = 200;
   Cluster cluster(kShape, Precision::bf16, o, kWorld, weights);
-  const Batch b = reference::make_random_batch(kShape, kWorld, 3, Routing::uniform, 0, 61);
+  const Batch b = harness::make_random_batch(kShape, kWorld, 3, Routing::uniform, 0, 61);
   const auto code_of = [&](int rank, const Batch& batch, double* seconds) -> std::string {
     const auto start = Clock::now();
     try {
@@ -429,7 +429,7 @@ TEST(AfterAnError, ForwardIsRefusedAtOnceNamingTheOriginalFailure) {
     EXPECT_LT(s, 0.2) << "refusal must not wait";
   }
   // Argument checks still come first: a bad argument is reported as such.
-  Batch too_many = reference::make_random_batch(kShape, kWorld, 9, Routing::uniform, 0, 1);
+  Batch too_many = harness::make_random_batch(kShape, kWorld, 9, Routing::uniform, 0, 1);
   EXPECT_THAT(code_of(0, too_many, &s), HasSubstr("invalid argument: forward: x has T=9"));
 
   // Rank 1 never failed, but finds the abort: peer_aborted at once, then refused like rank 0.
@@ -460,7 +460,7 @@ TEST(AfterAnError, ForwardIsRefusedAtOnceNamingTheOriginalFailure) {
 // error each rank's creation threw (every one must throw invalid_argument).
 template <class ShapeOf, class OptionsOf>
 std::vector<std::string> creation_errors(ShapeOf shape_of, OptionsOf options_of) {
-  const auto weights = reference::make_random_weights(kShape, 1);
+  const auto weights = harness::make_random_weights(kShape, 1);
   auto group = make_host_group(kWorld);
   std::vector<std::string> errors(kWorld);
   within_seconds(20, "layer creation", [&] {

@@ -13,18 +13,18 @@
 #include <future>
 #include <optional>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/rank_threads.hpp"
-#include "reference/problem.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
 
+using harness::Routing;
 using reference::Batch;
-using reference::Routing;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
@@ -52,8 +52,8 @@ class FaultTest : public ::testing::Test {
   }
 
   Batch batch(int rank, std::int64_t tokens, std::uint64_t seed) const {
-    return reference::make_random_batch(kShape, kWorld, tokens, Routing::uniform, 0,
-                                        seed * 10 + static_cast<std::uint64_t>(rank));
+    return harness::make_random_batch(kShape, kWorld, tokens, Routing::uniform, 0,
+                                      seed * 10 + static_cast<std::uint64_t>(rank));
   }
 
   // One round on every rank; `tokens_of(rank)` gives T. Returns what each rank saw.
@@ -90,7 +90,7 @@ class FaultTest : public ::testing::Test {
     }
   }
 
-  const reference::LayerWeights weights_ = reference::make_random_weights(kShape, 21);
+  const reference::LayerWeights weights_ = harness::make_random_weights(kShape, 21);
   std::unique_ptr<Cluster> cluster_;
 };
 
@@ -171,7 +171,7 @@ TEST_F(FaultTest, ResetWithoutEveryRankTimesOutInsteadOfHanging) {
 }
 
 TEST(LayerCreation, DifferentConfigsOnDifferentRanksAreCaughtAtCreation) {
-  const auto weights = reference::make_random_weights(kShape, 1);
+  const auto weights = harness::make_random_weights(kShape, 1);
   auto group = make_host_group(2);
   std::vector<std::string> errors(2);
   within_seconds(20, "layer creation", [&] {
@@ -192,7 +192,7 @@ TEST(LayerCreation, DifferentConfigsOnDifferentRanksAreCaughtAtCreation) {
 }
 
 TEST(LayerCreation, WrongWeightShapeNamesTheArgument) {
-  const auto weights = reference::make_random_weights(kShape, 1);
+  const auto weights = harness::make_random_weights(kShape, 1);
   auto group = make_host_group(1);
   auto comm = make_host_communicator(group, 0);
   ExpertWeights w = local_weight_views(weights, kShape, 0, 1);

@@ -8,18 +8,18 @@
 #include <future>
 #include <thread>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/rank_threads.hpp"
-#include "reference/problem.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
 
+using harness::Routing;
 using reference::Batch;
-using reference::Routing;
 using ::testing::HasSubstr;
 
 LayerShape small_shape(std::int64_t experts) {
@@ -33,7 +33,7 @@ LayerShape small_shape(std::int64_t experts) {
 // A per-(round, rank) batch every thread can rebuild on its own: many T == 0, all routings.
 Batch round_batch(const LayerShape& s, int world, std::uint32_t round, int rank,
                   std::uint64_t seed) {
-  reference::Rng rng(seed * 1'000'003u + round * 131u + static_cast<std::uint64_t>(rank));
+  harness::Rng rng(seed * 1'000'003u + round * 131u + static_cast<std::uint64_t>(rank));
   const std::int64_t tokens = rng.uniform() < 0.4 ? 0 : 1 + rng.below(s.max_tokens_per_rank);
   const double pick = rng.uniform();
   const Routing routing = pick < 0.6    ? Routing::uniform
@@ -41,7 +41,7 @@ Batch round_batch(const LayerShape& s, int world, std::uint32_t round, int rank,
                           : pick < 0.9  ? Routing::one_expert
                                         : Routing::all_dropped;
   const std::int64_t target = rng.below(routing == Routing::one_rank ? world : s.num_experts);
-  return reference::make_random_batch(s, world, tokens, routing, target, rng.next());
+  return harness::make_random_batch(s, world, tokens, routing, target, rng.next());
 }
 
 using test::within_seconds;
@@ -61,12 +61,12 @@ TEST_P(ProtocolMatchesReference, EveryRoundOfEveryRankAtItsOwnPace) {
   LayerOptions options;
   options.combine = sc.combine;
   options.timeout_ms = 5'000;
-  const auto weights = reference::make_random_weights(shape, 7);
+  const auto weights = harness::make_random_weights(shape, 7);
   Cluster cluster(shape, sc.precision, options, sc.world, weights);
   const std::uint32_t rounds = 60;
   within_seconds(120, "the rounds", [&] {
     run_on_rank_threads(sc.world, [&](int rank) {
-      reference::Rng delays(static_cast<std::uint64_t>(rank) + 99);
+      harness::Rng delays(static_cast<std::uint64_t>(rank) + 99);
       for (std::uint32_t r = 1; r <= rounds; ++r) {
         const Batch batch = round_batch(shape, sc.world, r, rank, 5);
         if (delays.uniform() < 0.3)
@@ -106,14 +106,14 @@ TEST(HostExecutor, HundredsOfRoundsWithIdleRanksAndRandomDelays) {
   const LayerShape shape = small_shape(16);
   LayerOptions options;
   options.timeout_ms = 10'000;
-  const auto weights = reference::make_random_weights(shape, 11);
+  const auto weights = harness::make_random_weights(shape, 11);
   for (int world : {2, 8}) {
     Cluster cluster(shape, Precision::bf16, options, world, weights);
     const std::uint32_t rounds = world == 2 ? 400 : 200;
     std::atomic<std::int64_t> idle_rounds{0};
     within_seconds(240, "hundreds of rounds", [&] {
       run_on_rank_threads(world, [&](int rank) {
-        reference::Rng delays(static_cast<std::uint64_t>(rank) * 7 + 3);
+        harness::Rng delays(static_cast<std::uint64_t>(rank) * 7 + 3);
         for (std::uint32_t r = 1; r <= rounds; ++r) {
           const Batch batch = round_batch(shape, world, r, rank, 17);
           idle_rounds += batch.tokens == 0;
@@ -134,11 +134,11 @@ TEST(HostExecutor, HundredsOfRoundsWithIdleRanksAndRandomDelays) {
 TEST(HostExecutor, AllTokensToOneRanksExpertsAtMaxTokens) {
   const LayerShape shape = small_shape(8);
   const int world = 4;
-  const auto weights = reference::make_random_weights(shape, 3);
+  const auto weights = harness::make_random_weights(shape, 3);
   Cluster cluster(shape, Precision::nvfp4, LayerOptions{}, world, weights);
   run_on_rank_threads(world, [&](int rank) {
-    const Batch batch = reference::make_random_batch(shape, world, shape.max_tokens_per_rank,
-                                                     Routing::one_rank, 2, 40 + rank);
+    const Batch batch = harness::make_random_batch(shape, world, shape.max_tokens_per_rank,
+                                                   Routing::one_rank, 2, 40 + rank);
     const auto y = cluster.forward(rank, batch);
     ASSERT_EQ(reference::compare_bf16(y, cluster.reference(rank).forward(batch)).mismatches, 0);
   });
@@ -146,10 +146,10 @@ TEST(HostExecutor, AllTokensToOneRanksExpertsAtMaxTokens) {
 
 TEST(HostExecutor, AcceptsInt64ExpertIds) {
   const LayerShape shape = small_shape(4);
-  const auto weights = reference::make_random_weights(shape, 5);
+  const auto weights = harness::make_random_weights(shape, 5);
   Cluster cluster(shape, Precision::bf16, LayerOptions{}, 2, weights);
   run_on_rank_threads(2, [&](int rank) {
-    const Batch b = reference::make_random_batch(shape, 2, 5, Routing::uniform, 0, 8 + rank);
+    const Batch b = harness::make_random_batch(shape, 2, 5, Routing::uniform, 0, 8 + rank);
     std::vector<std::int64_t> ids(b.topk_ids.begin(), b.topk_ids.end());
     std::vector<std::uint16_t> y(static_cast<std::size_t>(5 * shape.hidden));
     cluster.layer(rank).forward(view(b.x.data(), DType::bf16, {5, shape.hidden}),
@@ -172,7 +172,7 @@ TEST(HostExecutor, RoundNumbersWrapAroundTwoToTheThirtyTwo) {
   if (!testing::fault_injection_available()) GTEST_SKIP() << "built without test switches";
   const LayerShape shape = small_shape(8);
   const int world = 4;
-  const auto weights = reference::make_random_weights(shape, 13);
+  const auto weights = harness::make_random_weights(shape, 13);
   Cluster cluster(shape, Precision::mxfp8, LayerOptions{}, world, weights);
   const std::uint32_t first = 0xffffffffu - 4;
   for (int rank = 0; rank < world; ++rank) testing::start_rounds_at(cluster.layer(rank), first);

@@ -11,10 +11,10 @@
 #include <string>
 #include <thread>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "reference/problem.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
 
 namespace epmoe {
 namespace {
@@ -44,7 +44,7 @@ class RankProcess {
       : rank_(rank),
         group_(attach_shared_memory_group(group_name, kWorld)),
         comm_(make_host_communicator(group_, rank)),
-        weights_(reference::make_random_weights(kShape, 7)),
+        weights_(harness::make_random_weights(kShape, 7)),
         reference_(kShape, Precision::bf16, options(), weights_),
         layer_(*comm_, make_config(kShape, Precision::bf16, rank, kWorld, options()),
                local_weight_views(weights_, kShape, rank, kWorld)) {}
@@ -57,9 +57,9 @@ class RankProcess {
 
   // One round with this rank's batch of `step`; returns kPass or kMismatch; throws Error.
   int round(std::uint64_t step) {
-    const reference::Batch b = reference::make_random_batch(
+    const reference::Batch b = harness::make_random_batch(
         kShape, kWorld, (step + static_cast<std::uint64_t>(rank_)) % 4 == 0 ? 0 : 5,
-        reference::Routing::uniform, 0, step * 10 + static_cast<std::uint64_t>(rank_));
+        harness::Routing::uniform, 0, step * 10 + static_cast<std::uint64_t>(rank_));
     std::vector<std::uint16_t> y(static_cast<std::size_t>(b.tokens * kShape.hidden));
     layer_.forward(view(b.x.data(), DType::bf16, {b.tokens, kShape.hidden}),
                    view(b.topk_ids.data(), DType::i32, {b.tokens, kShape.top_k}),

@@ -27,21 +27,19 @@
 #include <thread>
 #include <vector>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "executor.hpp"
-#include "formats/codec.hpp"
-#include "host/rank_threads.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "progress.hpp"
-#include "protocol/wire.hpp"
-#include "reference/problem.hpp"
 
 #if defined(EPMOE_HAS_CUDA)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "cuda/device_batch.hpp"
+#include "harness/device_batch.hpp"
 #endif
 
 namespace epmoe::tools {
@@ -145,27 +143,6 @@ Model parse_model(const std::string& spec, std::int64_t experts_cap) {
 
 // ---- inputs ----
 
-// U(-scale, scale) in bf16, filled in parallel chunks (each chunk its own reproducible stream).
-void fill_bf16(std::vector<std::uint16_t>& out, std::size_t n, double scale, std::uint64_t seed) {
-  out.resize(n);
-  constexpr std::size_t kChunk = std::size_t{1} << 22;
-  const std::size_t chunks = (n + kChunk - 1) / kChunk;
-  const unsigned threads = std::max(
-      1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(chunks)));
-  std::atomic<std::size_t> next{0};
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t)
-    pool.emplace_back([&] {
-      for (std::size_t c = next++; c < chunks; c = next++) {
-        reference::Rng rng(seed * 0x9E3779B97F4A7C15ull + c);
-        const std::size_t end = std::min(n, (c + 1) * kChunk);
-        for (std::size_t i = c * kChunk; i < end; ++i)
-          out[i] = formats::float_to_bf16(static_cast<float>((2.0 * rng.uniform() - 1.0) * scale));
-      }
-    });
-  for (auto& t : pool) t.join();
-}
-
 // Weights as make_random_weights draws them (U(-1, 1) / sqrt(fan_in), bf16), in parallel, and
 // x rows (U(-1, 1)) for each rank at the largest T; both kept for every config of the model.
 struct ModelData {
@@ -177,22 +154,25 @@ std::unique_ptr<ModelData> make_model_data(const LayerShape& s, int max_world, s
   auto d = std::make_unique<ModelData>();
   const auto e = static_cast<std::size_t>(s.num_experts), h = static_cast<std::size_t>(s.hidden),
              i = static_cast<std::size_t>(s.intermediate);
-  fill_bf16(d->weights.w13, e * 2 * i * h, 1.0 / std::sqrt(double(s.hidden)), seed * 3 + 1);
-  fill_bf16(d->weights.w2, e * h * i, 1.0 / std::sqrt(double(s.intermediate)), seed * 3 + 2);
+  harness::fill_uniform_bf16(d->weights.w13, e * 2 * i * h, 1.0 / std::sqrt(double(s.hidden)),
+                             seed * 3 + 1);
+  harness::fill_uniform_bf16(d->weights.w2, e * h * i, 1.0 / std::sqrt(double(s.intermediate)),
+                             seed * 3 + 2);
   d->x.resize(static_cast<std::size_t>(max_world));
   for (int r = 0; r < max_world; ++r)
-    fill_bf16(d->x[static_cast<std::size_t>(r)],
-              static_cast<std::size_t>(std::max<std::int64_t>(s.max_tokens_per_rank, 1)) * h, 1.0,
-              seed * 7919 + 17 + static_cast<std::uint64_t>(r));
+    harness::fill_uniform_bf16(
+        d->x[static_cast<std::size_t>(r)],
+        static_cast<std::size_t>(std::max<std::int64_t>(s.max_tokens_per_rank, 1)) * h, 1.0,
+        seed * 7919 + 17 + static_cast<std::uint64_t>(r));
   return d;
 }
 
-// Uniform random top-k, drawn as reference::make_random_batch draws it.
-using Routing = reference::RoutingTable;
+// Uniform random top-k, drawn as harness::make_random_batch draws it.
+using Routing = harness::RoutingTable;
 
 Routing make_routing(const LayerShape& s, std::int64_t tokens, std::uint64_t seed) {
-  reference::Rng rng(seed);
-  return reference::make_routing(s, 1, tokens, reference::Routing::uniform, 0, rng);
+  harness::Rng rng(seed);
+  return harness::make_routing(s, 1, tokens, harness::Routing::uniform, 0, rng);
 }
 
 // ---- what a round must move, and its floors ----
@@ -230,7 +210,7 @@ Traffic round_traffic(const std::vector<const std::vector<std::int32_t>*>& ids, 
   std::vector<char> touched(static_cast<std::size_t>(s.num_experts), 0);
   std::vector<double> pairs(static_cast<std::size_t>(world), 0.0),
       out(static_cast<std::size_t>(world), 0.0), in(static_cast<std::size_t>(world), 0.0);
-  const double row = static_cast<double>(protocol::wire_row_bytes(p, s.hidden, s.top_k));
+  const double row = static_cast<double>(harness::wire_row_bytes(p, s.hidden, s.top_k));
   const double back = static_cast<double>(s.hidden) * (c == Combine::staged ? 2.0 : 4.0);
   Traffic t;
   std::vector<char> dest(static_cast<std::size_t>(world));
@@ -478,9 +458,9 @@ double measure_matmul_tflops(int device, int n) {
   const auto elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
   std::vector<std::uint16_t> host;
   DeviceBuffer a(device, elems * 2), b(device, elems * 2), c(device, elems * 2);
-  fill_bf16(host, elems, 1.0, 101);  // random, not zeros (zeros run faster)
+  harness::fill_uniform_bf16(host, elems, 1.0, 101);  // random, not zeros (zeros run faster)
   cuda_ok(cudaMemcpy(a.ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
-  fill_bf16(host, elems, 1.0, 202);
+  harness::fill_uniform_bf16(host, elems, 1.0, 202);
   cuda_ok(cudaMemcpy(b.ptr, host.data(), elems * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   cublasHandle_t handle = nullptr;
@@ -602,10 +582,10 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
       std::vector<std::uint16_t> y(
           backend == Backend::cpu_threads ? static_cast<std::size_t>(tokens) * h : 0);
 #if defined(EPMOE_HAS_CUDA)
-      std::unique_ptr<cuda::DeviceBatch> dev;
+      std::unique_ptr<harness::DeviceBatch> dev;
       std::unique_ptr<EventPair> ev;
       if (backend == Backend::cuda_nccl) {
-        dev = std::make_unique<cuda::DeviceBatch>(rank, s);  // sets this thread's device
+        dev = std::make_unique<harness::DeviceBatch>(rank, s);  // sets this thread's device
         ev = std::make_unique<EventPair>();
         cuda_ok(cudaMemcpy(dev->x(tokens).data, data.x[r].data(),
                            static_cast<std::size_t>(tokens) * h * 2, cudaMemcpyHostToDevice),
@@ -672,8 +652,8 @@ std::string check_config(Cluster& cluster, const LayerShape& s, const LayerOptio
   std::vector<std::string> result(static_cast<std::size_t>(world));
   run_on_rank_threads(world, [&](int rank) {
     const reference::Batch batch =
-        reference::make_random_batch(s, world, tokens, reference::Routing::uniform, 0,
-                                     seed * 104729 + static_cast<std::uint64_t>(rank));
+        harness::make_random_batch(s, world, tokens, harness::Routing::uniform, 0,
+                                   seed * 104729 + static_cast<std::uint64_t>(rank));
     const auto y = cluster.forward(rank, batch);
     const auto check = reference::check_output(y, cluster.reference(rank).forward(batch),
                                                options.combine, options.expert_math);

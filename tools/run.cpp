@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "executor.hpp"
-#include "host/rank_threads.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "progress.hpp"
-#include "reference/problem.hpp"
 #include "reference/reference.hpp"
 
 namespace epmoe::tools {
@@ -103,7 +103,7 @@ int run_command(const RunOptions& o) {
   auto t0 = Clock::now();
   std::fprintf(stderr, "[prepare] generating %.2f G bf16 weight parameters...\n",
                static_cast<double>(params) / 1e9);
-  const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
+  const reference::LayerWeights weights = harness::make_random_weights(shape, o.seed);
   std::fprintf(stderr, "[prepare] quantizing %lld experts on %d rank threads...\n",
                static_cast<long long>(shape.num_experts), o.ranks);
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
@@ -120,8 +120,8 @@ int run_command(const RunOptions& o) {
       std::vector<reference::Batch> batches;
       std::vector<std::vector<std::uint16_t>> outputs;
       for (int r = 0; r < o.rounds; ++r)
-        batches.push_back(reference::make_random_batch(
-            shape, o.ranks, o.tokens, reference::Routing::uniform, 0,
+        batches.push_back(harness::make_random_batch(
+            shape, o.ranks, o.tokens, harness::Routing::uniform, 0,
             o.seed * 7919 + static_cast<std::uint64_t>(r * o.ranks + rank)));
       for (int r = 0; r < o.rounds; ++r) {
         const auto start = Clock::now();

@@ -29,17 +29,17 @@
 #include <thread>
 #include <vector>
 
-#include "core/cluster.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "epmoe/testing.hpp"
 #include "executor.hpp"
-#include "host/rank_threads.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "progress.hpp"
-#include "reference/problem.hpp"
 
 #if defined(EPMOE_HAS_CUDA)
-#include "cuda/device_batch.hpp"
+#include "harness/device_batch.hpp"
 #endif
 
 namespace epmoe::tools {
@@ -433,8 +433,8 @@ struct Load {
   // Lulls are blocks of `run` rounds chosen from the seed alone, so every rank agrees on them
   // without talking (and still agrees after a fault episode skipped some rounds).
   bool in_lull(std::int64_t round) const {
-    reference::Rng block(seed * 0xd1b54a32d192ed03ull +
-                         static_cast<std::uint64_t>(static_cast<double>(round) / run) + 5);
+    harness::Rng block(seed * 0xd1b54a32d192ed03ull +
+                       static_cast<std::uint64_t>(static_cast<double>(round) / run) + 5);
     return block.uniform() < lull;
   }
   std::int64_t next_tokens(std::int64_t round, std::int64_t max_tokens) {
@@ -443,13 +443,13 @@ struct Load {
     if (rng.uniform() < 0.1) return max_tokens;  // the edge
     return 1 + rng.below(max_tokens);
   }
-  reference::Routing next_routing(const std::optional<reference::Routing>& fixed) {
+  harness::Routing next_routing(const std::optional<harness::Routing>& fixed) {
     if (fixed) return *fixed;
     const double p = rng.uniform();
-    return p < 0.55   ? reference::Routing::uniform
-           : p < 0.7  ? reference::Routing::one_expert
-           : p < 0.85 ? reference::Routing::one_rank
-                      : reference::Routing::all_dropped;
+    return p < 0.55   ? harness::Routing::uniform
+           : p < 0.7  ? harness::Routing::one_expert
+           : p < 0.85 ? harness::Routing::one_rank
+                      : harness::Routing::all_dropped;
   }
   std::uint32_t next_sleep_us(std::uint32_t max_us) {
     if (max_us == 0) return 0;
@@ -460,7 +460,7 @@ struct Load {
   }
 
   std::uint64_t seed;
-  reference::Rng rng;
+  harness::Rng rng;
   double run = 1.0, lull = 0.0, leave_idle = 0.0, enter_idle = 0.0;
   bool idle = false;
 };
@@ -468,26 +468,24 @@ struct Load {
 // One round's draws, in the order both modes make them.
 struct RoundDraw {
   std::int64_t tokens = 0;
-  reference::Routing routing = reference::Routing::uniform;
+  harness::Routing routing = harness::Routing::uniform;
   std::int64_t target = 0;
   std::uint32_t sleep_us = 0;
 };
 RoundDraw draw_round(Load& load, const StressOptions& o, const LayerShape& shape,
-                     std::int64_t round, const std::optional<reference::Routing>& fixed) {
+                     std::int64_t round, const std::optional<harness::Routing>& fixed) {
   RoundDraw d;
   d.tokens = load.next_tokens(round, shape.max_tokens_per_rank);
   d.routing = load.next_routing(fixed);
-  d.target =
-      load.rng.below(d.routing == reference::Routing::one_rank ? o.ranks : shape.num_experts);
+  d.target = load.rng.below(d.routing == harness::Routing::one_rank ? o.ranks : shape.num_experts);
   d.sleep_us = load.next_sleep_us(o.max_sleep_us);
   return d;
 }
 reference::Batch round_batch(const StressOptions& o, const LayerShape& shape, const RoundDraw& d,
                              std::int64_t round, int rank) {
-  return reference::make_random_batch(shape, o.ranks, d.tokens, d.routing, d.target,
-                                      o.seed * 1'000'003u +
-                                          static_cast<std::uint64_t>(round) * 131u +
-                                          static_cast<std::uint64_t>(rank));
+  return harness::make_random_batch(shape, o.ranks, d.tokens, d.routing, d.target,
+                                    o.seed * 1'000'003u + static_cast<std::uint64_t>(round) * 131u +
+                                        static_cast<std::uint64_t>(rank));
 }
 
 struct RankStats {
@@ -518,7 +516,7 @@ reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16
                     "rank %d round %lld T=%lld routing=%s: %lld elements outside tolerance, "
                     "max_abs=%.4g rel_l2=%.3g",
                     rank, static_cast<long long>(round), static_cast<long long>(draw.tokens),
-                    reference::to_string(draw.routing),
+                    harness::to_string(draw.routing),
                     static_cast<long long>(check.stats.mismatches), check.stats.max_abs,
                     check.stats.rel_l2);
       st.mismatch_notes.emplace_back(note);
@@ -714,7 +712,7 @@ void merge_stats(RankStats& into, const Msg& m, const char* payload) {
 std::int64_t kill_round(const StressOptions& o, int episode) {
   const std::int64_t base = o.rounds * (episode + 1) / (std::int64_t{o.fault_times} + 1);
   const std::int64_t span = std::max<std::int64_t>(1, o.rounds / (4 * (o.fault_times + 1)));
-  reference::Rng rng(o.seed * 0x2545f4914f6cdd1dull + static_cast<std::uint64_t>(episode) + 11);
+  harness::Rng rng(o.seed * 0x2545f4914f6cdd1dull + static_cast<std::uint64_t>(episode) + 11);
   return std::clamp<std::int64_t>(base + rng.below(2 * span + 1) - span, 1, o.rounds);
 }
 
@@ -723,7 +721,7 @@ struct ProcessSetup {
   LayerShape shape;
   Precision precision;
   LayerOptions options;
-  std::optional<reference::Routing> fixed_routing;
+  std::optional<harness::Routing> fixed_routing;
   FaultPlan plan;
   bool cuda = false;  // the CUDA executor, rank r on GPU r
 };
@@ -772,7 +770,7 @@ class RankLayer {
         *comm_, make_config(ps_.shape, ps_.precision, rank_, o_.ranks, ps_.options),
         local_weight_views(weights_, ps_.shape, rank_, o_.ranks));
 #if defined(EPMOE_HAS_CUDA)
-    if (ps_.cuda) device_ = std::make_unique<cuda::DeviceBatch>(rank_, ps_.shape);
+    if (ps_.cuda) device_ = std::make_unique<harness::DeviceBatch>(rank_, ps_.shape);
 #endif
   }
 
@@ -819,7 +817,7 @@ class RankLayer {
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Layer> layer_;
 #if defined(EPMOE_HAS_CUDA)
-  std::unique_ptr<cuda::DeviceBatch> device_;
+  std::unique_ptr<harness::DeviceBatch> device_;
 #endif
 };
 
@@ -829,7 +827,7 @@ class RankLayer {
 int rank_process(const StressOptions& o, const ProcessSetup& ps, int rank, int up, int down,
                  bool restarted, std::int64_t replay_through, int episodes_done) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the supervisor
-  const reference::LayerWeights weights = reference::make_random_weights(ps.shape, o.seed);
+  const reference::LayerWeights weights = harness::make_random_weights(ps.shape, o.seed);
   reference::ReferenceModel reference(ps.shape, ps.precision, ps.options, weights);
   RankLayer rank_layer(o, ps, rank, weights);
   Resume resume;
@@ -1323,8 +1321,8 @@ int stress(const StressOptions& o) {
   options.combine = parse_combine(o.combine);
   options.expert_math = parse_expert_math(o.math, "--math");
   options.timeout_ms = o.timeout_ms;
-  std::optional<reference::Routing> fixed_routing;
-  if (o.routing != "mixed") fixed_routing = reference::parse_routing(o.routing);
+  std::optional<harness::Routing> fixed_routing;
+  if (o.routing != "mixed") fixed_routing = harness::parse_routing(o.routing);
   if (o.rounds < 1) reject("--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
   if (o.check_every < 0)
     reject("--check-every=" + std::to_string(o.check_every) + ": must be >= 0 (0 = never)");
@@ -1380,7 +1378,7 @@ int stress(const StressOptions& o) {
     return stress_processes(
         o, ProcessSetup{"", shape, precision, options, fixed_routing, plan, cuda_processes});
 
-  const reference::LayerWeights weights = reference::make_random_weights(shape, o.seed);
+  const reference::LayerWeights weights = harness::make_random_weights(shape, o.seed);
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
 
   // ---- the run ----

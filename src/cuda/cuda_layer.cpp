@@ -7,14 +7,14 @@
 #include <cstring>
 #include <vector>
 
-#include "core/failure.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/forward_params.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "cuda/peers.hpp"
+#include "math/quantize.hpp"
+#include "protocol/failure.hpp"
 #include "protocol/message.hpp"
-#include "reference/quantize.hpp"
 
 namespace epmoe::cuda {
 namespace {
@@ -59,8 +59,8 @@ class CudaLayer final : public LayerImpl {
                                                      to_string(d));
     const HostTensor w13 = to_host(weights.w13), w2 = to_host(weights.w2);
     validate_weights(config, ExpertWeights{w13.view, w2.view}, Device{});
-    const reference::EmulatedExperts experts =
-        reference::emulate_expert_weights(config, ExpertWeights{w13.view, w2.view});
+    const math::EmulatedExperts experts =
+        math::emulate_expert_weights(config, ExpertWeights{w13.view, w2.view});
 
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     check_same_config_on_every_rank();
@@ -94,8 +94,8 @@ class CudaLayer final : public LayerImpl {
     // one scale per matrix (tensor cores).
     const bool tensor_cores = config.options().expert_math == ExpertMath::tensor_core;
     if (tensor_cores) {
-      w13_16_ = device_copy(reference::bf16_codes(experts.w13, experts.w13_s_enc));
-      w2_16_ = device_copy(reference::bf16_codes(experts.w2, experts.w2_s_enc));
+      w13_16_ = device_copy(math::bf16_codes(experts.w13, experts.w13_s_enc));
+      w2_16_ = device_copy(math::bf16_codes(experts.w2, experts.w2_s_enc));
       w13_scale_ = device_copy(experts.w13_s_enc);
       w2_scale_ = device_copy(experts.w2_s_enc);
     } else {

@@ -7,7 +7,7 @@
 #include "cuda/experts.hpp"
 #include "cuda/experts_gemm.cuh"
 #include "cuda/experts_mma.cuh"
-#include "reference/swiglu.hpp"
+#include "math/activation.hpp"
 
 namespace epmoe::cuda {
 namespace {
@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc1_kernel(For
           for (int ni = 0; ni < mma::kNTiles; ++ni) {
             const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
             h_of(r)[column] = static_cast<float>(
-                reference::swiglu(acc[mi][ni][2 * half] / x_scale / w_scale,
-                                  acc[mi][ni][2 * half + 1] / x_scale / w_scale, p.swiglu_limit));
+                math::swiglu(acc[mi][ni][2 * half] / x_scale / w_scale,
+                             acc[mi][ni][2 * half + 1] / x_scale / w_scale, p.swiglu_limit));
           }
         }
     } else {
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc1_kernel(For
         const int r = role.row_group * kRowsPerWarp + i;
         if (r >= chunk.rows) break;
         for (int q = 0; q < kColsPerLane / 2; ++q)
-          h_of(r)[lane + 32 * q] = static_cast<float>(reference::swiglu(
+          h_of(r)[lane + 32 * q] = static_cast<float>(math::swiglu(
               static_cast<float>(acc[i][q]), static_cast<float>(acc[i][q + 2]), p.swiglu_limit));
       }
     }

@@ -4,15 +4,15 @@
 #include <cstring>
 #include <thread>
 
-#include "core/failure.hpp"
 #include "formats/codec.hpp"
 #include "host/host_group.hpp"
 #include "host/host_platform.hpp"
+#include "math/expert_row.hpp"
+#include "math/quantize.hpp"
+#include "protocol/failure.hpp"
 #include "protocol/round.hpp"
 #include "protocol/wire.hpp"
 #include "protocol/wire_codec.hpp"
-#include "reference/expert.hpp"
-#include "reference/quantize.hpp"
 
 namespace epmoe {
 namespace {
@@ -34,7 +34,7 @@ class HostLayer final : public LayerImpl {
   HostLayer(HostCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
       : LayerImpl(config), rank_(comm.rank()), layout_(protocol::make_workspace_layout(config)) {
     validate_weights(config, weights, Device{});
-    experts_ = reference::emulate_expert_weights(config, weights);
+    experts_ = math::emulate_expert_weights(config, weights);
     windows_ = comm.group().join_layer(rank_, layout_.total, config.describe(), timeout());
     // A restarted rank process: its next reset() must meet the survivors' pending one, whose
     // first epoch they already published into this window.
@@ -202,11 +202,11 @@ class HostLayer final : public LayerImpl {
               entry.slot < 0 || entry.slot >= s.top_k)
             fail_payload(src, header, session);
           const auto e = static_cast<std::size_t>(entry.local_expert);
-          const reference::ExpertMatrices expert{
+          const math::ExpertMatrices expert{
               experts_.w13.data() + e * static_cast<std::size_t>(2 * s.intermediate * s.hidden),
               experts_.w2.data() + e * static_cast<std::size_t>(s.hidden * s.intermediate)};
-          reference::expert_forward_row(x.data(), expert, s, config().precision(),
-                                        config().options(), out.data(), scratch);
+          math::expert_forward_row(x.data(), expert, s, config().precision(), config().options(),
+                                   out.data(), scratch);
           send_home(src, header.token, entry, out);
         }
       }
@@ -274,7 +274,7 @@ class HostLayer final : public LayerImpl {
   int rank_;
   protocol::WorkspaceLayout layout_;
   std::shared_ptr<HostLayerWindows> windows_;
-  reference::EmulatedExperts experts_;  // quantization emulated
+  math::EmulatedExperts experts_;  // quantization emulated
   std::uint32_t round_ = protocol::kFirstRound;
   std::uint32_t reset_epoch_ = 0;
   Health health_{};

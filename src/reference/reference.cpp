@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "formats/codec.hpp"
-#include "reference/expert.hpp"
-#include "reference/quantize.hpp"
+#include "math/expert_row.hpp"
+#include "math/quantize.hpp"
 
 namespace epmoe::reference {
 namespace {
@@ -45,9 +45,10 @@ const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
         to_float(weights_.w2.data() + static_cast<std::size_t>(e) * h * inter, h * inter);
     const ScaleRounding r = options_.mxfp8_scale_rounding;
     auto ex = std::make_unique<Expert>();
-    ex->w13 =
-        emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden, precision_, r);
-    ex->w2 = emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
+    ex->w13 = math::emulate_weight_matrix(w13.data(), 2 * shape_.intermediate, shape_.hidden,
+                                          precision_, r);
+    ex->w2 =
+        math::emulate_weight_matrix(w2.data(), shape_.hidden, shape_.intermediate, precision_, r);
     slot = std::move(ex);
   });
   return *slot;
@@ -61,14 +62,15 @@ std::vector<std::uint16_t> ReferenceModel::forward(const Batch& batch) {
   std::vector<float> x(h), row(h), acc(h), scratch;
   for (std::size_t t = 0; t < tokens; ++t) {
     for (std::size_t i = 0; i < h; ++i) x[i] = formats::bf16_to_float(batch.x[t * h + i]);
-    emulate_activation_row(x.data(), shape_.hidden, precision_, options_.mxfp8_scale_rounding);
+    math::emulate_activation_row(x.data(), shape_.hidden, precision_,
+                                 options_.mxfp8_scale_rounding);
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (std::size_t s = 0; s < k; ++s) {
       const std::int32_t e = batch.topk_ids[t * k + s];
       if (e < 0) continue;
       const Expert& ex = expert(e);
-      expert_forward_row(x.data(), ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_, precision_,
-                         options_, row.data(), scratch);
+      math::expert_forward_row(x.data(), math::ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_,
+                               precision_, options_, row.data(), scratch);
       const float w = batch.topk_weights[t * k + s];
       const bool staged = options_.combine == Combine::staged;
       for (std::size_t i = 0; i < h; ++i)
@@ -99,7 +101,7 @@ std::vector<double> ReferenceModel::forward_exact(const Batch& batch) const {
           gate += xi * formats::bf16_to_float(w13[j * h + i]);
           up += xi * formats::bf16_to_float(w13[(inter + j) * h + i]);
         }
-        act[j] = swiglu(gate, up, options_.swiglu_limit);
+        act[j] = math::swiglu(gate, up, options_.swiglu_limit);
       }
       const double w = batch.topk_weights[t * k + s];
       for (std::size_t n = 0; n < h; ++n) {

@@ -12,19 +12,19 @@
 #include <future>
 #include <thread>
 
-#include "core/cluster.hpp"
-#include "cuda/device_batch.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
-#include "host/rank_threads.hpp"
-#include "reference/problem.hpp"
+#include "harness/cluster.hpp"
+#include "harness/device_batch.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
 namespace {
 
+using harness::Routing;
 using reference::Batch;
-using reference::Routing;
 using ::testing::HasSubstr;
 
 const LayerShape kShape{
@@ -62,7 +62,7 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
   options.combine = sc.combine;
   options.expert_math = sc.math;
   options.timeout_ms = 20'000;
-  const auto weights = reference::make_random_weights(kShape, 3);
+  const auto weights = harness::make_random_weights(kShape, 3);
   Cluster cluster(kShape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
   const std::vector<std::int64_t> token_counts{0, 1, 7, 64, 1000};
   within_seconds(300, "rounds", [&] {
@@ -72,8 +72,8 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
         const std::int64_t t = i < token_counts.size()
                                    ? token_counts[i]
                                    : (rank == 0 ? 0 : kShape.max_tokens_per_rank);
-        const Batch b = reference::make_random_batch(kShape, sc.world, t, Routing::uniform, 0,
-                                                     100 * i + static_cast<std::uint64_t>(rank));
+        const Batch b = harness::make_random_batch(kShape, sc.world, t, Routing::uniform, 0,
+                                                   100 * i + static_cast<std::uint64_t>(rank));
         const auto y = cluster.forward(rank, b);
         expect_matches(y, b, cluster, "rank " + std::to_string(rank) + " T=" + std::to_string(t));
       }
@@ -106,17 +106,17 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
   const LayerShape shape{256, 128, 8, 4, 64};
   LayerOptions options;
   options.timeout_ms = 20'000;
-  const auto weights = reference::make_random_weights(shape, 9);
+  const auto weights = harness::make_random_weights(shape, 9);
   Cluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
   std::atomic<int> idle{0}, total{0};
   within_seconds(300, "500 rounds", [&] {
     run_on_rank_threads(world, [&](int rank) {
-      reference::Rng rng(77 + static_cast<std::uint64_t>(rank));
+      harness::Rng rng(77 + static_cast<std::uint64_t>(rank));
       for (int r = 0; r < 500; ++r) {
         const std::int64_t t = rng.uniform() < 0.4 ? 0 : 1 + rng.below(shape.max_tokens_per_rank);
         const Routing routing = rng.uniform() < 0.2 ? Routing::one_rank : Routing::uniform;
         const Batch b =
-            reference::make_random_batch(shape, world, t, routing, rng.below(world), rng.next());
+            harness::make_random_batch(shape, world, t, routing, rng.below(world), rng.next());
         if (rng.uniform() < 0.3)
           std::this_thread::sleep_for(std::chrono::microseconds(rng.below(2000)));
         idle += t == 0;
@@ -133,12 +133,12 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
 TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
   const int world = std::min(gpus(), 8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
-  const auto weights = reference::make_random_weights(kShape, 5);
+  const auto weights = harness::make_random_weights(kShape, 5);
   Cluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
   within_seconds(300, "one-rank routing", [&] {
     run_on_rank_threads(world, [&](int rank) {
-      const Batch b = reference::make_random_batch(kShape, world, kShape.max_tokens_per_rank,
-                                                   Routing::one_rank, world - 1, 50 + rank);
+      const Batch b = harness::make_random_batch(kShape, world, kShape.max_tokens_per_rank,
+                                                 Routing::one_rank, world - 1, 50 + rank);
       expect_matches(cluster.forward(rank, b), b, cluster, "one_rank");
     });
   });
@@ -151,7 +151,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
 TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
   const int world = std::min(gpus(), 8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
-  const auto weights = reference::make_random_weights(kShape, 14);
+  const auto weights = harness::make_random_weights(kShape, 14);
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
     for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
       LayerOptions options;
@@ -163,8 +163,8 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
         run_on_rank_threads(world, [&](int rank) {
           for (const std::int64_t t :
                {kShape.max_tokens_per_rank, std::int64_t{77}, std::int64_t{5}}) {
-            const Batch b = reference::make_random_batch(kShape, world, t, Routing::one_expert, 1,
-                                                         60 + static_cast<std::uint64_t>(rank));
+            const Batch b = harness::make_random_batch(kShape, world, t, Routing::one_expert, 1,
+                                                       60 + static_cast<std::uint64_t>(rank));
             expect_matches(cluster.forward(rank, b), b, cluster,
                            std::string(to_string(math)) + " " + to_string(combine) +
                                " T=" + std::to_string(t));
@@ -182,7 +182,7 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape shape{
       .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
-  const auto weights = reference::make_random_weights(shape, 21);
+  const auto weights = harness::make_random_weights(shape, 21);
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
     for (Precision precision : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
       LayerOptions options;
@@ -192,8 +192,8 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
       within_seconds(300, "H = 192", [&] {
         run_on_rank_threads(world, [&](int rank) {
           for (const std::int64_t t : {std::int64_t{96}, std::int64_t{3}}) {
-            const Batch b = reference::make_random_batch(shape, world, t, Routing::uniform, 0,
-                                                         70 + static_cast<std::uint64_t>(rank));
+            const Batch b = harness::make_random_batch(shape, world, t, Routing::uniform, 0,
+                                                       70 + static_cast<std::uint64_t>(rank));
             expect_matches(cluster.forward(rank, b), b, cluster,
                            std::string(to_string(math)) + " " + to_string(precision) +
                                " T=" + std::to_string(t));
@@ -209,7 +209,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   LayerOptions options;
   options.timeout_ms = 500;
   const LayerShape shape{256, 128, 8, 4, 16};
-  const auto weights = reference::make_random_weights(shape, 6);
+  const auto weights = harness::make_random_weights(shape, 6);
   Cluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
   testing::inject_fault(cluster.layer(1), {testing::Fault::skip_launch_when_idle});
   std::vector<Health> health(2);
@@ -218,7 +218,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
     run_on_rank_threads(world, [&](int rank) {
       const auto start = std::chrono::steady_clock::now();
       const Batch b =
-          reference::make_random_batch(shape, world, rank == 1 ? 0 : 8, Routing::uniform, 0, 3);
+          harness::make_random_batch(shape, world, rank == 1 ? 0 : 8, Routing::uniform, 0, 3);
       cluster.forward(rank, b);  // the GPU path returns; the error shows in health()
       seconds[rank] =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -232,7 +232,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   EXPECT_LT(seconds[0], 0.5 + 1.0);
   EXPECT_THAT(health[0].what, HasSubstr("rank 1"));
   // The next forward on rank 0 is refused without waiting; the CUDA context still works.
-  const Batch b = reference::make_random_batch(shape, world, 2, Routing::uniform, 0, 4);
+  const Batch b = harness::make_random_batch(shape, world, 2, Routing::uniform, 0, 4);
   EXPECT_THROW(cluster.forward(0, b), Error);
   EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -241,7 +241,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
     run_on_rank_threads(world, [&](int rank) {
       for (int r = 0; r < 3; ++r) {
         const Batch bb =
-            reference::make_random_batch(shape, world, 5 + r, Routing::uniform, 0, 10 * r + rank);
+            harness::make_random_batch(shape, world, 5 + r, Routing::uniform, 0, 10 * r + rank);
         expect_matches(cluster.forward(rank, bb), bb, cluster, "after reset");
       }
     });
@@ -255,13 +255,13 @@ TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
   LayerOptions options;
   options.timeout_ms = 300;
   const LayerShape shape{256, 128, 8, 4, 16};
-  const auto weights = reference::make_random_weights(shape, 6);
+  const auto weights = harness::make_random_weights(shape, 6);
   Cluster cluster(shape, Precision::bf16, options, world, weights, Backend::cuda_nccl);
   testing::inject_fault(cluster.layer(1), {testing::Fault::stall, 1500, 1});
   std::vector<Health> health(2);
   within_seconds(60, "stall fault", [&] {
     run_on_rank_threads(world, [&](int rank) {
-      cluster.forward(rank, reference::make_random_batch(shape, world, 4, Routing::uniform, 0, 1));
+      cluster.forward(rank, harness::make_random_batch(shape, world, 4, Routing::uniform, 0, 1));
       health[rank] = cluster.layer(rank).health();
     });
   });
@@ -274,9 +274,9 @@ TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
 
 TEST(Gpu, BadDeviceIdIsReportedByTheNextForwardAndTheLayerStaysUsable) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  const auto weights = reference::make_random_weights(kShape, 8);
+  const auto weights = harness::make_random_weights(kShape, 8);
   Cluster cluster(kShape, Precision::bf16, LayerOptions{}, 1, weights, Backend::cuda_nccl);
-  Batch b = reference::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 2);
+  Batch b = harness::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 2);
   b.topk_ids[5] = 99;
   cluster.forward(0, b);
   try {
@@ -296,13 +296,13 @@ TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
   const std::int64_t t = 64;
   LayerOptions options;
   options.timeout_ms = 20'000;
-  const auto weights = reference::make_random_weights(kShape, 12);
+  const auto weights = harness::make_random_weights(kShape, 12);
   Cluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
-  std::vector<std::unique_ptr<cuda::DeviceBatch>> buffers(static_cast<std::size_t>(world));
+  std::vector<std::unique_ptr<harness::DeviceBatch>> buffers(static_cast<std::size_t>(world));
   within_seconds(300, "graph replays", [&] {
     run_on_rank_threads(world, [&](int rank) {
       auto& buf = buffers[static_cast<std::size_t>(rank)];
-      buf = std::make_unique<cuda::DeviceBatch>(rank, kShape);
+      buf = std::make_unique<harness::DeviceBatch>(rank, kShape);
       auto stream = static_cast<cudaStream_t>(buf->stream());
       cudaGraph_t graph;
       cudaGraphExec_t exec;
@@ -314,7 +314,7 @@ TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
       for (int replay = 0; replay < 110; ++replay) {
         const Routing routing = replay % 10 == 9 ? Routing::all_dropped : Routing::uniform;
         const Batch b =
-            reference::make_random_batch(kShape, world, t, routing, 0, 1000 * replay + rank);
+            harness::make_random_batch(kShape, world, t, routing, 0, 1000 * replay + rank);
         buf->upload(b);
         ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
         expect_matches(buf->download_y(t), b, cluster, "replay " + std::to_string(replay));
@@ -340,7 +340,7 @@ TEST(GpuCreation, DifferentConfigsOnDifferentRanksFailOnEveryRank) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   const std::vector<int> devices{0, 1};
   auto comms = make_nccl_communicators(devices);
-  const auto weights = reference::make_random_weights(kShape, 1);
+  const auto weights = harness::make_random_weights(kShape, 1);
   std::vector<std::string> errors(2);
   within_seconds(60, "mismatched creation", [&] {
     run_on_rank_threads(2, [&](int rank) {
@@ -364,7 +364,7 @@ TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const UniqueId id = get_unique_id();  // what rank 0 broadcasts in a serving engine
   const LayerShape shape{256, 128, 8, 4, 32};
-  const auto weights = reference::make_random_weights(shape, 2);
+  const auto weights = harness::make_random_weights(shape, 2);
   reference::ReferenceModel ref(shape, Precision::bf16, LayerOptions{}, weights);
   within_seconds(120, "unique-id communicators", [&] {
     run_on_rank_threads(world, [&](int rank) {  // one thread standing in for one process per GPU
@@ -372,8 +372,8 @@ TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
       {
         Layer layer(*comm, make_config(shape, Precision::bf16, rank, world),
                     local_weight_views(weights, shape, rank, world));
-        cuda::DeviceBatch buffers(rank, shape);
-        const Batch b = reference::make_random_batch(shape, world, 9, Routing::uniform, 0, rank);
+        harness::DeviceBatch buffers(rank, shape);
+        const Batch b = harness::make_random_batch(shape, world, 9, Routing::uniform, 0, rank);
         const auto y = buffers.forward(layer, b);
         EXPECT_EQ(reference::compare_bf16_tolerant(y, ref.forward(b), 1, 1e-6).mismatches, 0);
       }
@@ -387,14 +387,14 @@ TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
 TEST(GpuCreation, AbortedCommunicatorRefusesTheLayerAndTearsDownLocally) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape shape{256, 128, 8, 4, 32};
-  const auto weights = reference::make_random_weights(shape, 4);
+  const auto weights = harness::make_random_weights(shape, 4);
   const std::vector<int> devices{0};
   auto comms = make_nccl_communicators(devices);
   within_seconds(60, "abort", [&] {
     Layer layer(*comms[0], make_config(shape, Precision::bf16, 0, 1),
                 local_weight_views(weights, shape, 0, 1));
-    cuda::DeviceBatch buffers(0, shape);
-    const Batch b = reference::make_random_batch(shape, 1, 9, Routing::uniform, 0, 1);
+    harness::DeviceBatch buffers(0, shape);
+    const Batch b = harness::make_random_batch(shape, 1, 9, Routing::uniform, 0, 1);
     (void)buffers.forward(layer, b);
     EXPECT_TRUE(layer.health().ok);
     comms[0]->abort();

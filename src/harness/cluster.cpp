@@ -1,8 +1,8 @@
-#include "core/cluster.hpp"
+#include "harness/cluster.hpp"
 
-#include "host/rank_threads.hpp"
+#include "harness/rank_threads.hpp"
 #if defined(EPMOE_HAS_CUDA)
-#include "cuda/device_batch.hpp"
+#include "harness/device_batch.hpp"
 #endif
 
 namespace epmoe {
@@ -21,8 +21,8 @@ ExpertWeights local_weight_views(const reference::LayerWeights& weights, const L
 }
 
 #if defined(EPMOE_HAS_CUDA)
-struct Cluster::DeviceBuffers : cuda::DeviceBatch {
-  using cuda::DeviceBatch::DeviceBatch;
+struct Cluster::DeviceBuffers : harness::DeviceBatch {
+  using harness::DeviceBatch::DeviceBatch;
 };
 #else
 struct Cluster::DeviceBuffers {};

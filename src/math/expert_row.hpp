@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "epmoe/config.hpp"
-#include "reference/swiglu.hpp"
+#include "math/activation.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::math {
 
 struct ExpertMatrices {
   const float* w13 = nullptr;  // [2I, H]: gate rows then up rows (already quantize-emulated)
@@ -23,4 +23,4 @@ void expert_forward_row(const float* x, const ExpertMatrices& expert, const Laye
                         Precision precision, const LayerOptions& options, float* out,
                         std::vector<float>& scratch);
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::math

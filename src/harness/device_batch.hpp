@@ -8,7 +8,7 @@
 #include "epmoe/layer.hpp"
 #include "reference/reference.hpp"
 
-namespace epmoe::cuda {
+namespace epmoe::harness {
 
 class DeviceBatch {
  public:
@@ -44,4 +44,4 @@ class DeviceBatch {
   std::uint16_t* y_ = nullptr;
 };
 
-}  // namespace epmoe::cuda
+}  // namespace epmoe::harness

@@ -1,12 +1,15 @@
-#include "reference/problem.hpp"
+#include "harness/problem.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"
+#include "protocol/wire.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::harness {
 
 const char* to_string(Routing r) {
   switch (r) {
@@ -52,12 +55,37 @@ void fill_uniform(std::vector<std::uint16_t>& out, std::size_t n, double scale, 
 
 }  // namespace
 
-LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed) {
+void fill_uniform_bf16(std::vector<std::uint16_t>& out, std::size_t n, double scale,
+                       std::uint64_t seed) {
+  out.resize(n);
+  constexpr std::size_t kChunk = std::size_t{1} << 22;
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  const unsigned threads = std::max(
+      1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(chunks)));
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (std::size_t c = next++; c < chunks; c = next++) {
+        Rng rng(seed * 0x9E3779B97F4A7C15ull + c);
+        const std::size_t end = std::min(n, (c + 1) * kChunk);
+        for (std::size_t i = c * kChunk; i < end; ++i)
+          out[i] = formats::float_to_bf16(static_cast<float>((2.0 * rng.uniform() - 1.0) * scale));
+      }
+    });
+  for (auto& t : pool) t.join();
+}
+
+std::int64_t wire_row_bytes(Precision precision, std::int64_t hidden, std::int64_t top_k) {
+  return static_cast<std::int64_t>(protocol::wire_row_bytes(precision, hidden, top_k));
+}
+
+reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed) {
   Rng rng(seed);
   const auto e = static_cast<std::size_t>(shape.num_experts);
   const auto h = static_cast<std::size_t>(shape.hidden);
   const auto inter = static_cast<std::size_t>(shape.intermediate);
-  LayerWeights w;
+  reference::LayerWeights w;
   fill_uniform(w.w13, e * 2 * inter * h, 1.0 / std::sqrt(double(shape.hidden)), rng);
   fill_uniform(w.w2, e * h * inter, 1.0 / std::sqrt(double(shape.intermediate)), rng);
   return w;
@@ -105,10 +133,10 @@ RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t token
   return r;
 }
 
-Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
-                        std::int64_t target, std::uint64_t seed) {
+reference::Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
+                                   Routing routing, std::int64_t target, std::uint64_t seed) {
   Rng rng(seed);
-  Batch b;
+  reference::Batch b;
   b.tokens = tokens;
   fill_uniform(b.x, static_cast<std::size_t>(tokens * shape.hidden), 1.0, rng);
   RoutingTable r = make_routing(shape, world, tokens, routing, target, rng);
@@ -117,4 +145,4 @@ Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
   return b;
 }
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::harness

@@ -7,7 +7,7 @@
 
 #include "formats/codec.hpp"  // EPMOE_HD
 
-namespace epmoe::reference {
+namespace epmoe::math {
 
 EPMOE_HD double swiglu(double gate, double up, float limit) {
   if (limit > 0.0f) {
@@ -18,4 +18,4 @@ EPMOE_HD double swiglu(double gate, double up, float limit) {
   return gate / (1.0 + exp(-gate)) * up;
 }
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::math

@@ -8,7 +8,7 @@
 #include "epmoe/config.hpp"
 #include "reference/reference.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::harness {
 
 enum class Routing : std::uint8_t {
   uniform,     // distinct random experts per token, a few -1 slots
@@ -32,7 +32,17 @@ class Rng {
 };
 
 // Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16.
-LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
+reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
+
+// `n` values ~ U(-scale, scale) in bf16, filled by every core in chunks of 4 Mi values, each
+// chunk its own stream of `seed` (reproducible whatever the core count): the bench's full-size
+// layers hold billions of weights.
+void fill_uniform_bf16(std::vector<std::uint16_t>& out, std::size_t n, double scale,
+                       std::uint64_t seed);
+
+// Bytes of one token row on the wire (payload, scales, header, expert entries), for traffic
+// models.
+std::int64_t wire_row_bytes(Precision precision, std::int64_t hidden, std::int64_t top_k);
 
 // Routing alone for T tokens (`target` picks the expert or rank of the skewed patterns): uniform
 // = distinct random experts per token with a slot dropped (-1) now and then; weights 0.1 + U(0, 1)
@@ -46,7 +56,7 @@ RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t token
 
 // T tokens, x ~ U(-1, 1) in bf16, routing as asked (`target` picks the expert or rank of the
 // skewed patterns), weights positive and summing to 1 over the valid slots.
-Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
-                        std::int64_t target, std::uint64_t seed);
+reference::Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
+                                   Routing routing, std::int64_t target, std::uint64_t seed);
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::harness

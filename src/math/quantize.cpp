@@ -1,4 +1,4 @@
-#include "reference/quantize.hpp"
+#include "math/quantize.hpp"
 
 #include <algorithm>
 #include <thread>
@@ -6,7 +6,7 @@
 #include "formats/codec.hpp"
 #include "protocol/wire_codec.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::math {
 
 void emulate_activation_row(float* row, std::int64_t n, Precision precision,
                             ScaleRounding rounding) {
@@ -116,4 +116,4 @@ EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWe
   return out;
 }
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::math

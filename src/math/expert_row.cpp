@@ -1,10 +1,10 @@
-#include "reference/expert.hpp"
+#include "math/expert_row.hpp"
 
 #include <cmath>
 
-#include "reference/quantize.hpp"
+#include "math/quantize.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::math {
 
 void expert_forward_row(const float* x, const ExpertMatrices& expert, const LayerShape& shape,
                         Precision precision, const LayerOptions& options, float* out,
@@ -31,4 +31,4 @@ void expert_forward_row(const float* x, const ExpertMatrices& expert, const Laye
   }
 }
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::math

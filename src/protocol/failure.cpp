@@ -1,4 +1,4 @@
-#include "core/failure.hpp"
+#include "protocol/failure.hpp"
 
 #include "protocol/message.hpp"
 

@@ -1,10 +1,10 @@
-#include "cuda/device_batch.hpp"
+#include "harness/device_batch.hpp"
 
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_check.hpp"
 
-namespace epmoe::cuda {
+namespace epmoe::harness {
 
 DeviceBatch::DeviceBatch(int device, const LayerShape& shape) : device_(device), shape_(shape) {
   EPMOE_CUDA_CHECK(cudaSetDevice(device));
@@ -85,4 +85,4 @@ std::vector<std::uint16_t> DeviceBatch::forward(Layer& layer, const reference::B
   return out;
 }
 
-}  // namespace epmoe::cuda
+}  // namespace epmoe::harness

@@ -8,7 +8,7 @@
 #include "epmoe/config.hpp"
 #include "epmoe/layer.hpp"
 
-namespace epmoe::reference {
+namespace epmoe::math {
 
 // One activation row (a token on the wire, or the FC2 input): bf16 rounding, MXFP8 blocks of 32,
 // or NVFP4 with the row as the group of the second-level scale.
@@ -39,4 +39,4 @@ EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWe
 std::vector<std::uint16_t> bf16_codes(const std::vector<float>& values,
                                       const std::vector<float>& s_enc);
 
-}  // namespace epmoe::reference
+}  // namespace epmoe::math
