@@ -104,10 +104,18 @@ int run_command(const RunOptions& o) {
   std::fprintf(stderr, "[prepare] generating %.2f G bf16 weight parameters...\n",
                static_cast<double>(params) / 1e9);
   const reference::LayerWeights weights = harness::make_random_weights(shape, o.seed);
-  std::fprintf(stderr, "[prepare] quantizing %lld experts on %d rank threads...\n",
+  std::fprintf(stderr,
+               "[prepare] creating the layers (weights prepared per rank) for %lld experts on %d "
+               "rank threads...\n",
                static_cast<long long>(shape.num_experts), o.ranks);
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
   std::fprintf(stderr, "[prepare] done in %.1f s\n", seconds_since(t0));
+  for (int rank = 0; rank < o.ranks; ++rank) {  // as the layer's expert math holds them
+    const std::size_t bytes = cluster.layer(rank).resident_weight_bytes();
+    std::printf("rank %d: expert weights resident %.1f MiB (%zu bytes)\n", rank,
+                static_cast<double>(bytes) / (1 << 20), bytes);
+  }
+  std::fflush(stdout);
 
   std::vector<RankReport> reports(static_cast<std::size_t>(o.ranks));
   Progress progress("rounds", o.rounds);

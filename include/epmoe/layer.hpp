@@ -2,6 +2,7 @@
 // round, whatever its token count (T may be 0), with no barrier between rounds (DESIGN §1, §3).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -44,6 +45,9 @@ class Layer {
   const LayerConfig& config() const;
   // The round the next forward() runs (starts at 1; diagnostics only).
   std::uint32_t next_round() const;
+  // Bytes this rank's layer holds for its experts' weights as its expert math reads them (on the
+  // GPU for the CUDA executor, scales included; docs/design.md §6 "What the GPU holds").
+  std::size_t resident_weight_bytes() const;
 
   LayerImpl& impl() { return *impl_; }
 

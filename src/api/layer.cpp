@@ -53,6 +53,9 @@ const LayerConfig& Layer::config() const {
 std::uint32_t Layer::next_round() const {
   return impl_->next_round();
 }
+std::size_t Layer::resident_weight_bytes() const {
+  return impl_->resident_weight_bytes();
+}
 
 namespace testing {
 

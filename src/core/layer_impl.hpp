@@ -22,6 +22,8 @@ class LayerImpl {
   virtual Health health() const = 0;
   virtual void reset() = 0;
   virtual std::uint32_t next_round() const = 0;
+  // Bytes this rank holds for its prepared expert weights (scales included).
+  virtual std::size_t resident_weight_bytes() const = 0;
   // testing::start_rounds_at; executors that cannot do it throw Error(unsupported).
   virtual void start_rounds_at(std::uint32_t round) = 0;
 

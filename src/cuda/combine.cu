@@ -12,7 +12,7 @@
 namespace epmoe::cuda {
 namespace {
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
   const RoundStart start =
       start_round(p, Phase::expert_done,
                   [](const DeviceSession& session, protocol::Deadline deadline,
@@ -49,11 +49,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(ForwardParams p) {
 
 }  // namespace
 
-KernelShape combine_shape(const ForwardParams& /*p*/, int device) {
+KernelShape combine_shape(const RoundParams& /*p*/, int device) {
   return occupancy_shape(combine_kernel, 0, device);
 }
 
-void launch_combine(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
   combine_kernel<<<s.grid, kThreads, 0, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -17,7 +17,7 @@ __global__ void peer_windows_kernel(ncclWindow_t window, int first_lsa_rank, std
     bases[peer] = static_cast<std::uint8_t*>(ncclGetLsaPointer(window, 0, peer - first_lsa_rank));
 }
 
-__global__ void reset_kernel(ForwardParams p, std::uint32_t first_epoch, std::int32_t* outcome) {
+__global__ void reset_kernel(RoundParams p, std::uint32_t first_epoch, std::int32_t* outcome) {
   const protocol::ResetSession<DevicePeers> session(p.layout, DevicePeers{p.peer_windows}, p.rank);
   DevicePlatform platform;
   protocol::WaitOutcome w =
@@ -62,7 +62,7 @@ void compute_peer_windows(ncclComm_t comm, ncclWindow_t window, int rank, int wo
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-void launch_reset(const ForwardParams& p, std::uint32_t first_epoch, std::int32_t* outcome,
+void launch_reset(const RoundParams& p, std::uint32_t first_epoch, std::int32_t* outcome,
                   cudaStream_t stream) {
   reset_kernel<<<1, 1, 0, stream>>>(p, first_epoch, outcome);
   EPMOE_CUDA_CHECK(cudaGetLastError());

@@ -8,40 +8,16 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
-#include "cuda/forward_params.hpp"
+#include "cuda/experts/backend.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "cuda/peers.hpp"
-#include "math/quantize.hpp"
+#include "cuda/round_params.hpp"
 #include "protocol/failure.hpp"
 #include "protocol/message.hpp"
 
 namespace epmoe::cuda {
 namespace {
-
-// A host copy of a tensor that may live on the GPU (weights are quantized on the host once).
-struct HostTensor {
-  std::vector<std::uint8_t> bytes;
-  TensorView view;
-};
-HostTensor to_host(const TensorView& t) {
-  HostTensor h;
-  h.view = t;
-  if (t.device.kind == DeviceKind::cpu) return h;
-  h.bytes.resize(static_cast<std::size_t>(t.numel()) * dtype_bytes(t.dtype));
-  EPMOE_CUDA_CHECK(cudaMemcpy(h.bytes.data(), t.data, h.bytes.size(), cudaMemcpyDeviceToHost));
-  h.view.data = h.bytes.data();
-  h.view.device = Device{};
-  return h;
-}
-
-template <class T>
-T* device_copy(const std::vector<T>& v) {
-  T* d = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&d, std::max<std::size_t>(1, v.size()) * sizeof(T)));
-  EPMOE_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 constexpr std::size_t kDescribeBytes = 4096;
 
@@ -51,19 +27,21 @@ class CudaLayer final : public LayerImpl {
       : LayerImpl(config), comm_(comm), device_(comm.cuda_device()) {
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
     const Device d = comm.device();
-    // Weights: on this GPU or on the host; quantization emulated once, on the host.
+    // Weights: on this GPU or on the host, bf16 or f32; the expert backend prepares them on
+    // this GPU (docs/design.md §4.1).
     for (const TensorView* t : {&weights.w13, &weights.w2})
       if (!(t->device == d) && t->device.kind != DeviceKind::cpu)
         throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
                                                      to_string(t->device) + ", expected cpu or " +
                                                      to_string(d));
-    const HostTensor w13 = to_host(weights.w13), w2 = to_host(weights.w2);
-    validate_weights(config, ExpertWeights{w13.view, w2.view}, Device{});
-    const math::EmulatedExperts experts =
-        math::emulate_expert_weights(config, ExpertWeights{w13.view, w2.view});
+    ExpertWeights checked = weights;  // each on its own device (checked above); the rest here
+    checked.w13.device = checked.w2.device = Device{};
+    validate_weights(config, checked, Device{});
 
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     check_same_config_on_every_rank();
+    // The same config on every rank, so every rank gets the same answer here.
+    backend_ = experts::make_expert_backend(config, device_);
 
     // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank.
     const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
@@ -90,49 +68,33 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&reset_outcome_device_),
                                               reset_outcome_host_, 0));
 
-    // The expert weights as the chosen math reads them: fp32 values (exact), or bf16 codes and
-    // one scale per matrix (tensor cores).
-    const bool tensor_cores = config.options().expert_math == ExpertMath::tensor_core;
-    if (tensor_cores) {
-      w13_16_ = device_copy(math::bf16_codes(experts.w13, experts.w13_s_enc));
-      w2_16_ = device_copy(math::bf16_codes(experts.w2, experts.w2_s_enc));
-      w13_scale_ = device_copy(experts.w13_s_enc);
-      w2_scale_ = device_copy(experts.w2_s_enc);
-    } else {
-      w13_ = device_copy(experts.w13);
-      w2_ = device_copy(experts.w2);
-    }
-
     const LayerShape& s = config.shape();
-    base_ = ForwardParams{};
+    base_ = RoundParams{};
     base_.layout = layout;
     base_.peer_windows = peer_windows_;
     base_.rank = config.rank();
     base_.world = config.world();
     base_.hidden = s.hidden;
-    base_.intermediate = s.intermediate;
     base_.top_k = s.top_k;
     base_.local_experts = config.local_experts();
     base_.num_experts = s.num_experts;
     base_.precision = config.precision();
     base_.combine = config.options().combine;
     base_.rounding = config.options().mxfp8_scale_rounding;
-    base_.swiglu_limit = config.options().swiglu_limit;
     base_.timeout_ms = config.options().timeout_ms;
-    base_.w13 = w13_;
-    base_.w2 = w2_;
-    base_.tensor_cores = tensor_cores;
-    base_.w13_16 = w13_16_;
-    base_.w2_16 = w2_16_;
-    base_.w13_scale = w13_scale_;
-    base_.w2_scale = w2_scale_;
     base_.state = state_;
     base_.health = health_device_;
-    EPMOE_CUDA_CHECK(cudaMalloc(&expert_scratch_, expert_scratch_bytes(base_)));
-    base_.scratch = expert_scratch(expert_scratch_, base_);
+    base_.staged = backend_->staged_rows();
+    EPMOE_CUDA_CHECK(cudaMalloc(&route_scratch_, route_scratch_bytes(base_)));
+    base_.scratch = route_scratch(route_scratch_, base_);
     dispatch_ = dispatch_shape(base_, device_);
     experts_ = experts_shape(base_, device_);
     combine_ = combine_shape(base_, device_);
+
+    // The legacy default stream, as the host copy of the weights used before: ordered after
+    // pending work on blocking streams that may still be writing the caller's device tensors.
+    backend_->prepare(weights, cudaStreamLegacy);
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   }
 
   ~CudaLayer() override {
@@ -144,11 +106,8 @@ class CudaLayer final : public LayerImpl {
     if (window_base_ != nullptr) ncclMemFree(window_base_);
     cudaFree(peer_windows_);
     cudaFree(state_);
-    for (void* w : {static_cast<void*>(w13_), static_cast<void*>(w2_), static_cast<void*>(w13_16_),
-                    static_cast<void*>(w2_16_), static_cast<void*>(w13_scale_),
-                    static_cast<void*>(w2_scale_)})
-      cudaFree(w);
-    cudaFree(expert_scratch_);
+    backend_.reset();
+    cudaFree(route_scratch_);
     cudaFreeHost(health_host_);
     cudaFreeHost(reset_outcome_host_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -164,7 +123,7 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
     auto* s = static_cast<cudaStream_t>(stream.handle);
     if (fault_fires(testing::Fault::round_jump)) launch_round_jump(state_, 2, s);
-    ForwardParams p = base_;
+    RoundParams p = base_;
     p.tokens = a.tokens;
     p.x = a.x;
     p.topk_ids = a.topk_ids;
@@ -174,10 +133,12 @@ class CudaLayer final : public LayerImpl {
     launch_dispatch(p, dispatch_, s);
     if (fault_fires(testing::Fault::stall))
       launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
-    launch_experts(p, experts_, s);
+    launch_experts(p, experts_, *backend_, s);
     launch_combine(p, combine_, s);
     last_stream_ = s;
   }
+
+  std::size_t resident_weight_bytes() const override { return backend_->weight_bytes(); }
 
   Health health() const override {
     read_health_record();
@@ -305,14 +266,9 @@ class CudaLayer final : public LayerImpl {
   HealthRecord* health_device_ = nullptr;
   std::int32_t* reset_outcome_host_ = nullptr;
   std::int32_t* reset_outcome_device_ = nullptr;
-  float* w13_ = nullptr;  // exact math
-  float* w2_ = nullptr;
-  std::uint16_t* w13_16_ = nullptr;  // tensor cores
-  std::uint16_t* w2_16_ = nullptr;
-  float* w13_scale_ = nullptr;
-  float* w2_scale_ = nullptr;
-  std::uint8_t* expert_scratch_ = nullptr;  // the expert step's scratch (kernels.hpp)
-  ForwardParams base_{};
+  std::unique_ptr<experts::ExpertBackend> backend_;  // its weights, scratch and GEMM kernels
+  std::uint8_t* route_scratch_ = nullptr;            // route's and bucket's (kernels.hpp)
+  RoundParams base_{};
   KernelShape dispatch_, combine_;
   ExpertShapes experts_;
   std::uint32_t reset_epoch_ = 0;

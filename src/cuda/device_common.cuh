@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "cuda/forward_params.hpp"
+#include "cuda/round_params.hpp"
 #include "epmoe/errors.hpp"
 #include "protocol/round.hpp"
 
@@ -47,7 +47,7 @@ __device__ inline void publish_health(HealthRecord* h) {
 // I3 on the GPU: the first failing thread of this rank writes the record, raises abort on every
 // peer (only when it detected the failure itself), and marks the round state failed so every
 // later kernel of this rank returns at once. One thread calls it; the kernel then returns.
-__device__ inline void fail_round(const ForwardParams& p, const DeviceSession& session,
+__device__ inline void fail_round(const RoundParams& p, const DeviceSession& session,
                                   const protocol::WaitOutcome& w, Phase phase) {
   using protocol::WaitStatus;
   const int culprit =
@@ -81,8 +81,8 @@ __device__ inline void fail_round(const ForwardParams& p, const DeviceSession& s
 }
 
 // Whether this rank's round already failed (read by one thread per CTA at kernel start).
-__device__ inline bool round_failed(const ForwardParams& p) {
-  return protocol::system_ref<std::uint32_t>(p.state->failed)
+__device__ inline bool round_failed(RoundState* state) {
+  return protocol::system_ref<std::uint32_t>(state->failed)
              .load(::cuda::std::memory_order_relaxed) != 0;
 }
 
@@ -98,10 +98,10 @@ struct RoundStart {
 // bounded wait (e.g. `await_counts`) and fails the round on anything but ok (I3). Every thread
 // gets the same answer.
 template <class Wait>
-__device__ RoundStart start_round(const ForwardParams& p, Phase phase, Wait wait) {
+__device__ RoundStart start_round(const RoundParams& p, Phase phase, Wait wait) {
   __shared__ RoundStart start;
   if (threadIdx.x == 0) {
-    start.skip = round_failed(p);
+    start.skip = round_failed(p.state);
     start.round = p.state->round;
     if (!start.skip) {
       const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, start.round);
@@ -118,12 +118,19 @@ __device__ RoundStart start_round(const ForwardParams& p, Phase phase, Wait wait
   return start;
 }
 
-// The prologue of a kernel that waits for nothing: the round, and whether it already failed.
-__device__ inline RoundStart start_round(const ForwardParams& p) {
-  return start_round(p, Phase::dispatch_counts,
-                     [](const DeviceSession&, protocol::Deadline, DevicePlatform&) {
-                       return protocol::WaitOutcome{};
-                     });
+// The prologue of a kernel that waits for nothing (the expert backends' kernels too): the round,
+// and whether it already failed. Every thread of the CTA calls it and gets the same answer.
+__device__ inline RoundStart join_round(RoundState* state) {
+  __shared__ RoundStart start;
+  if (threadIdx.x == 0) {
+    start.skip = round_failed(state);
+    start.round = state->round;
+  }
+  __syncthreads();
+  return start;
+}
+__device__ inline RoundStart start_round(const RoundParams& p) {
+  return join_round(p.state);
 }
 
 // Every CTA calls this once when its part of the kernel is done (all its stores issued); returns

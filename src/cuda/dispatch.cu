@@ -13,11 +13,11 @@ namespace epmoe::cuda {
 namespace {
 
 // Shared memory: [wire row: header + entries + payload][x: H floats][scratch: one float per warp]
-std::size_t dispatch_smem(const ForwardParams& p) {
+std::size_t dispatch_smem(const RoundParams& p) {
   return p.layout.row_bytes + static_cast<std::size_t>(p.hidden) * 4 + 32 * 4;
 }
 
-__device__ std::int64_t expert_id(const ForwardParams& p, std::int64_t t, std::int64_t k) {
+__device__ std::int64_t expert_id(const RoundParams& p, std::int64_t t, std::int64_t k) {
   const std::int64_t i = t * p.top_k + k;
   return p.ids_are_i64 ? static_cast<const std::int64_t*>(p.topk_ids)[i]
                        : static_cast<const std::int32_t*>(p.topk_ids)[i];
@@ -25,7 +25,7 @@ __device__ std::int64_t expert_id(const ForwardParams& p, std::int64_t t, std::i
 
 // Device-resident ids cannot be checked before the launch: an id outside [-1, E) is dropped
 // (treated as -1) and reported once; the next forward() throws invalid_argument naming it.
-__device__ void report_bad_id(const ForwardParams& p, std::int64_t t, std::int64_t k,
+__device__ void report_bad_id(const RoundParams& p, std::int64_t t, std::int64_t k,
                               std::int64_t id) {
   std::uint32_t expected = 0;
   if (!protocol::system_ref<std::uint32_t>(p.health->claimed)
@@ -39,7 +39,7 @@ __device__ void report_bad_id(const ForwardParams& p, std::int64_t t, std::int64
   publish_health(p.health);
 }
 
-__global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   std::uint8_t* row = smem;
   auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
@@ -103,11 +103,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(ForwardParams p) {
 
 }  // namespace
 
-KernelShape dispatch_shape(const ForwardParams& p, int device) {
+KernelShape dispatch_shape(const RoundParams& p, int device) {
   return occupancy_shape(dispatch_kernel, dispatch_smem(p), device);
 }
 
-void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
   dispatch_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }

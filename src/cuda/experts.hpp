@@ -1,33 +1,22 @@
-// The kernels of the expert step (DESIGN §3 steps 4-6), in launch order; launch_experts
-// (kernels.hpp) runs them on one stream, so each kernel boundary is the grid barrier between two
-// phases. Every kernel does nothing when this rank's round already failed.
+// The round's own kernels of the expert step (DESIGN §3 steps 4-5), in launch order before the
+// backend's: launch_experts (kernels.hpp) runs them on one stream, so each kernel boundary is the
+// grid barrier between two phases. Every kernel does nothing when this rank's round already failed.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "cuda/forward_params.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/round_params.hpp"
 
 namespace epmoe::cuda {
 
-// Wait for counts, check and decode every received row, count pairs per expert, offsets.
-KernelShape route_shape(const ForwardParams& p, int device);
-void launch_route(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+// Wait for counts, check and decode every received row (staged as the backend asked), count pairs
+// per expert, offsets.
+KernelShape route_shape(const RoundParams& p, int device);
+void launch_route(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // The pair list, grouped by expert.
-KernelShape bucket_shape(const ForwardParams& p, int device);
-void launch_bucket(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
-
-// FC1 (gate and up) and SwiGLU per (expert, chunk of rows, tile of intermediate columns) -> h.
-KernelShape fc1_shape(const ForwardParams& p, int device);
-void launch_fc1(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
-
-// FC2's input quantization point, one h row at a time, in place.
-KernelShape quantize_h_shape(const ForwardParams& p, int device);
-void launch_quantize_h(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
-
-// FC2 per (expert, chunk, tile of hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(const ForwardParams& p, int device);
-void launch_fc2(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+KernelShape bucket_shape(const RoundParams& p, int device);
+void launch_bucket(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda

@@ -1,10 +1,12 @@
 // Expert step, part 1 (DESIGN §3 steps 4-5): wait for this round's counts, check every received
-// row, decode it once, and group the arrived (row, entry) pairs by local expert, so the GEMM
-// kernels that follow can take a chunk of one expert's rows and read its weights once per chunk.
+// row, decode it once, and group the arrived (row, entry) pairs by local expert, so the expert
+// backend that follows (docs/design.md §4.1) can take a chunk of one expert's rows and read
+// its weights once per chunk. Route stages each row as the backend asked (StagedRows).
 //
 //   route:  every CTA waits for every count (bounded; a failure fails the round), then takes
 //           received rows grid-stride: checks the header and entries (a violation is reported and
-//           never computed on), decodes the row into scratch.x, counts its pairs per expert. The
+//           never computed on), decodes the row into scratch.x (and, for StagedRows::bf16_codes,
+//           its bf16 codes and scale into x16 / x_scale), counts its pairs per expert. The
 //           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
 //   bucket: one thread per received row writes its pairs into the expert's part of the pair
 //           list (the order inside an expert is arrival order, which changes no result: rows
@@ -13,18 +15,18 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_common.cuh"
 #include "cuda/experts.hpp"
-#include "cuda/experts_gemm.cuh"
+#include "cuda/experts/inputs.hpp"
 #include "cuda/row_codec.cuh"
 
 namespace epmoe::cuda {
 namespace {
 
-using experts::kTileRows;
+using experts::kChunkRows;
 
 // A receive row past the receive buffer (a count above max_tokens), not this round's, or naming a
 // slot or expert that cannot exist: a protocol
 // violation by its writer, reported (by one thread) and never computed on. The CTA then returns.
-__device__ void reject_row(const ForwardParams& p, std::uint32_t round, int src,
+__device__ void reject_row(const RoundParams& p, std::uint32_t round, int src,
                            std::uint32_t row_round) {
   if (threadIdx.x != 0) return;
   const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
@@ -42,7 +44,7 @@ __device__ void locate_row(const std::uint32_t* rows_from, std::uint32_t item, i
 
 // The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
 // per-thread sums over the CTA, Hillis-Steele in shared memory). [E_local] holds the totals.
-__device__ void write_offsets(const ForwardParams& p) {
+__device__ void write_offsets(const RoundParams& p) {
   constexpr int kMaxPerThread = static_cast<int>(kMaxExperts / kThreads);
   static_assert(kMaxExperts % kThreads == 0);
   __shared__ std::uint32_t scan_pairs[kThreads], scan_chunks[kThreads];
@@ -55,7 +57,7 @@ __device__ void write_offsets(const ForwardParams& p) {
     const int e = first + i;
     count[i] = i < per_thread && e < experts ? __ldcg(&p.scratch.expert_rows[e]) : 0u;
     pairs += count[i];
-    chunks += (count[i] + kTileRows - 1) / kTileRows;
+    chunks += (count[i] + kChunkRows - 1) / kChunkRows;
   }
   scan_pairs[threadIdx.x] = pairs;
   scan_chunks[threadIdx.x] = chunks;
@@ -74,7 +76,7 @@ __device__ void write_offsets(const ForwardParams& p) {
     p.scratch.pair_offset[first + i] = pair_at;
     p.scratch.chunk_offset[first + i] = chunk_at;
     pair_at += count[i];
-    chunk_at += (count[i] + kTileRows - 1) / kTileRows;
+    chunk_at += (count[i] + kChunkRows - 1) / kChunkRows;
   }
   if (threadIdx.x == kThreads - 1) {
     p.scratch.pair_offset[experts] = scan_pairs[kThreads - 1];
@@ -82,7 +84,7 @@ __device__ void write_offsets(const ForwardParams& p) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) route_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
   __shared__ std::uint32_t rows_from[kMaxWorld];
   __shared__ bool last;
   // 4. Every CTA needs every count before it can pick rows.
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) route_kernel(ForwardParams p) {
     float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);
     decode_row_block(row + protocol::wire_payload_offset(p.top_k), p.hidden, p.precision,
                      header.row_scale, x);
-    if (p.tensor_cores) {  // the bf16 operand of the tensor-core GEMM, and its row scale
+    if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand and its row scale
       const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
       __syncthreads();  // the row is complete (decode spreads it over the CTA's threads)
       to_bf16_codes(x, p.hidden, scale, p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) route_kernel(ForwardParams p) {
   if (last) write_offsets(p);
 }
 
-__global__ void __launch_bounds__(kThreads) bucket_kernel(ForwardParams p) {
+__global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {
   const RoundStart start = start_round(p);
   if (start.skip) return;
   std::uint32_t rows_from[kMaxWorld];
@@ -169,18 +171,18 @@ __global__ void __launch_bounds__(kThreads) bucket_kernel(ForwardParams p) {
 
 }  // namespace
 
-KernelShape route_shape(const ForwardParams& /*p*/, int device) {
+KernelShape route_shape(const RoundParams& /*p*/, int device) {
   return occupancy_shape(route_kernel, 0, device);
 }
-KernelShape bucket_shape(const ForwardParams& /*p*/, int device) {
+KernelShape bucket_shape(const RoundParams& /*p*/, int device) {
   return occupancy_shape(bucket_kernel, 0, device);
 }
 
-void launch_route(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+void launch_route(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
   route_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
-void launch_bucket(const ForwardParams& p, const KernelShape& s, cudaStream_t stream) {
+void launch_bucket(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
   bucket_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,5 +1,6 @@
-// Launchers of the CUDA executor's kernels, one per phase of the round (DESIGN §3), each a plain
-// function of the params struct and a stream. Grids come from occupancy (I5), never from T.
+// Launchers of the CUDA executor's round kernels, one per phase of the round (DESIGN §3), each a
+// plain function of the round's params struct and a stream; the expert GEMMs are a backend's
+// (experts/backend.hpp). Grids come from occupancy (I5), never from T.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,9 +8,14 @@
 #include <cstdint>
 
 #include "cuda/cuda_check.hpp"
-#include "cuda/forward_params.hpp"
+#include "cuda/round_params.hpp"
 
 namespace epmoe::cuda {
+
+namespace experts {
+class ExpertBackend;
+struct ExpertStep;
+}  // namespace experts
 
 inline constexpr int kThreads = 256;  // every kernel: 8 warps
 
@@ -34,27 +40,30 @@ KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device) {
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
 // counts to every rank.
-KernelShape dispatch_shape(const ForwardParams& p, int device);
-void launch_dispatch(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+KernelShape dispatch_shape(const RoundParams& p, int device);
+void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
-// Steps 4-6: wait for every count, run FC1 -> SwiGLU -> FC2 on every arrived (row, expert),
-// send results home, publish done to every rank. A chain of kernels (src/cuda/experts.cu) over a
-// scratch of expert_scratch_bytes(), allocated once per layer and sliced by expert_scratch().
+// Steps 4-6: wait for every count, run the expert backend's FC1 -> SwiGLU -> FC2 on every arrived
+// (row, expert), send results home, publish done to every rank. Route and bucket are the round's
+// kernels (src/cuda/experts.cu) over a route scratch of route_scratch_bytes(), allocated once per
+// layer and sliced by route_scratch(); the GEMMs are the backend's.
 struct ExpertShapes {
-  KernelShape route, bucket, fc1, quantize_h, fc2;
+  KernelShape route, bucket;
 };
-std::size_t expert_scratch_bytes(const ForwardParams& p);
-ExpertScratch expert_scratch(std::uint8_t* base, const ForwardParams& p);
-ExpertShapes experts_shape(const ForwardParams& p, int device);
-void launch_experts(const ForwardParams& p, const ExpertShapes& s, cudaStream_t stream);
+std::size_t route_scratch_bytes(const RoundParams& p);
+RouteScratch route_scratch(std::uint8_t* base, const RoundParams& p);
+ExpertShapes experts_shape(const RoundParams& p, int device);
+experts::ExpertStep expert_step(const RoundParams& p);  // what the backend's launches receive
+void launch_experts(const RoundParams& p, const ExpertShapes& s,
+                    const experts::ExpertBackend& backend, cudaStream_t stream);
 
 // Step 7: wait for every done, finish y, advance the round.
-KernelShape combine_shape(const ForwardParams& p, int device);
-void launch_combine(const ForwardParams& p, const KernelShape& s, cudaStream_t stream);
+KernelShape combine_shape(const RoundParams& p, int device);
+void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // The collective reset(): two bounded meetings, own inboxes and the round state cleared between.
 // `outcome` (mapped host memory): 0 = ok, else 1 + the peer that did not arrive.
-void launch_reset(const ForwardParams& p, std::uint32_t first_epoch, std::int32_t* outcome,
+void launch_reset(const RoundParams& p, std::uint32_t first_epoch, std::int32_t* outcome,
                   cudaStream_t stream);
 
 // Fault switches (test builds): sleep on the GPU; move the device round counter.

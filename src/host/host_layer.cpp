@@ -78,6 +78,14 @@ class HostLayer final : public LayerImpl {
 
   std::uint32_t next_round() const override { return round_; }
 
+  // The quantize-emulated fp32 values and one s_enc per matrix, as math::emulate_expert_weights
+  // holds them.
+  std::size_t resident_weight_bytes() const override {
+    return (experts_.w13.size() + experts_.w2.size() + experts_.w13_s_enc.size() +
+            experts_.w2_s_enc.size()) *
+           sizeof(float);
+  }
+
   void start_rounds_at(std::uint32_t round) override {
     // As after a completed round - 1: every message this rank has received says round - 1.
     std::uint8_t* base = window(rank_);

@@ -8,16 +8,23 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <future>
+#include <limits>
 #include <thread>
 
+#include "cuda/experts/exact/exact_backend.hpp"
+#include "cuda/experts/mma/mma_backend.hpp"
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
+#include "formats/codec.hpp"
 #include "harness/cluster.hpp"
 #include "harness/device_batch.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "math/quantize.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -410,6 +417,188 @@ TEST(GpuCreation, AbortedCommunicatorRefusesTheLayerAndTearsDownLocally) {
   });  // the layer is destroyed after the abort: local
   comms.clear();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the CUDA context is still usable";
+}
+
+}  // namespace
+}  // namespace epmoe
+
+// Expert weights prepared on the device by each backend (docs/design.md §4.1) against the host's
+// math::emulate_expert_weights / math::bf16_codes, bit for bit: every precision, both MXFP8 scale
+// rules, bf16 and f32 input, on the host and on the GPU; the matrices include a tiny amax (NVFP4
+// s_enc near and past the fp32 limit), an all-zero one, -0, subnormals and (expert 4) NaN and Inf.
+namespace epmoe {
+namespace {
+
+const LayerShape kWeightShape{
+    .hidden = 128, .intermediate = 64, .num_experts = 5, .top_k = 2, .max_tokens_per_rank = 8};
+
+// Expert e's matrices (w13 then w2), each with its own character.
+std::vector<float> special_weights(std::int64_t experts, std::int64_t per_expert, bool w2) {
+  std::vector<float> w(static_cast<std::size_t>(experts * per_expert));
+  std::uint64_t state = w2 ? 0x9e3779b97f4a7c15ull : 0x2545f4914f6cdd1dull;
+  const auto uniform = [&] {  // [-1, 1)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<double>(state >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+  };
+  for (std::int64_t e = 0; e < experts; ++e)
+    for (std::int64_t i = 0; i < per_expert; ++i) {
+      float& v = w[static_cast<std::size_t>(e * per_expert + i)];
+      switch (e) {
+        case 0:  // wide range of magnitudes: blocks with very different scales
+          v = uniform() * std::ldexp(1.0f, static_cast<int>(i % 29) - 14);
+          break;
+        case 1:  // tiny amax: NVFP4 s_enc = 2688 / amax overflows (w13) or nearly (w2)
+          v = uniform() * (w2 ? 1e-34f : 1e-39f);
+          break;
+        case 2:  // all zero, one -0
+          v = i == 5 ? -0.0f : 0.0f;
+          break;
+        case 3:  // ordinary, with -0 and exact ties of the formats
+          v = i % 17 == 0 ? -0.0f : i % 13 == 0 ? 0.25f * static_cast<float>(i % 7) : uniform();
+          break;
+        default:  // NaN and Inf in some blocks
+          v = i == 3     ? std::numeric_limits<float>::quiet_NaN()
+              : i == 70  ? std::numeric_limits<float>::infinity()
+              : i == 200 ? -std::numeric_limits<float>::infinity()
+                         : uniform();
+      }
+    }
+  return w;
+}
+
+template <class T>
+std::vector<T> from_device(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// First index where the bits differ, with both values, or "" when identical.
+template <class T>
+std::string first_difference(const std::vector<T>& got, const std::vector<T>& want,
+                             std::int64_t per_matrix) {
+  if (got.size() != want.size()) return "sizes differ";
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      std::uint32_t g = 0, w = 0;
+      std::memcpy(&g, &got[i], sizeof(T));
+      std::memcpy(&w, &want[i], sizeof(T));
+      char bits[64];
+      std::snprintf(bits, sizeof bits, ": device bits 0x%x, host bits 0x%x", g, w);
+      return "expert " + std::to_string(static_cast<std::int64_t>(i) / per_matrix) + " element " +
+             std::to_string(static_cast<std::int64_t>(i) % per_matrix) + bits;
+    }
+  return "";
+}
+
+TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBackend) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const std::int64_t E = kWeightShape.num_experts, H = kWeightShape.hidden,
+                     I = kWeightShape.intermediate;
+  const std::vector<float> w13_f32 = special_weights(E, 2 * I * H, false);
+  const std::vector<float> w2_f32 = special_weights(E, H * I, true);
+  std::vector<std::uint16_t> w13_bf16(w13_f32.size()), w2_bf16(w2_f32.size());
+  for (std::size_t i = 0; i < w13_f32.size(); ++i) w13_bf16[i] = formats::float_to_bf16(w13_f32[i]);
+  for (std::size_t i = 0; i < w2_f32.size(); ++i) w2_bf16[i] = formats::float_to_bf16(w2_f32[i]);
+
+  struct Case {
+    Precision precision;
+    ScaleRounding rounding;
+  };
+  for (const Case c :
+       {Case{Precision::bf16, ScaleRounding::rceil}, Case{Precision::mxfp8, ScaleRounding::rceil},
+        Case{Precision::mxfp8, ScaleRounding::ocp_floor},
+        Case{Precision::nvfp4, ScaleRounding::rceil}})
+    for (const DType dtype : {DType::bf16, DType::f32})
+      for (const bool on_gpu : {false, true})
+        for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
+          const std::string where = std::string(to_string(c.precision)) + "/" +
+                                    to_string(c.rounding) + " " + to_string(dtype) + " on " +
+                                    (on_gpu ? "cuda:0" : "cpu") + ", " + to_string(math);
+          SCOPED_TRACE(where);
+          LayerOptions options;
+          options.mxfp8_scale_rounding = c.rounding;
+          options.expert_math = math;
+          const LayerConfig config = make_config(kWeightShape, c.precision, 0, 1, options);
+          const void* w13_host = dtype == DType::f32 ? static_cast<const void*>(w13_f32.data())
+                                                     : static_cast<const void*>(w13_bf16.data());
+          const void* w2_host = dtype == DType::f32 ? static_cast<const void*>(w2_f32.data())
+                                                    : static_cast<const void*>(w2_bf16.data());
+          const ExpertWeights host{view(w13_host, dtype, {E, 2 * I, H}),
+                                   view(w2_host, dtype, {E, H, I})};
+          ExpertWeights given = host;
+          void* w13_dev = nullptr;
+          void* w2_dev = nullptr;
+          if (on_gpu) {
+            const std::size_t b13 = w13_f32.size() * dtype_bytes(dtype),
+                              b2 = w2_f32.size() * dtype_bytes(dtype);
+            ASSERT_EQ(cudaMalloc(&w13_dev, b13), cudaSuccess);
+            ASSERT_EQ(cudaMalloc(&w2_dev, b2), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(w13_dev, w13_host, b13, cudaMemcpyHostToDevice), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(w2_dev, w2_host, b2, cudaMemcpyHostToDevice), cudaSuccess);
+            given.w13 = view(w13_dev, dtype, {E, 2 * I, H}, Device{DeviceKind::cuda, 0});
+            given.w2 = view(w2_dev, dtype, {E, H, I}, Device{DeviceKind::cuda, 0});
+          }
+          const math::EmulatedExperts want = math::emulate_expert_weights(config, host);
+          auto backend = cuda::experts::make_expert_backend(config, 0);
+          backend->prepare(given, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          if (math == ExpertMath::exact) {
+            const auto& w = dynamic_cast<cuda::experts::exact::ExactBackend&>(*backend).weights();
+            EXPECT_EQ(first_difference(from_device(w.w13, want.w13.size()), want.w13, 2 * I * H),
+                      "")
+                << "w13";
+            EXPECT_EQ(first_difference(from_device(w.w2, want.w2.size()), want.w2, H * I), "")
+                << "w2";
+            EXPECT_GE(backend->weight_bytes(), (want.w13.size() + want.w2.size()) * 4);
+          } else {
+            const auto& w = dynamic_cast<cuda::experts::mma::MmaBackend&>(*backend).weights();
+            const auto codes13 = math::bf16_codes(want.w13, want.w13_s_enc);
+            const auto codes2 = math::bf16_codes(want.w2, want.w2_s_enc);
+            EXPECT_EQ(first_difference(from_device(w.w13, codes13.size()), codes13, 2 * I * H), "")
+                << "w13 codes";
+            EXPECT_EQ(first_difference(from_device(w.w2, codes2.size()), codes2, H * I), "")
+                << "w2 codes";
+            EXPECT_EQ(first_difference(from_device(w.w13_scale, want.w13_s_enc.size()),
+                                       want.w13_s_enc, 1),
+                      "")
+                << "w13 scales";
+            EXPECT_EQ(
+                first_difference(from_device(w.w2_scale, want.w2_s_enc.size()), want.w2_s_enc, 1),
+                "")
+                << "w2 scales";
+            EXPECT_GE(backend->weight_bytes(), (codes13.size() + codes2.size()) * 2);
+          }
+          if (c.precision == Precision::nvfp4) {  // the tiny-amax matrices reach the clamp
+            EXPECT_EQ(want.w13_s_enc[1], formats::kFloatMax) << "expert 1's w13 s_enc clamps";
+            EXPECT_EQ(want.w13_s_enc[2], 1.0f) << "an all-zero matrix has s_enc 1";
+          }
+          cudaFree(w13_dev);
+          cudaFree(w2_dev);
+        }
+}
+
+TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
+    LayerOptions options;
+    options.expert_math = math;
+    const std::vector<int> devices{0};
+    auto comms = make_nccl_communicators(devices);
+    const LayerConfig config = make_config(kShape, Precision::nvfp4, 0, 1, options);
+    const auto weights = harness::make_random_weights(kShape, 3);
+    Layer layer(*comms[0], config,
+                ExpertWeights{view(weights.w13.data(), DType::bf16,
+                                   {kShape.num_experts, 2 * kShape.intermediate, kShape.hidden}),
+                              view(weights.w2.data(), DType::bf16,
+                                   {kShape.num_experts, kShape.hidden, kShape.intermediate})});
+    const std::size_t params =
+        static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
+    const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;
+    EXPECT_GE(layer.resident_weight_bytes(), params * per_weight) << to_string(math);
+    EXPECT_LE(layer.resident_weight_bytes(), params * per_weight + 4096) << to_string(math);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// What the CUDA kernels of one forward() share: a small params struct passed by value, the
-// round state in device memory, and the health record in mapped pinned host memory.
+// What the round's kernels share (docs/design.md §3, §4): a small params struct passed by value,
+// the round state in device memory, and the health record in mapped pinned host memory.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,12 @@
 namespace epmoe::cuda {
 
 inline constexpr int kMaxWorld = 64;
+
+// What route stages per received row for the expert backend's FC1 (ExpertBackend::staged_rows).
+enum class StagedRows : std::uint8_t {
+  fp32,        // x: the decoded row in fp32
+  bf16_codes,  // x, and x16 / x_scale: the row as exact bf16 codes and its scale
+};
 
 // Lives in device memory; advanced by the kernels themselves (never by the host), so a captured
 // CUDA graph replays rounds correctly.
@@ -48,47 +54,40 @@ enum Ticket : int {
   kRouteTicket = 3
 };
 
-// Device scratch of the expert step (src/cuda/experts.cu slices it), allocated once per layer and
-// sized from the config maxima, so forward() never allocates and stays graph-capturable.
-struct ExpertScratch {
+// What route and bucket write each round for the expert backend (sliced by src/cuda/experts.cu
+// from one allocation sized from the config maxima, so forward() never allocates and stays
+// graph-capturable). The backend reads it through experts::ExpertInputs (experts/inputs.hpp).
+struct RouteScratch {
   std::uint32_t* expert_rows;   // [E_local] pairs per local expert this round (zeroed per round)
   std::uint32_t* expert_fill;   // [E_local] bucketing cursor per local expert (zeroed per round)
   std::uint32_t* pair_offset;   // [E_local + 1] first pair of each expert; [E_local] = all pairs
   std::uint32_t* chunk_offset;  // [E_local + 1] first chunk of each expert; [E_local] = all chunks
   std::uint32_t* pairs;         // [max_pairs] (src, entry, row) of each pair, grouped by expert
   float* x;                     // [world * max_tokens, H] received rows, decoded
-  float* h;                     // [max_pairs, I] SwiGLU output per pair, quantized in place
-  // Tensor-core math only (nullptr otherwise): the GEMM operands in bf16, each row a code row
-  // times 1 / its scale (NVFP4: code = e2m1 * block scale, scale = s_enc; else scale 1), exact.
-  std::uint16_t* x16;  // [world * max_tokens, H] bf16(x * x_scale)
+  // StagedRows::bf16_codes only (nullptr otherwise): each row as bf16 codes, x * x_scale, exact
+  // (NVFP4: code = e2m1 * block scale, scale = s_enc; else scale 1).
+  std::uint16_t* x16;  // [world * max_tokens, H]
   float* x_scale;      // [world * max_tokens]
-  std::uint16_t* h16;  // [max_pairs, I] bf16(quantized h * h_scale)
-  float* h_scale;      // [max_pairs]
 };
 
-struct ForwardParams {
+// What the round's kernels (dispatch, route, bucket, combine, reset) take, by value: the layer's
+// window and peers, the round state and health record, the route scratch and this round's
+// tensors. The expert GEMMs take their backend's own params instead (docs/design.md §4.1).
+struct RoundParams {
   // The layer
   protocol::WorkspaceLayout layout;
   std::uint8_t* const* peer_windows;  // [world] LSA base pointer of each rank's window
   int rank;
   int world;
-  std::int64_t hidden, intermediate, top_k, local_experts, num_experts;
-  Precision precision;
+  std::int64_t hidden, top_k, local_experts, num_experts;
+  Precision precision;  // wire rows
   Combine combine;
-  ScaleRounding rounding;
-  float swiglu_limit;
+  ScaleRounding rounding;  // wire rows' MXFP8 scales
   std::uint32_t timeout_ms;
-  const float* w13;  // [E_local, 2I, H], quantization emulated (exact math)
-  const float* w2;   // [E_local, H, I]
-  // Tensor-core math: bf16 code weights and their per-matrix scales (value = code / scale).
-  bool tensor_cores;
-  const std::uint16_t* w13_16;  // [E_local, 2I, H]
-  const std::uint16_t* w2_16;   // [E_local, H, I]
-  const float* w13_scale;       // [E_local]
-  const float* w2_scale;        // [E_local]
   RoundState* state;
   HealthRecord* health;  // device pointer of the mapped record
-  ExpertScratch scratch;
+  RouteScratch scratch;
+  StagedRows staged;  // what route stages per received row for the expert backend
   // This round's tensors
   std::int64_t tokens;
   const std::uint16_t* x;  // [T, H] bf16

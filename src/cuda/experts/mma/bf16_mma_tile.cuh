@@ -1,9 +1,9 @@
-// The tile GEMM of the tensor-core expert math (LayerOptions::expert_math = tensor_core): the
-// same items as experts_gemm.cuh (one expert, a chunk of up to 64 of its rows, a tile of 128
-// weight rows), computed with bf16 mma.sync (m16n8k16) and fp32 accumulation. Both operands are
-// bf16 code rows (experts.cu: x16, h16, w13_16, w2_16), exact; the caller divides by the row and
-// matrix scales in its epilogue. So the result differs from the reference only by fp32
-// accumulation order and rounding — accumulation-order noise (DESIGN §6).
+// The tile GEMM of the tensor-core backend (LayerOptions::expert_math = tensor_core, docs/design.md
+// §4.1): the same items as the exact backend's (one expert, a chunk of up to 64 of its rows, a tile
+// of 128 weight rows), computed with bf16 mma.sync (m16n8k16) and fp32 accumulation. Both
+// operands are bf16 code rows (route's x16, this backend's h16 and weights), exact; the caller
+// divides by the row and matrix scales in its epilogue. So the result differs from the reference
+// only by fp32 accumulation order and rounding — accumulation-order noise (DESIGN §6).
 //
 // Each 64-deep slab is summed by the tensor cores into a fresh fragment and then added into the
 // fp32 accumulators with ordinary (round-to-nearest) adds, as DeepGEMM promotes its FP8 sums: a
@@ -21,12 +21,13 @@
 
 #include <cstdint>
 
-#include "cuda/experts_gemm.cuh"
+#include "cuda/experts/common.cuh"
+#include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::mma {
 
-inline constexpr int kRows = kTileRows;  // 64: a chunk
-inline constexpr int kCols = kTileCols;  // 128 weight rows
+inline constexpr int kRows = kChunkRows;  // 64: a chunk
+inline constexpr int kCols = 128;         // weight rows (outputs) per tile
 inline constexpr int kSlabK = 64;
 inline constexpr int kStages = 4;
 inline constexpr int kStride = kSlabK + 8;  // bf16 per staged row: 144 bytes
@@ -155,21 +156,3 @@ __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total
 }
 
 }  // namespace epmoe::cuda::experts::mma
-
-namespace epmoe::cuda::experts {
-
-// FC1 and FC2 each come as an exact-math and a tensor-core kernel; the layer's expert math picks
-// one, with the shared memory its tile needs.
-using TileKernel = void (*)(ForwardParams);
-inline KernelShape tile_kernel_shape(const ForwardParams& p, TileKernel exact, TileKernel tensor,
-                                     int device) {
-  return p.tensor_cores ? occupancy_shape(tensor, mma::kSmemBytes, device)
-                        : occupancy_shape(exact, kTileSmemBytes, device);
-}
-inline void launch_tile_kernel(const ForwardParams& p, const KernelShape& s, TileKernel exact,
-                               TileKernel tensor, cudaStream_t stream) {
-  (p.tensor_cores ? tensor : exact)<<<s.grid, kThreads, s.smem, stream>>>(p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-}
-
-}  // namespace epmoe::cuda::experts

@@ -1,8 +1,9 @@
-// The tile GEMM both expert matrices run on (FC1 over K = H, FC2 over K = I), exact in the sense
-// of the reference: every product of two floats is exact in float64 and summed in float64
-// (fma(x, w, acc) rounds once, like acc + x * w with an exact product), so an output differs from
-// the reference's only by summation order. Tensor cores replace this later; the item structure
-// (one expert, a chunk of its rows, a tile of weight rows) stays.
+// The exact backend's tile GEMM (docs/design.md §4.1), both expert matrices (FC1 over K = H, FC2
+// over K = I), exact in the sense of the reference: every product of two floats is exact in
+// float64 and summed in float64 (fma(x, w, acc) rounds once, like acc + x * w with an exact
+// product), so an output differs from the reference's only by summation order. The oracle-grade
+// path: the bf16 tensor-core backend (experts/mma/) is the fast one, and with the same item
+// structure (one expert, a chunk of its rows, a tile of weight rows).
 //
 // One CTA computes a tile of kTileRows rows x kTileCols weight rows, looping over K in slabs of
 // kSlabK through a kStages-deep cp.async pipeline (the weight slab is the big stream; three
@@ -22,16 +23,16 @@
 
 #include <cstdint>
 
-#include "cuda/device_common.cuh"
+#include "cuda/experts/common.cuh"
 #include "cuda/kernels.hpp"
 
-namespace epmoe::cuda::experts {
+namespace epmoe::cuda::experts::exact {
 
-inline constexpr int kTileRows = 64;    // rows (pairs of one expert) per chunk
-inline constexpr int kTileCols = 128;   // weight rows (outputs) per tile
-inline constexpr int kSlabK = 64;       // k per pipeline stage
-inline constexpr int kStages = 3;       // slabs in flight
-inline constexpr int kRowsPerWarp = 8;  // one row group
+inline constexpr int kTileRows = kChunkRows;  // rows (pairs of one expert) per chunk
+inline constexpr int kTileCols = 128;         // weight rows (outputs) per tile
+inline constexpr int kSlabK = 64;             // k per pipeline stage
+inline constexpr int kStages = 3;             // slabs in flight
+inline constexpr int kRowsPerWarp = 8;        // one row group
 inline constexpr int kColsPerLane = kTileCols / 32;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kSlabStride = kSlabK + 4;  // floats: rows stay 16-byte aligned, banks spread
@@ -75,18 +76,6 @@ __device__ inline WarpRole warp_role(int rows) {
   const int k_groups = kWarps / row_groups;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   return WarpRole{warp / k_groups, warp % k_groups, k_groups, row_groups * kRowsPerWarp};
-}
-
-__device__ inline void cp_async_16(void* smem, const void* global) {
-  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
-}
-__device__ inline void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int Pending>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 // acc[i][q] = sum over k < k_total of x_row(row)[k] * w_row(col)[k], row = 8 * row_group + i,
@@ -183,43 +172,4 @@ __device__ __forceinline__ void tile_gemm(TileSmem& s, const WarpRole& role, int
   }
 }
 
-// The chunk an item belongs to: chunks are numbered expert by expert (chunk_offset, written by
-// the route kernel); the expert is the last one whose first chunk is <= chunk.
-struct Chunk {
-  int expert;
-  std::uint32_t first_pair;  // index into the pair list (and into h)
-  int rows;                  // 1..kTileRows
-};
-
-__device__ inline Chunk find_chunk(const ForwardParams& p, std::uint32_t chunk) {
-  const std::uint32_t* chunk_offset = p.scratch.chunk_offset;
-  int lo = 0, hi = static_cast<int>(p.local_experts) - 1;  // chunk_offset[lo] <= chunk
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (chunk_offset[mid] <= chunk)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const std::uint32_t first = p.scratch.pair_offset[lo] + (chunk - chunk_offset[lo]) * kTileRows;
-  const std::uint32_t end = p.scratch.pair_offset[lo + 1];
-  return Chunk{lo, first, static_cast<int>(min(end - first, std::uint32_t{kTileRows}))};
-}
-
-// A pair of the list: which source rank's row, which entry of it, which receive row.
-__device__ inline std::uint32_t pack_pair(int src, int entry, std::uint32_t row) {
-  return static_cast<std::uint32_t>(src) << 24 | static_cast<std::uint32_t>(entry) << 20 | row;
-}
-__device__ inline int pair_src(std::uint32_t pair) {
-  return static_cast<int>(pair >> 24);
-}
-__device__ inline int pair_entry(std::uint32_t pair) {
-  return static_cast<int>(pair >> 20 & 0xFu);
-}
-__device__ inline std::uint32_t pair_row(std::uint32_t pair) {
-  return pair & 0xFFFFFu;
-}
-static_assert(kMaxWorld <= 64 && kMaxTopK <= 16 && kMaxTokensPerRank <= (1 << 20),
-              "a pair packs src in 6 bits, entry in 4, receive row in 20");
-
-}  // namespace epmoe::cuda::experts
+}  // namespace epmoe::cuda::experts::exact

@@ -1,0 +1,119 @@
+// Device pieces every expert backend shares (docs/design.md §4.1), written once so no backend
+// carries its own copy: which chunk a work item is, where a pair's result goes and the store that
+// sends it there, the done publication that closes the expert step, and cp.async.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/device_common.cuh"
+#include "cuda/experts/inputs.hpp"
+#include "formats/codec.hpp"
+#include "protocol/atomics.hpp"
+#include "protocol/wire.hpp"
+
+namespace epmoe::cuda::experts {
+
+// The chunk an item belongs to: chunks are numbered expert by expert (chunk_offset, written by
+// the route kernel); the expert is the last one whose first chunk is <= chunk.
+struct Chunk {
+  int expert;
+  std::uint32_t first_pair;  // index into the pair list (and into a backend's per-pair scratch)
+  int rows;                  // 1..kChunkRows
+};
+
+__device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_experts,
+                                   std::uint32_t chunk) {
+  const std::uint32_t* chunk_offset = in.chunk_offset;
+  int lo = 0, hi = static_cast<int>(local_experts) - 1;  // chunk_offset[lo] <= chunk
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (chunk_offset[mid] <= chunk)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const std::uint32_t first = in.pair_offset[lo] + (chunk - chunk_offset[lo]) * kChunkRows;
+  const std::uint32_t end = in.pair_offset[lo + 1];
+  return Chunk{lo, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
+}
+
+// A pair's row in the staged x (ExpertInputs::x, x16, x_scale).
+__device__ inline std::uint32_t x_row_of_pair(const ExpertInputs& in, std::uint32_t pair) {
+  return static_cast<std::uint32_t>(pair_src(pair) * in.max_tokens) + pair_row(pair);
+}
+
+// Where a row's result goes: the home rank, its token and top-k slot, and the router weight.
+struct HomeSlot {
+  std::int32_t src;
+  std::int32_t token;
+  std::int32_t slot;
+  float weight;
+};
+
+// The home slot of `pair`, read from this rank's receive row of this round (checked by route).
+__device__ inline HomeSlot home_slot(const TokenBackTarget& p, std::uint32_t round,
+                                     std::uint32_t pair) {
+  const std::uint8_t* row =
+      p.peer_windows[p.rank] + p.layout.recv_row(round, pair_src(pair), pair_row(pair));
+  const auto* entries =
+      reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+  const protocol::WireEntry entry = entries[pair_entry(pair)];
+  return HomeSlot{pair_src(pair), reinterpret_cast<const protocol::WireRowHeader*>(row)->token,
+                  entry.slot, entry.weight};
+}
+
+// One result element home: staged, bf16 into the home rank's [token, slot] combine row;
+// in-kernel reduce, weight x out added into the home rank's fp32 accumulator.
+__device__ inline void send_home(const TokenBackTarget& p, const HomeSlot& home, std::int64_t c,
+                                 float out) {
+  std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
+  if (p.combine == Combine::staged) {
+    auto* dst = reinterpret_cast<std::uint16_t*>(
+        combine +
+        static_cast<std::size_t>(home.token * p.top_k + home.slot) * p.layout.combine_row_bytes);
+    dst[c] = formats::float_to_bf16(out);
+  } else {
+    auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
+                                                       p.layout.combine_row_bytes);
+    protocol::add_relaxed(&sum[c], home.weight * out);
+  }
+}
+
+// 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one
+// done message per peer per round, whatever T (a CTA with no item still takes the ticket, I5).
+// Every CTA that joined the round calls it once, after its last send_home.
+__device__ inline void finish_expert_step(const ExpertStep& step, std::uint32_t round) {
+  if (last_cta_done(&step.state->tickets[kExpertsDoneTicket])) {
+    const DeviceSession session(step.home.layout, DevicePeers{step.home.peer_windows},
+                                step.home.rank, round);
+    for (int dest = 0; dest < step.home.layout.world; ++dest) session.publish_done(dest);
+  }
+}
+
+// The frame of every backend's FC2 kernel, called by every thread: join the round (nothing at all
+// when this rank's round already failed), run `items(round)` (the kernel's work items, each
+// result sent home), then finish_expert_step. A backend's FC2 body goes inside, so it cannot
+// forget the done publication nor return before it.
+template <class Items>
+__device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
+  const RoundStart start = join_round(step.state);
+  if (start.skip) return;
+  items(start.round);
+  finish_expert_step(step, start.round);
+}
+
+__device__ inline void cp_async_16(void* smem, const void* global) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int Pending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+}  // namespace epmoe::cuda::experts

@@ -1,0 +1,74 @@
+// The exact backend's FC1 and SwiGLU (docs/design.md §4.1). Work items are (chunk of up to 64 rows
+// of one expert, tile of 64 intermediate columns), tile fastest, so the CTAs running at once share
+// a chunk's x and an expert's weights in L2. A tile's 128 weight rows are 64 gate rows then the 64
+// up rows of the same columns, so lane l holds gate and up of columns l and l + 32 and SwiGLU
+// needs no exchange. h = float(swiglu(float(gate), float(up))), as the reference computes it.
+#include "cuda/experts/exact/f64_tile.cuh"
+#include "cuda/experts/exact/params.hpp"
+#include "math/activation.hpp"
+
+namespace epmoe::cuda::experts::exact {
+namespace {
+
+inline constexpr int kColumnsPerTile = kTileCols / 2;  // intermediate columns (gate + up each)
+
+__global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in the staged x
+
+  const RoundStart start = join_round(p.step.state);
+  if (start.skip) return;
+
+  const ExpertInputs& in = p.step.in;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+  const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kColumnsPerTile);
+  const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
+  for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
+    const std::int64_t j0 = std::int64_t{item % tiles} * kColumnsPerTile;
+    __syncthreads();  // the previous item's epilogue is done with x_row_of
+    if (threadIdx.x < chunk.rows)
+      x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
+    __syncthreads();
+    const auto h_of = [&](int r) {  // row r's part of h in this tile
+      return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
+    };
+
+    const float* w13 = p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+    const WarpRole role = warp_role(chunk.rows);
+    Accumulators acc;
+    tile_gemm(
+        *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, hidden,
+        [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+        [&](int c) {
+          const std::int64_t row = c < kColumnsPerTile ? j0 + c : inter + j0 + c - kColumnsPerTile;
+          return w13 + row * hidden;
+        },
+        acc);
+
+    // Epilogue (k group 0 of each row group): SwiGLU of the float-rounded gate and up.
+    if (role.k_group != 0) continue;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = role.row_group * kRowsPerWarp + i;
+      if (r >= chunk.rows) break;
+      for (int q = 0; q < kColsPerLane / 2; ++q)
+        h_of(r)[lane + 32 * q] = static_cast<float>(math::swiglu(static_cast<float>(acc[i][q]),
+                                                                 static_cast<float>(acc[i][q + 2]),
+                                                                 p.problem.swiglu_limit));
+    }
+  }
+}
+
+}  // namespace
+
+KernelShape fc1_shape(int device) {
+  return occupancy_shape(f64_fc1_kernel, kTileSmemBytes, device);
+}
+
+void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
+  f64_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts::exact

@@ -1,0 +1,79 @@
+// The tensor-core backend's FC1 and SwiGLU (docs/design.md §4.1). Work items are (chunk of up to
+// 64 rows of one expert, tile of 64 intermediate columns), tile fastest. The tile's 128 weight
+// rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
+// row j0 + c / 2 for odd c, read in place from w13's [gate rows; up rows] layout), so one thread's
+// C fragment holds both and SwiGLU needs no exchange.
+// Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+#include "cuda/experts/mma/bf16_mma_tile.cuh"
+#include "cuda/experts/mma/params.hpp"
+#include "math/activation.hpp"
+
+namespace epmoe::cuda::experts::mma {
+namespace {
+
+inline constexpr int kColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
+
+__global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  __shared__ std::uint32_t x_row_of[kRows];  // the chunk's rows in the staged x16 / x_scale
+
+  const RoundStart start = join_round(p.step.state);
+  if (start.skip) return;
+
+  const ExpertInputs& in = p.step.in;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+  const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kColumnsPerTile);
+  const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
+  for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
+    const std::int64_t j0 = std::int64_t{item % tiles} * kColumnsPerTile;
+    __syncthreads();  // the previous item's epilogue is done with x_row_of
+    if (threadIdx.x < chunk.rows)
+      x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
+    __syncthreads();
+    const auto h_of = [&](int r) {  // row r's part of h in this tile
+      return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
+    };
+
+    const std::uint16_t* w13 =
+        p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+    Accumulators acc;
+    tile_mma(
+        *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
+        [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+        [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
+    // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
+    const WarpTile tile = warp_tile();
+    const float w_scale = p.weights.w13_scale[chunk.expert];
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+        if (r >= chunk.rows) continue;
+        // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+        const float x_scale = in.x_scale[x_row_of[r]];
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni) {
+          const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
+          h_of(r)[column] = static_cast<float>(
+              math::swiglu(acc[mi][ni][2 * half] / x_scale / w_scale,
+                           acc[mi][ni][2 * half + 1] / x_scale / w_scale, p.problem.swiglu_limit));
+        }
+      }
+  }
+}
+
+}  // namespace
+
+KernelShape fc1_shape(int device) {
+  return occupancy_shape(bf16_fc1_kernel, kSmemBytes, device);
+}
+
+void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
+  bf16_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts::mma

@@ -1,0 +1,76 @@
+// The tensor-core backend's FC2 (docs/design.md §4.1, §3 steps 5-6) over the bf16 codes of the
+// quantized h rows, each result sent home (send_home). Work items are (chunk of up to 64 rows of
+// one expert, tile of 128 hidden columns), tile fastest; the last tile of a hidden size that is
+// not a multiple of 128 (gpt-oss: 2880) computes clamped columns it never stores. fc2_round
+// closes the step: the last CTA tells every rank this rank's experts are done.
+// Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+#include "cuda/experts/mma/bf16_mma_tile.cuh"
+#include "cuda/experts/mma/params.hpp"
+
+namespace epmoe::cuda::experts::mma {
+namespace {
+
+__global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  __shared__ HomeSlot home_of[kRows];
+
+  fc2_round(p.step, [&](std::uint32_t round) {
+    const ExpertInputs& in = p.step.in;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+    const auto tiles = static_cast<std::uint32_t>((hidden + kCols - 1) / kCols);
+    const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
+    for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
+      const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
+      const std::int64_t c0 = std::int64_t{item % tiles} * kCols;
+      __syncthreads();  // the previous item's epilogue is done with home_of
+      if (threadIdx.x < chunk.rows)
+        home_of[threadIdx.x] =
+            home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
+      __syncthreads();
+      // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
+      const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+
+      const std::uint16_t* w2 =
+          p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+      Accumulators acc;
+      tile_mma(
+          *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
+          [&](int r) { return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
+          [&](int c) { return w2 + w_row(c) * inter; }, acc);
+      const WarpTile tile = warp_tile();
+      const float w_scale = p.weights.w2_scale[chunk.expert];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+          if (r >= chunk.rows) continue;
+          // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+          const float h_scale = p.h_scale[chunk.first_pair + r];
+#pragma unroll
+          for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+            for (int v = 0; v < 2; ++v) {
+              const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
+              if (c < hidden)
+                send_home(p.step.home, home_of[r], c,
+                          acc[mi][ni][2 * half + v] / h_scale / w_scale);
+            }
+        }
+    }
+  });
+}
+
+}  // namespace
+
+KernelShape fc2_shape(int device) {
+  return occupancy_shape(bf16_fc2_kernel, kSmemBytes, device);
+}
+
+void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
+  bf16_fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts::mma

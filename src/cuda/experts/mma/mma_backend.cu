@@ -1,0 +1,108 @@
+#include "cuda/experts/mma/mma_backend.hpp"
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/experts/mma/bf16_mma_tile.cuh"
+#include "cuda/experts/weights.cuh"
+
+namespace epmoe::cuda::experts::mma {
+namespace {
+
+// Weights as exact bf16 codes, value * s_enc of the matrix (math::bf16_codes on the host), in the
+// caller's [expert][row][col] order (FC1's tile reads gate and up rows in place), and the scale.
+// A NaN value keeps its own payload, as the host's NaN * scale does (a GPU product would return
+// the canonical NaN instead).
+struct StoreCodes {
+  std::uint16_t* out;
+  float* scale;  // [E_local]
+  std::int64_t matrix_size;
+  __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
+                             float s_enc) const {
+    std::uint16_t* dst = out + expert * matrix_size + at;
+#pragma unroll
+    for (int i = 0; i < kWeightBlock; ++i)
+      dst[i] = formats::float_to_bf16(isnan(v[i]) ? v[i] : v[i] * s_enc);
+    if (at == 0) scale[expert] = s_enc;
+  }
+};
+
+Weights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+  const auto experts = static_cast<std::size_t>(e.local_experts);
+  const auto matrix = static_cast<std::size_t>(e.hidden * e.intermediate);
+  ScratchCursor cursor{base};
+  Weights w{};
+  w.w13 = cursor.take<std::uint16_t>(experts * 2 * matrix);
+  w.w2 = cursor.take<std::uint16_t>(experts * matrix);
+  w.w13_scale = cursor.take<float>(experts);
+  w.w2_scale = cursor.take<float>(experts);
+  *bytes = cursor.used;
+  return w;
+}
+
+struct Scratch {
+  float* h;
+  std::uint16_t* h16;
+  float* h_scale;
+};
+Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pairs,
+                      std::size_t* bytes) {
+  ScratchCursor cursor{base};
+  Scratch s{};
+  s.h = cursor.take<float>(pairs * static_cast<std::size_t>(e.intermediate));
+  s.h16 = cursor.take<std::uint16_t>(pairs * static_cast<std::size_t>(e.intermediate));
+  s.h_scale = cursor.take<float>(pairs);
+  *bytes = cursor.used;
+  return s;
+}
+
+}  // namespace
+
+std::string MmaBackend::can_implement(const LayerConfig& config) {
+  const LayerShape& s = config.shape();
+  if (s.hidden % kSlabK != 0)
+    return "hidden=" + std::to_string(s.hidden) + ": the mma tile takes K in slabs of " +
+           std::to_string(kSlabK);
+  if (s.intermediate % kSlabK != 0 || s.intermediate % (kCols / 2) != 0)
+    return "intermediate=" + std::to_string(s.intermediate) +
+           ": FC1 tiles take 64 intermediate columns and FC2 slabs of 64";
+  return {};
+}
+
+MmaBackend::MmaBackend(const LayerConfig& config, int device) : problem_(expert_problem(config)) {
+  slice_weights(nullptr, problem_, &weight_bytes_);
+  slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
+  EPMOE_CUDA_CHECK(cudaMalloc(&weight_memory_, weight_bytes_));
+  EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
+  weights_ = slice_weights(weight_memory_, problem_, &weight_bytes_);
+  const Scratch s = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
+  h_ = s.h;
+  h16_ = s.h16;
+  h_scale_ = s.h_scale;
+  fc1_ = mma::fc1_shape(device);
+  quantize_h_ = mma::quantize_h_shape(problem_, device);
+  fc2_ = mma::fc2_shape(device);
+}
+
+MmaBackend::~MmaBackend() {
+  cudaFree(weight_memory_);
+  cudaFree(scratch_memory_);
+}
+
+void MmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
+  const std::int64_t h = problem_.hidden, i = problem_.intermediate;
+  emulate_weights(local.w13, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
+  emulate_weights(local.w2, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+}
+
+void MmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {
+  const Params p = params(step);
+  mma::launch_fc1(p, fc1_, stream);
+  mma::launch_quantize_h(p, quantize_h_, stream);
+}
+
+void MmaBackend::launch_fc2(const ExpertStep& step, cudaStream_t stream) const {
+  mma::launch_fc2(params(step), fc2_, stream);
+}
+
+}  // namespace epmoe::cuda::experts::mma

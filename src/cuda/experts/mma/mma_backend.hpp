@@ -1,0 +1,50 @@
+// The bf16 tensor-core backend (LayerOptions::expert_math = tensor_core; docs/design.md §4.1):
+// bf16 mma.sync with fp32 accumulation (bf16_mma_tile.cuh) on exact bf16 codes of the rows and
+// weights, agreeing with the reference to accumulation-order noise. Weights are held as bf16 codes
+// plus one fp32 scale per matrix, 2 bytes each whatever the precision.
+#pragma once
+
+#include <string>
+
+#include "cuda/experts/backend.hpp"
+#include "cuda/experts/mma/params.hpp"
+
+namespace epmoe::cuda::experts::mma {
+
+class MmaBackend final : public ExpertBackend {
+ public:
+  // Empty, or why this backend cannot run `config` (naming the field).
+  static std::string can_implement(const LayerConfig& config);
+
+  MmaBackend(const LayerConfig& config, int device);
+  ~MmaBackend() override;
+
+  const char* name() const override { return "bf16_mma"; }
+  StagedRows staged_rows() const override { return StagedRows::bf16_codes; }
+  void prepare(const ExpertWeights& local, cudaStream_t stream) override;
+  std::size_t weight_bytes() const override { return weight_bytes_; }
+  std::size_t scratch_bytes() const override { return scratch_bytes_; }
+  // FC1 + SwiGLU, then FC2's input quantization point and its bf16 codes.
+  void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
+  void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
+
+  // The prepared weights (device pointers), for tests that compare them with the host's.
+  const Weights& weights() const { return weights_; }
+
+ private:
+  Params params(const ExpertStep& step) const {
+    return Params{step, problem_, weights_, h_, h16_, h_scale_};
+  }
+
+  ExpertProblem problem_;
+  std::uint8_t* weight_memory_ = nullptr;
+  std::uint8_t* scratch_memory_ = nullptr;
+  std::size_t weight_bytes_ = 0, scratch_bytes_ = 0;
+  Weights weights_{};
+  float* h_ = nullptr;
+  std::uint16_t* h16_ = nullptr;
+  float* h_scale_ = nullptr;
+  KernelShape fc1_, quantize_h_, fc2_;
+};
+
+}  // namespace epmoe::cuda::experts::mma

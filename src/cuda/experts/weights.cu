@@ -1,0 +1,72 @@
+#include "cuda/experts/weights.hpp"
+
+#include <algorithm>
+
+#include "cuda/cuda_check.hpp"
+#include "formats/codec.hpp"
+
+namespace epmoe::cuda::experts {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPartsPerMatrix = 64;  // CTAs per matrix (grid.x); grid.y = matrices
+
+__device__ inline std::uint32_t max_u32(std::uint32_t a, std::uint32_t b) {
+  return a > b ? a : b;
+}
+
+// CTA (part, e) takes a grid stride through matrix e; one atomicMax per warp.
+__global__ void __launch_bounds__(kThreads)
+    matrix_amax_kernel(RawMatrices raw, std::uint32_t* amax_bits) {
+  const std::int64_t n = raw.rows * raw.cols;
+  const std::int64_t e = blockIdx.y;
+  std::uint32_t m = 0;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float w =
+        raw.dtype == DType::f32
+            ? static_cast<const float*>(raw.data)[e * n + i]
+            : formats::bf16_to_float(static_cast<const std::uint16_t*>(raw.data)[e * n + i]);
+    const std::uint32_t a = formats::float_bits(w) & formats::kF32AbsMask;
+    if (a < formats::kF32InfBits) m = max_u32(m, a);  // skips NaN and Inf, as the host does
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = max_u32(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&amax_bits[e], m);
+}
+
+}  // namespace
+
+void for_each_device_slice(const TensorView& t, cudaStream_t stream,
+                           const std::function<void(const RawMatrices&, std::int64_t)>& fn) {
+  const std::int64_t experts = t.dim(0), rows = t.dim(1), cols = t.dim(2);
+  if (t.device.kind == DeviceKind::cuda) {
+    fn(RawMatrices{t.data, t.dtype, experts, rows, cols}, 0);
+    return;
+  }
+  const std::size_t expert_bytes = static_cast<std::size_t>(rows * cols) * dtype_bytes(t.dtype);
+  const std::int64_t per_slice = std::clamp<std::int64_t>(
+      static_cast<std::int64_t>(kStagingBytes / std::max<std::size_t>(expert_bytes, 1)), 1,
+      std::max<std::int64_t>(experts, 1));
+  void* staging = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&staging, std::max<std::size_t>(1, per_slice * expert_bytes)));
+  for (std::int64_t first = 0; first < experts; first += per_slice) {
+    const std::int64_t count = std::min(per_slice, experts - first);
+    EPMOE_CUDA_CHECK(
+        cudaMemcpyAsync(staging, static_cast<const std::uint8_t*>(t.data) + first * expert_bytes,
+                        count * expert_bytes, cudaMemcpyHostToDevice, stream));
+    fn(RawMatrices{staging, t.dtype, count, rows, cols}, first);
+  }
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EPMOE_CUDA_CHECK(cudaFree(staging));
+}
+
+void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream) {
+  if (raw.experts == 0) return;
+  const dim3 grid(kPartsPerMatrix, static_cast<unsigned>(raw.experts));
+  matrix_amax_kernel<<<grid, kThreads, 0, stream>>>(raw, amax_bits);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts

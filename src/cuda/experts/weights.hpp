@@ -1,0 +1,38 @@
+// Weight preparation on the device, shared by the backends (docs/design.md §4.1, §6): the caller's
+// tensors reach the GPU as they are (raw bf16 or f32; a host tensor is copied up in slices of
+// whole experts), then a backend's kernels turn them into its own layout. Nothing here runs on
+// the host per weight, so creating a large layer costs the copy and a few kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "epmoe/tensor.hpp"
+
+namespace epmoe::cuda::experts {
+
+// Some experts' matrices of one FC, on this device, as the caller passed them: [experts, rows,
+// cols] of bf16 or f32, contiguous; quantization blocks run along cols (the reduction dim).
+struct RawMatrices {
+  const void* data;
+  DType dtype;
+  std::int64_t experts, rows, cols;
+};
+
+// Calls fn(raw, first_expert) over `t` ([E_local, rows, cols], validated): once with `t` itself
+// when it is on the GPU, else for slices of whole experts copied up raw through one staging
+// buffer (at most kStagingBytes unless one expert is larger). Everything is queued on `stream`,
+// so a slice is copied after the previous slice's kernels; when it staged, it synchronises
+// `stream` before freeing the buffer.
+inline constexpr std::size_t kStagingBytes = std::size_t{512} << 20;
+void for_each_device_slice(const TensorView& t, cudaStream_t stream,
+                           const std::function<void(const RawMatrices&, std::int64_t)>& fn);
+
+// NVFP4's per-matrix reduction: amax_bits[e] (zeroed before) = the largest finite |w| of matrix e
+// of `raw` as fp32 bits, exactly formats::nvfp4_group_amax of the whole matrix (max is
+// order-free, and bits of non-negative floats order like the floats).
+void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
+
+}  // namespace epmoe::cuda::experts
