@@ -525,6 +525,25 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
 }
 
+// DESIGN §5: a knob exists only if the code that runs reads it. No executor reads any knob yet, so
+// describe() marks each of the 7 knobs of each of the 4 buckets, and no caller-owned field.
+TEST(ConfigDescribe, MarksEveryKnobNoCodeReadsYetAndNothingElse) {
+  const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();
+  const std::string mark = " (not read yet)";
+  int marks = 0;
+  for (std::size_t at = d.find(mark); at != std::string::npos; at = d.find(mark, at + 1)) ++marks;
+  EXPECT_EQ(marks, 7 * kNumTokenBuckets) << d;
+  for (const char* knob : {"token_back=", "block_m=", "block_n=", "stages=", "dispatch_warps=",
+                           "num_sms=", "megakernel="}) {
+    for (std::size_t at = d.find(knob); at != std::string::npos; at = d.find(knob, at + 1)) {
+      const std::size_t value_end = d.find_first_of(" }", at);
+      EXPECT_EQ(d.compare(value_end, mark.size(), mark), 0) << knob << " unmarked in " << d;
+    }
+  }
+  EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(mark), std::string::npos)
+      << "a caller-owned field is marked: " << d;
+}
+
 TEST(ConfigDescribe, IsTheSameOnEveryRank) {
   const std::string d0 = make_config(kQwen, Precision::nvfp4, 0, 8).describe();
   for (int r = 1; r < 8; ++r) EXPECT_EQ(make_config(kQwen, Precision::nvfp4, r, 8).describe(), d0);
@@ -588,10 +607,11 @@ TEST(ConfigDescribe, HasAStableFormat) {
   const LayerConfig c =
       with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
   const std::string knobs =
-      "{token_back=epilogue_warps block_m=128 block_n=64 stages=5 dispatch_warps=6 num_sms=100 "
-      "megakernel=false}";
+      "{token_back=epilogue_warps (not read yet) block_m=128 (not read yet) block_n=64 (not read "
+      "yet) stages=5 (not read yet) dispatch_warps=6 (not read yet) num_sms=100 (not read yet) "
+      "megakernel=false (not read yet)}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/2 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/3 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 swiglu_limit=7.5 mxfp8_scale_rounding=rceil expert_math=exact "
             "knobs.decode=" +

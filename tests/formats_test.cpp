@@ -20,6 +20,7 @@
 #include "epmoe/errors.hpp"
 #include "epmoe/formats.hpp"
 #include "formats/codec.hpp"
+#include "support/nvfp4_inputs.hpp"
 
 namespace epmoe::formats {
 namespace {
@@ -280,6 +281,56 @@ TEST(FormatsE2m1, MatchesCudaRoundNearestAroundEveryTie) {
   values.push_back(8.0f);  // ties above 6 saturate
   for (float x : near_ties(values)) {
     if (!e2m1_matches_cuda(x)) return;
+  }
+}
+
+TEST(FormatsE2m1, EveryCodeRoundTripsNegativeZeroIncluded) {
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(float_to_e2m1(e2m1_to_float(static_cast<std::uint8_t>(c))), c) << "code " << c;
+  }
+  EXPECT_TRUE(std::signbit(e2m1_to_float(0x8)));  // 0x8 is -0, not +0
+  EXPECT_EQ(e2m1_to_float(0x8), 0.0f);
+  EXPECT_FALSE(std::signbit(e2m1_to_float(0x0)));
+}
+
+// Every fp32 from 2^-3 (below it everything rounds to ±0) up to 16 (above 6 everything
+// saturates), both signs: each tie, each subnormal (0.5) boundary and the saturation edge, bit for
+// bit against cuda_fp4.h.
+TEST(FormatsE2m1, MatchesCudaRoundNearestOnEveryFloatFromOneEighthToSixteen) {
+  for (std::uint32_t sign : {0u, 0x80000000u}) {
+    for (std::uint32_t u = 0x3e000000u; u < 0x41800000u; ++u) {
+      const float x = from_bits(sign | u);
+      if (float_to_e2m1(x) != cuda_e2m1(x) && !e2m1_matches_cuda(x)) return;
+    }
+  }
+}
+
+// A negative value that rounds to zero encodes as -0 (0x8), as CUDA's conversion gives: -0 itself,
+// fp32 subnormals, the tie at -0.25 (to the even code, 0) and every fp32 in between at a stride.
+TEST(FormatsE2m1, NegativeValuesThatRoundToZeroEncodeAsNegativeZeroLikeCuda) {
+  const float named[] = {-0.0f,
+                         from_bits(0x80000001u),
+                         from_bits(0x807fffffu),
+                         -FLT_MIN,
+                         -1e-30f,
+                         -0.1f,
+                         -0.25f,
+                         next_up(-0.25f),
+                         -0.125f / 3.0f,
+                         std::ldexp(-1.0f, -126)};
+  for (float x : named) {
+    EXPECT_EQ(float_to_e2m1(x), 0x8) << "x = " << x;
+    EXPECT_EQ(cuda_e2m1(x), 0x8) << "x = " << x;
+    EXPECT_TRUE(std::signbit(round_to_e2m1(x))) << "x = " << x;
+  }
+  EXPECT_EQ(float_to_e2m1(next_down(-0.25f)), 0x9);  // just past the tie: -0.5
+  for (std::uint32_t u = 0x80000000u; u <= 0xbe800000u; u += 31) {
+    const float x = from_bits(u);  // -0 ... -0.25
+    if (float_to_e2m1(x) != 0x8 || !e2m1_matches_cuda(x)) {
+      ADD_FAILURE() << "x = " << x << " bits 0x" << std::hex << u << " encodes as 0x"
+                    << int{float_to_e2m1(x)};
+      return;
+    }
   }
 }
 
@@ -551,7 +602,9 @@ TEST(FormatsNvfp4Scale, GroupAmaxSkipsNanAndInf) {
   EXPECT_EQ(nvfp4_group_amax(x, 0), 0.0f);
 }
 
-// The reference: each step of docs/formats.md in fp32, rounded by CUDA's converters.
+// The reference: each step of docs/formats.md in fp32, rounded by CUDA's converters. A zero block
+// scale scales every element by 0, as CUDA's NVFP4 quantize kernels do (their reciprocal scale of
+// a zero block is 0). Finite x only.
 void nvfp4_expected(const float* x, int n, float s_enc, std::uint8_t* codes, std::uint8_t* bs) {
   float amax = 0;
   for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -560,7 +613,7 @@ void nvfp4_expected(const float* x, int n, float s_enc, std::uint8_t* codes, std
   const float bsv = cuda_e4m3_value(*bs);
   for (int i = 0; i < n; ++i) {
     const float q = x[i] * s_enc;
-    codes[i] = bsv == 0.0f ? std::uint8_t{0} : cuda_e2m1(q / bsv);
+    codes[i] = cuda_e2m1(bsv == 0.0f ? x[i] * 0.0f : q / bsv);
   }
 }
 
@@ -673,7 +726,7 @@ TEST(FormatsNvfp4Block, AllZeroBlockHasZeroScaleAndDecodesToZero) {
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
-TEST(FormatsNvfp4Block, BlockScaleUnderflowGivesZeroElements) {
+TEST(FormatsNvfp4Block, BlockScaleUnderflowGivesZeroElementsOfTheirOwnSign) {
   // Group amax 1e4 -> s_enc = 0.2688; a block of amax 1e-4 has block scale ~4.5e-6 < 2^-10 -> 0.
   const float s_enc = nvfp4_tensor_scale(1e4f);
   float x[kNvfp4Block];
@@ -681,7 +734,72 @@ TEST(FormatsNvfp4Block, BlockScaleUnderflowGivesZeroElements) {
   std::uint8_t packed[8], bs;
   nvfp4_encode_block(x, kNvfp4Block, s_enc, packed, &bs);
   EXPECT_EQ(bs, 0);
-  for (std::uint8_t p : packed) EXPECT_EQ(p, 0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(packed[i], 0x88) << "byte " << i;  // x[0..7] < 0: -0
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(packed[i], 0x00) << "byte " << i;  // x[8] = 0, rest > 0
+  float y[kNvfp4Block];
+  nvfp4_decode_block(packed, bs, s_enc, kNvfp4Block, y);
+  for (int i = 0; i < kNvfp4Block; ++i) {
+    EXPECT_EQ(y[i], 0.0f) << "i " << i;
+    EXPECT_EQ(std::signbit(y[i]), i < 8) << "i " << i;
+  }
+}
+
+// All-zero and underflowing blocks keep each element's sign, -0.0 included, exactly as the CUDA
+// conversion of the element scaled by 0 does; the signed zero survives decoding.
+TEST(FormatsNvfp4Block, ZeroBlockScaleEncodesEachElementAsCudaDoes) {
+  const float tiny = 1e-30f;  // with s_enc = 1 the block scale e4m3(1e-30 / 6) is 0
+  const float blocks[][kNvfp4Block] = {
+      {0.0f, -0.0f, -0.0f, 0.0f, -0.0f},
+      {-tiny, tiny, -tiny / 3, from_bits(0x80000001u), from_bits(1), -0.0f, 0.0f, -tiny},
+  };
+  for (const auto& x : blocks) {
+    std::uint8_t packed[8], bs, want_codes[kNvfp4Block], want_bs;
+    nvfp4_encode_block(x, kNvfp4Block, 1.0f, packed, &bs);
+    nvfp4_expected(x, kNvfp4Block, 1.0f, want_codes, &want_bs);
+    EXPECT_EQ(bs, 0);
+    EXPECT_EQ(want_bs, 0);
+    float y[kNvfp4Block];
+    nvfp4_decode_block(packed, bs, 1.0f, kNvfp4Block, y);
+    for (int i = 0; i < kNvfp4Block; ++i) {
+      const int code = (packed[i / 2] >> (4 * (i % 2))) & 0xf;
+      EXPECT_EQ(code, want_codes[i]) << "x " << x[i];
+      EXPECT_EQ(code, std::signbit(x[i]) ? 0x8 : 0x0) << "x " << x[i];
+      EXPECT_EQ(y[i], 0.0f);
+      EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "x " << x[i];
+    }
+  }
+}
+
+// Every input class of support/nvfp4_inputs.hpp (zero-scale blocks, ties, negatives that round to
+// zero, rows of every magnitude), through the host API in both scale groups: every code equals
+// CUDA's conversion of the documented steps. tests/gpu/ runs the same matrix on the device.
+TEST(FormatsNvfp4Block, EncodeMatchesCudaConversionsOnEveryInputClass) {
+  std::int64_t rows = 0;
+  const std::vector<float> x = test::nvfp4_input_matrix(&rows);
+  const std::int64_t cols = test::kNvfp4InputCols;
+  for (Nvfp4ScaleGroup group : {Nvfp4ScaleGroup::per_tensor, Nvfp4ScaleGroup::per_row}) {
+    std::vector<std::uint8_t> packed(x.size() / 2), scales(x.size() / kNvfp4Block);
+    std::vector<float> s_enc(static_cast<std::size_t>(rows));
+    quantize_nvfp4(x.data(), rows, cols, group, packed.data(), scales.data(), s_enc.data());
+    int zero_scale_blocks = 0, negative_zeros = 0;
+    for (std::int64_t b = 0; b < rows * cols / kNvfp4Block; ++b) {
+      const std::int64_t row = b * kNvfp4Block / cols;
+      const float s = s_enc[static_cast<std::size_t>(group == Nvfp4ScaleGroup::per_row ? row : 0)];
+      std::uint8_t want_codes[kNvfp4Block], want_bs;
+      nvfp4_expected(x.data() + b * kNvfp4Block, kNvfp4Block, s, want_codes, &want_bs);
+      ASSERT_EQ(scales[static_cast<std::size_t>(b)], want_bs) << "block " << b;
+      zero_scale_blocks += want_bs == 0;
+      for (int i = 0; i < kNvfp4Block; ++i) {
+        const std::size_t at = static_cast<std::size_t>(b * kNvfp4Block + i);
+        ASSERT_EQ((packed[at / 2] >> (4 * (at % 2))) & 0xf, want_codes[i])
+            << "x " << x[at] << " block " << b << " group " << to_string(group);
+        negative_zeros += want_codes[i] == 0x8;
+      }
+    }
+    // The input classes this test is for are there.
+    EXPECT_GT(zero_scale_blocks, 10) << to_string(group);
+    EXPECT_GT(negative_zeros, 100) << to_string(group);
+  }
 }
 
 TEST(FormatsNvfp4Block, DenormalOnlyBlockUsesSubnormalBlockScale) {

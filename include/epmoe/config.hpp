@@ -2,7 +2,8 @@
 //
 // A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
 // mode, determinism, timeouts, SwiGLU clamp, scale rounding, expert math) are caller-owned:
-// with_knobs() adjusts any tuned knob that conflicts with them and never changes them.
+// with_knobs() adjusts any tuned knob that conflicts with them and never changes them. No executor
+// reads the knobs yet (see Knobs): they are reserved, validated and compared across ranks.
 #pragma once
 
 #include <array>
@@ -62,23 +63,37 @@ struct LayerOptions {
   ExpertMath expert_math = ExpertMath::exact;
 };
 
-// Token buckets: the knob set is chosen per launch from T, so decode and prefill steps of one layer
-// each get their own tuning.
+// Token buckets: a launch's knob set is chosen from its T (knobs_for), so decode and prefill steps
+// of one layer can each get their own tuning once the knobs are read (none is yet; see Knobs).
 enum class TokenBucket : std::uint8_t { decode, small, medium, prefill };
 inline constexpr int kNumTokenBuckets = 4;
 // decode: T <= 16, small: T <= 128, medium: T <= 1024, prefill: larger.
 TokenBucket token_bucket(std::int64_t tokens);
 const char* to_string(TokenBucket b);
 
-// Tuned knobs. Each has a documented range (see kKnobSpace); a knob file may set any of them.
+// Tuned knobs, each with a documented range (see kKnobSpace). None is read yet: no kernel, launcher
+// or CPU-executor path looks at them, so today they change nothing but describe(). They are kept
+// (validated, adjusted by with_knobs, compared across ranks, walked by the knob property test) for
+// the sm90 TMA + WGMMA expert GEMMs and the persistent kernel that will read them; until then the
+// CUDA executor runs fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
+// with tensor cores), dispatch uses all 8 warps of each of its CTAs, grids are sized from occupancy
+// on every SM, FC2 rows go home from the FC2 tile itself, and a forward is a chain of kernels.
 struct Knobs {
+  // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
+  // warps from a staging pool, or stored by the epilogue).
   TokenBack token_back = TokenBack::epilogue_warps;
-  std::int32_t block_m = 64;        // expert GEMM tile rows: 64 or 128
-  std::int32_t block_n = 128;       // expert GEMM tile columns: 64, 128 or 256
-  std::int32_t stages = 4;          // shared-memory pipeline depth: 2..8
-  std::int32_t dispatch_warps = 4;  // warps per CTA that push rows over NVLink: 1..16
-  std::int32_t num_sms = 0;         // SMs the layer may occupy; 0 = all
-  bool megakernel = false;          // one persistent launch per forward
+  // not read yet: reserved for the sm90 expert GEMMs' tile rows: 64 or 128.
+  std::int32_t block_m = 64;
+  // not read yet: reserved for the sm90 expert GEMMs' tile columns: 64, 128 or 256.
+  std::int32_t block_n = 128;
+  // not read yet: reserved for the sm90 expert GEMMs' shared-memory pipeline depth: 2..8.
+  std::int32_t stages = 4;
+  // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
+  std::int32_t dispatch_warps = 4;
+  // not read yet: reserved for the SMs the layer may occupy; 0 = all.
+  std::int32_t num_sms = 0;
+  // not read yet: reserved for one persistent launch per forward (the megakernel).
+  bool megakernel = false;
 
   bool operator==(const Knobs&) const = default;
 };
@@ -92,7 +107,8 @@ struct KnobSpace {
 };
 inline constexpr KnobSpace kKnobSpace{};
 
-// Shared memory one CTA may use on sm_90 (227 KiB); stages are reduced to fit.
+// Shared memory one CTA may use on sm_90 (227 KiB); with_knobs reduces the reserved `stages` knob
+// until the estimated footprint of the planned GEMM tiles fits.
 inline constexpr std::int64_t kMaxSharedMemoryBytes = 227 * 1024;
 
 class LayerConfig {
@@ -105,14 +121,16 @@ class LayerConfig {
   std::int64_t local_experts() const { return shape_.num_experts / world_; }
   int expert_owner(std::int64_t expert) const { return static_cast<int>(expert / local_experts()); }
 
-  // The knobs a launch with `tokens` rows uses (bucket picked from T, never from max_tokens).
+  // The knobs of the bucket a launch with `tokens` rows falls in (picked from T, never from
+  // max_tokens). No executor reads them yet (see Knobs).
   const Knobs& knobs_for(std::int64_t tokens) const;
   const Knobs& knobs(TokenBucket bucket) const { return knobs_[static_cast<int>(bucket)]; }
 
   // Bytes of the symmetric window one rank registers for this layer (same on every rank).
   std::size_t workspace_bytes() const;
 
-  // A stable one-line description, compared across ranks at layer creation.
+  // A stable one-line description, compared across ranks at layer creation. Knobs that no code
+  // reads yet are marked "(not read yet)".
   std::string describe() const;
 
  private:
@@ -135,7 +153,8 @@ LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, 
 
 // Applies tuned knobs (to one bucket, or to all when `bucket` is empty). Knobs outside kKnobSpace
 // are rejected; knobs inside it are adjusted, never rejected, where they conflict with a
-// caller-owned field or with the hardware (e.g. stages reduced to fit shared memory).
+// caller-owned field or with the hardware (e.g. stages reduced to fit shared memory). No executor
+// reads the knobs yet (see Knobs), so the result runs exactly as `config` does.
 LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
                        std::optional<TokenBucket> bucket = std::nullopt);
 

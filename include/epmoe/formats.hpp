@@ -50,7 +50,9 @@ const char* to_string(Nvfp4ScaleGroup group);
 // scales:        rows * (cols / 16) bytes, E4M3 block-scale codes.
 // tensor_scales: written; 1 float (per_tensor) or rows floats (per_row), the s_enc used.
 // NaN and ±Inf are left out of the group amax; a block holding one gets the NaN block scale 0x7F
-// and decodes to NaNs.
+// and decodes to NaNs. Every other code is CUDA's conversion of docs/formats.md's steps, bit for
+// bit, signed zero included: a negative value that rounds to zero (also in a block whose scale
+// rounds to zero) is 0x8, -0.
 void quantize_nvfp4(const float* x, std::int64_t rows, std::int64_t cols, Nvfp4ScaleGroup group,
                     std::uint8_t* packed, std::uint8_t* scales, float* tensor_scales);
 

@@ -561,7 +561,8 @@ def quantize_nvfp4(
     one expert's matrix); ``"per_row"``: one per row (activations), tensor_scales has one per row.
     ``tensor_scale``: a static s_enc (per_tensor only). A value decodes as
     e2m1 * block_scale / s_enc. Element c of a row is in byte c//2, low nibble when c is even.
-    Outputs live where x does; ``out=(packed, scales, tensor_scales)`` writes into given arrays.
+    Codes are CUDA's conversion (``__nv_cvt_float2_to_fp4x2``) bit for bit, signed zero included:
+    a negative value that rounds to zero is code 0x8 (-0). Outputs live where x does; ``out=(packed, scales, tensor_scales)`` writes into given arrays.
     """
     fn = "quantize_nvfp4"
     kind = _kind(x)

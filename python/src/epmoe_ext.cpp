@@ -758,7 +758,10 @@ NB_MODULE(_epmoe, m) {
       .def("expert_owner", &LayerConfig::expert_owner, "expert"_a)
       .def("workspace_bytes", &LayerConfig::workspace_bytes,
            "Bytes of the symmetric window one rank registers for this layer.")
-      .def("describe", &LayerConfig::describe)
+      .def("describe", &LayerConfig::describe,
+           "One stable line with every field but rank (shape, precision, world, options, the knobs "
+           "of every token bucket), compared across ranks at layer creation. Knobs no kernel reads "
+           "yet are marked \"(not read yet)\": they are reserved (docs/tuning.md).")
       .def("__repr__", [](const LayerConfig& c) { return "LayerConfig(" + c.describe() + ")"; });
 
   m.def("make_config", &make_config_py, "shape"_a, "precision"_a = "bf16", "rank"_a = 0,

@@ -15,8 +15,9 @@ namespace epmoe::core {
 // K extent of one pipeline stage of the expert GEMMs (elements along the reduction dimension).
 inline constexpr std::int64_t kKTile = 64;
 
-// Estimated shared memory of one CTA of the expert GEMM for `knobs` (see knob_table.cpp for the
-// formula). An estimate for choosing stages; kernels check their exact footprint themselves.
+// Estimated shared memory of one CTA of the planned sm90 expert GEMM for `knobs` (see
+// knob_table.cpp for the formula), used to choose stages. No kernel reads block_m / block_n /
+// stages yet; the tile kernels that run today have fixed footprints of their own.
 std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std::int32_t block_n,
                                  std::int32_t stages);
 inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs) {
@@ -38,7 +39,7 @@ void check_knob_space(const Knobs& knobs);
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
-// `notes` (may be null) receives one line per change, for `epmoe tune` and logs.
+// `notes` (may be null) receives one line per change, for logs (and a future `epmoe tune`).
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
                    const LayerOptions& options, std::vector<std::string>* notes = nullptr);
 

@@ -127,8 +127,9 @@ EPMOE_HD float e8m0_to_float(std::uint8_t c) {
 }
 
 // ---- FP4 E2M1: s ee m, bias 1, values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}; no NaN, no Inf. ----
-// Encoding: round to nearest even, saturating at ±6 (±Inf → ±6); NaN → +6 (0x7), as
-// cuda_fp4.h does. Blocks with NaN/Inf never reach this function (see nvfp4_encode_block).
+// Encoding: round to nearest even, saturating at ±6 (±Inf → ±6); NaN → +6 (0x7); underflow keeps
+// the sign (-0 = 0x8): bit for bit __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest).
+// Blocks with NaN/Inf never reach this function (see nvfp4_encode_block).
 EPMOE_HD float e2m1_to_float(std::uint8_t nibble) {
   const std::uint32_t exp = (nibble >> 1) & 0x3u;
   const std::uint32_t man = nibble & 0x1u;
@@ -288,8 +289,12 @@ EPMOE_HD float nvfp4_group_amax(const float* x, std::int64_t n) {
 // element is 0). Steps, each rounded to fp32:
 //   block_scale = e4m3((amax(block) / 6) * s_enc)          RNE, saturating at 448
 //   element     = e2m1((x * s_enc) / float(block_scale))   RNE, saturating at ±6
-// A block with NaN or ±Inf (or a NaN block scale) gets block scale 0x7F (NaN) and elements 0; a
-// block scale that rounds to zero gives elements 0. s_enc must be positive and finite.
+// A block with NaN or ±Inf (or a NaN block scale) gets block scale 0x7F (NaN) and elements 0. A
+// block scale that rounds to zero gives element i = e2m1(x_i * 0), the zero of x_i's sign (0x8 for
+// a negative x_i, -0 included): what cuda_fp4.h's conversion gives for the scaled element when the
+// reciprocal of a zero block scale is taken as 0, as CUDA's NVFP4 quantize kernels do. So every
+// element of a finite block is bit for bit __nv_cvt_float2_to_fp4x2 (RN) of its scaled value.
+// s_enc must be positive and finite.
 EPMOE_HD void nvfp4_encode_block(const float* x, int n, float s_enc, std::uint8_t* packed,
                                  std::uint8_t* block_scale) {
   for (int i = 0; i < (n + 1) / 2; ++i) packed[i] = 0;
@@ -297,15 +302,20 @@ EPMOE_HD void nvfp4_encode_block(const float* x, int n, float s_enc, std::uint8_
   const std::uint8_t bs =
       amax_bits >= kF32InfBits ? kE4m3Nan : float_to_e4m3(bits_float(amax_bits) / kE2m1Max * s_enc);
   *block_scale = bs;
+  if (e4m3_is_nan(bs)) return;
   const float bs_value = e4m3_to_float(bs);
-  if (e4m3_is_nan(bs) || bs_value == 0.0f) return;
   for (int i = 0; i < n; ++i) {
-    const std::uint8_t q = float_to_e2m1(x[i] * s_enc / bs_value);
+    // NOTES: x_i * 0 is written as the sign bit alone (x_i is finite here), so no compiler flag
+    // (no-signed-zeros, fast math) can turn -0 into +0.
+    const float scaled =
+        bs_value == 0.0f ? bits_float(float_bits(x[i]) & ~kF32AbsMask) : x[i] * s_enc / bs_value;
+    const std::uint8_t q = float_to_e2m1(scaled);
     packed[i / 2] = static_cast<std::uint8_t>(packed[i / 2] | (q << ((i & 1) * 4)));
   }
 }
 
-// out = (e2m1 * block_scale) / s_enc; a NaN block scale gives n NaNs.
+// out = (e2m1 * block_scale) / s_enc; a NaN block scale gives n NaNs. Code 0x8 decodes to -0 (a
+// zero block scale too: -0 * 0 / s_enc = -0), so a zero keeps its sign through a round trip.
 EPMOE_HD void nvfp4_decode_block(const std::uint8_t* packed, std::uint8_t block_scale, float s_enc,
                                  int n, float* out) {
   const float bs_value = e4m3_to_float(block_scale);

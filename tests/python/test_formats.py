@@ -114,6 +114,30 @@ def test_nvfp4_round_trip_error(group):
     assert rel < 0.15
 
 
+def nvfp4_codes(packed):
+    """[..., cols/2] packed bytes -> [..., cols] E2M1 codes (element 2i in the low nibble)."""
+    return np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
+def test_nvfp4_zero_block_scale_keeps_each_elements_sign():
+    """A block whose scale rounds to zero (all zeros, or tiny next to the group's amax) encodes
+    each element as the zero of its sign, -0.0 included (code 0x8), as CUDA's conversion does;
+    decoding gives back that signed zero."""
+    x = np.zeros((2, 32), np.float32)
+    x[0, 16:] = 1.0  # row 0: one all-zero block (with -0.0s) next to a block of ones
+    x[0, 1:16:2] = -0.0
+    x[1, 16] = 1e30  # row 1 under one per-tensor scale: block 0 underflows
+    x[1, :16] = np.linspace(-1e-10, 1e-10, 16, dtype=np.float32)
+    for group in ("per_tensor", "per_row"):
+        packed, scales, s_enc = epmoe.quantize_nvfp4(x, group)
+        assert scales[0, 0] == 0 and scales[1, 0] == 0, group
+        codes = nvfp4_codes(packed)[:, :16]
+        np.testing.assert_array_equal(codes, np.where(np.signbit(x[:, :16]), 0x8, 0x0))
+        y = epmoe.dequantize_nvfp4(packed, scales, s_enc)[:, :16]
+        assert (y == 0).all()
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(x[:, :16]))
+
+
 def test_nvfp4_static_tensor_scale_and_row_scales():
     x = random((4, 32), seed=4)
     packed, scales, s_enc = epmoe.quantize_nvfp4(x, "per_tensor", tensor_scale=100.0)

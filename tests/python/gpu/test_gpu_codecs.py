@@ -62,6 +62,7 @@ def edge_matrix(cols=128, seed=0):
     row([FLT_MAX, -FLT_MAX, 1.0, -1.0])
     row([1e-45, -1e-45, 1e-40, 2.0**-126, 2.0**-127, 0.0])  # fp32 subnormals
     row([448.0, 449.0, 464.0, 480.0, 2.0**-9, 2.0**-10, 3 * 2.0**-11, 6.0, 5.0, 0.25, 0.75])
+    row([1e30, -1e-10, 1e-10, -0.0, 0.0, -3e-12, -0.1])  # NVFP4 zero block scales, signed zeros
     r = rng.standard_normal(cols).astype(np.float32)
     r[5] = np.nan
     rows.append(r)
@@ -148,6 +149,33 @@ def test_edge_values_bit_exact():
     outputs = all_codecs(torch.from_numpy(x_host).to(dev()))
     torch.cuda.synchronize()
     check_all(outputs, x_host, "edge values")
+
+
+def nvfp4_codes(packed):
+    """[..., cols/2] packed bytes -> [..., cols] E2M1 codes (element 2i in the low nibble)."""
+    return np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
+def test_nvfp4_zero_block_scales_keep_each_elements_sign():
+    """A block whose scale rounds to zero encodes each element as the zero of its sign (-0 is
+    0x8), as CUDA's conversion of the element scaled by 0 gives (docs/formats.md); it decodes to
+    that signed zero. Checked on the device's own bytes, not only against the host's."""
+    x_host = np.zeros((2, 32), np.float32)
+    x_host[0, 1:16:2] = -0.0  # row 0: an all-zero block with -0.0s, then a block of ones
+    x_host[0, 16:] = 1.0
+    x_host[1, 16] = 1e30  # row 1: block 0 underflows next to a huge value
+    x_host[1, :16] = np.linspace(-1e-10, 1e-10, 16, dtype=np.float32)
+    want = np.where(np.signbit(x_host[:, :16]), 0x8, 0x0)
+    for group in ("per_tensor", "per_row"):
+        with no_host_sync():
+            p, s, t = epmoe.quantize_nvfp4(torch.from_numpy(x_host).to(dev()), group)
+            y = epmoe.dequantize_nvfp4(p, s, t)
+        torch.cuda.synchronize()
+        assert (host(s)[:, 0] == 0).all(), group
+        np.testing.assert_array_equal(nvfp4_codes(p.cpu().numpy())[:, :16], want)
+        y = host(y)[:, :16]
+        assert (y == 0).all(), group
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(x_host[:, :16]))
 
 
 def test_grid_stride_loops_bit_exact():

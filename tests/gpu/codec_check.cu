@@ -1,0 +1,160 @@
+// Kernels of codec_check.hpp: codec.hpp's encoders against cuda_fp4.h / cuda_fp8.h, both on the
+// device. On sm_90 the fp4 conversion is CUDA's own emulation (sm_100 has the instruction); the fp8
+// one is the cvt.rn.satfinite.e4m3x2.f32 instruction.
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "formats/codec.hpp"
+#include "formats/codec_device.hpp"
+#include "gpu/codec_check.hpp"
+
+namespace epmoe::test {
+namespace {
+
+using namespace formats;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+constexpr int kThreads = 256;
+constexpr int kBlocks = 4096;
+constexpr std::uint64_t kPositivePatterns = std::uint64_t{1} << 31;  // x >= +0; -x covers the rest
+
+struct DeviceCount {
+  unsigned long long count;
+  unsigned int first_bits;
+};
+
+__device__ void record(DeviceCount* out, std::uint32_t bits) {
+  atomicAdd(&out->count, 1ull);
+  atomicMin(&out->first_bits, bits);
+}
+
+__global__ void e2m1_vs_cuda_kernel(DeviceCount* out) {
+  for (std::uint64_t u = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+       u < kPositivePatterns; u += std::uint64_t{gridDim.x} * blockDim.x) {
+    const float x = bits_float(static_cast<std::uint32_t>(u));
+    const float neg = bits_float(static_cast<std::uint32_t>(u) | 0x80000000u);
+    const unsigned ours = float_to_e2m1(x) | (unsigned{float_to_e2m1(neg)} << 4);
+    const unsigned cuda =
+        __nv_cvt_float2_to_fp4x2(make_float2(x, neg), __NV_E2M1, cudaRoundNearest);
+    if (ours != cuda) record(out, static_cast<std::uint32_t>(u));
+  }
+}
+
+__device__ bool e4m3_agrees(float x, std::uint8_t ours, std::uint8_t cuda) {
+  const bool nan = (float_bits(x) & kF32AbsMask) > kF32InfBits;
+  return nan ? ours == kE4m3Nan && e4m3_is_nan(cuda) : ours == cuda;
+}
+
+__global__ void e4m3_vs_cuda_kernel(DeviceCount* out) {
+  for (std::uint64_t u = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x;
+       u < kPositivePatterns; u += std::uint64_t{gridDim.x} * blockDim.x) {
+    const float x = bits_float(static_cast<std::uint32_t>(u));
+    const float neg = bits_float(static_cast<std::uint32_t>(u) | 0x80000000u);
+    const unsigned cuda = __nv_cvt_float2_to_fp8x2(make_float2(x, neg), __NV_SATFINITE, __NV_E4M3);
+    if (!e4m3_agrees(x, float_to_e4m3(x), static_cast<std::uint8_t>(cuda & 0xffu)) ||
+        !e4m3_agrees(neg, float_to_e4m3(neg), static_cast<std::uint8_t>(cuda >> 8)))
+      record(out, static_cast<std::uint32_t>(u));
+  }
+}
+
+// One thread per block of 16: the steps of docs/formats.md, each rounded by a CUDA conversion.
+__global__ void nvfp4_cuda_reference_kernel(const float* x, std::int64_t nblocks,
+                                            std::int64_t blocks_per_row, const float* s_enc,
+                                            bool per_row, std::uint8_t* packed,
+                                            std::uint8_t* scales) {
+  for (std::int64_t b = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; b < nblocks;
+       b += std::int64_t{gridDim.x} * blockDim.x) {
+    const float* xb = x + b * kNvfp4Block;
+    const float s = s_enc[per_row ? b / blocks_per_row : 0];
+    float amax = 0.0f;
+    for (int i = 0; i < kNvfp4Block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+    const __nv_fp8_storage_t bs = __nv_cvt_float_to_fp8(amax / 6.0f * s, __NV_SATFINITE, __NV_E4M3);
+    const float bs_value = __half2float(__half(__nv_cvt_fp8_to_halfraw(bs, __NV_E4M3)));
+    scales[b] = bs;
+    for (int i = 0; i < kNvfp4Block; i += 2) {
+      // NOTES: a zero block scale scales by 0, as CUDA's NVFP4 quantize kernels do.
+      const float2 q = bs_value == 0.0f
+                           ? make_float2(xb[i] * 0.0f, xb[i + 1] * 0.0f)
+                           : make_float2(xb[i] * s / bs_value, xb[i + 1] * s / bs_value);
+      packed[b * (kNvfp4Block / 2) + i / 2] =
+          __nv_cvt_float2_to_fp4x2(q, __NV_E2M1, cudaRoundNearest);
+    }
+  }
+}
+
+Disagreements run_every_float(void (*kernel)(DeviceCount*)) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  DeviceCount* d = nullptr;
+  check(cudaMalloc(&d, sizeof *d), "cudaMalloc");
+  const DeviceCount init{0, 0xffffffffu};
+  check(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice), "cudaMemcpy");
+  kernel<<<kBlocks, kThreads>>>(d);
+  check(cudaGetLastError(), "launch");
+  DeviceCount h{};
+  check(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaFree(d), "cudaFree");
+  return {h.count, h.first_bits};
+}
+
+template <class T>
+T* device_alloc(std::size_t n) {
+  T* p = nullptr;
+  check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+  return p;
+}
+
+template <class T>
+std::vector<T> to_host(const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  check(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return v;
+}
+
+}  // namespace
+
+Disagreements e2m1_vs_cuda_on_every_float() {
+  return run_every_float(e2m1_vs_cuda_kernel);
+}
+
+Disagreements e4m3_vs_cuda_on_every_float() {
+  return run_every_float(e4m3_vs_cuda_kernel);
+}
+
+void nvfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                     Nvfp4ScaleGroup group, Nvfp4Bytes* library, Nvfp4Bytes* cuda) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const std::int64_t nblocks = rows * cols / kNvfp4Block;
+  const bool per_row = group == Nvfp4ScaleGroup::per_row;
+  const std::size_t n_scales = per_row ? static_cast<std::size_t>(rows) : 1;
+  float* dx = device_alloc<float>(n);
+  float* s_enc = device_alloc<float>(n_scales);
+  std::uint8_t* packed[2] = {device_alloc<std::uint8_t>(n / 2), device_alloc<std::uint8_t>(n / 2)};
+  std::uint8_t* scales[2] = {device_alloc<std::uint8_t>(n / kNvfp4Block),
+                             device_alloc<std::uint8_t>(n / kNvfp4Block)};
+  check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  quantize_nvfp4_cuda({"quantize_nvfp4", "x", 0, nullptr}, dx, rows, cols, group, nullptr,
+                      packed[0], scales[0], s_enc);
+  nvfp4_cuda_reference_kernel<<<kBlocks, kThreads>>>(dx, nblocks, cols / kNvfp4Block, s_enc,
+                                                     per_row, packed[1], scales[1]);
+  check(cudaGetLastError(), "launch");
+  Nvfp4Bytes* out[2] = {library, cuda};
+  for (int k = 0; k < 2; ++k) {
+    out[k]->packed = to_host(packed[k], n / 2);
+    out[k]->scales = to_host(scales[k], n / kNvfp4Block);
+    out[k]->s_enc = to_host(s_enc, n_scales);
+    check(cudaFree(packed[k]), "cudaFree");
+    check(cudaFree(scales[k]), "cudaFree");
+  }
+  check(cudaFree(dx), "cudaFree");
+  check(cudaFree(s_enc), "cudaFree");
+}
+
+}  // namespace epmoe::test

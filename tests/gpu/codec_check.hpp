@@ -1,0 +1,40 @@
+// Device-side checks of the codecs against the device conversions of cuda_fp4.h / cuda_fp8.h
+// (codec_check.cu holds the kernels; gpu_codec_test.cpp the tests). The host side of the same
+// comparisons is tests/formats_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epmoe/formats.hpp"
+
+namespace epmoe::test {
+
+// How many inputs gave different bytes, and the fp32 bits of the smallest such input.
+struct Disagreements {
+  std::uint64_t count = 0;
+  std::uint32_t first_bits = 0xffffffffu;
+};
+
+// Every fp32 bit pattern x, on the device: codec.hpp's float_to_e2m1 of (x, -x) packed as one
+// byte against __nv_cvt_float2_to_fp4x2({x, -x}, __NV_E2M1, cudaRoundNearest).
+Disagreements e2m1_vs_cuda_on_every_float();
+
+// Every fp32 bit pattern x: float_to_e4m3 of (x, -x) against __nv_cvt_float2_to_fp8x2({x, -x},
+// __NV_SATFINITE, __NV_E4M3); for a NaN both must give a NaN code (CUDA's may carry the sign).
+Disagreements e4m3_vs_cuda_on_every_float();
+
+struct Nvfp4Bytes {
+  std::vector<std::uint8_t> packed;  // [rows, cols / 2]
+  std::vector<std::uint8_t> scales;  // [rows, cols / 16]
+  std::vector<float> s_enc;          // 1 (per_tensor) or rows (per_row)
+};
+
+// x: [rows, cols] finite floats in host memory, quantized on device 0 twice: `library` by epmoe's
+// CUDA codec (quantize_nvfp4_cuda), `cuda` by a kernel that runs the documented steps with
+// cuda_fp8.h / cuda_fp4.h conversions (block scale e4m3((amax / 6) * s_enc), elements
+// e2m1((x * s_enc) / block_scale), or e2m1(x * 0) when the block scale is 0) on library's s_enc.
+void nvfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                     Nvfp4ScaleGroup group, Nvfp4Bytes* library, Nvfp4Bytes* cuda);
+
+}  // namespace epmoe::test
