@@ -77,8 +77,8 @@ StressCommand add_stress_command(CLI::App& parent) {
   auto o = std::make_shared<stress::Options>();
   CLI::App* cmd = parent.add_subcommand(
       "stress",
-      "hammer the CPU executor: ranks at their own pace, long runs of T == 0, mixed routing, "
-      "optional faults; sampled rounds checked against the emulating reference");
+      "hammer a layer on the CPU or CUDA executor: ranks at their own pace, long runs of T == 0, "
+      "mixed routing, optional faults; sampled rounds checked against the emulating reference");
   stress::add_options(*cmd, *o);
   return StressCommand{cmd, [o] { return stress::run(*o); }};
 }
