@@ -20,10 +20,10 @@ namespace {
 
 // What the rank threads share.
 struct ThreadRun {
-  ThreadRun(const Options& o_, const Setup& s_, Cluster& cluster_)
-      : o(o_),
-        s(s_),
-        cluster(cluster_),
+  ThreadRun(const Options& options, const Setup& setup, Cluster& ranks)
+      : o(options),
+        s(setup),
+        cluster(ranks),
         live(static_cast<std::size_t>(o.ranks)),
         stats(static_cast<std::size_t>(o.ranks)),
         recovery(o.ranks, s.fault, o.timeout_ms),
