@@ -72,12 +72,16 @@ std::vector<std::uint16_t> Cluster::forward(int rank, const reference::Batch& ba
     return device_[static_cast<std::size_t>(rank)]->forward(l, batch, device_ms);
 #endif
   (void)device_ms;
-  const LayerShape& s = l.config().shape();
+  return host_forward(l, batch);
+}
+
+std::vector<std::uint16_t> host_forward(Layer& layer, const reference::Batch& batch) {
+  const LayerShape& s = layer.config().shape();
   std::vector<std::uint16_t> y(static_cast<std::size_t>(batch.tokens * s.hidden));
-  l.forward(view(batch.x.data(), DType::bf16, {batch.tokens, s.hidden}),
-            view(batch.topk_ids.data(), DType::i32, {batch.tokens, s.top_k}),
-            view(batch.topk_weights.data(), DType::f32, {batch.tokens, s.top_k}),
-            view(y.data(), DType::bf16, {batch.tokens, s.hidden}));
+  layer.forward(view(batch.x.data(), DType::bf16, {batch.tokens, s.hidden}),
+                view(batch.topk_ids.data(), DType::i32, {batch.tokens, s.top_k}),
+                view(batch.topk_weights.data(), DType::f32, {batch.tokens, s.top_k}),
+                view(y.data(), DType::bf16, {batch.tokens, s.hidden}));
   return y;
 }
 

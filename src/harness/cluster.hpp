@@ -45,6 +45,10 @@ class Cluster {
   std::unique_ptr<reference::ReferenceModel> reference_;
 };
 
+// One forward() of a CPU-executor layer on a host batch (what Cluster::forward does there), for a
+// rank that lives outside a Cluster. Returns y [T, H] bf16.
+std::vector<std::uint16_t> host_forward(Layer& layer, const reference::Batch& batch);
+
 // This rank's slice of the layer's weights, as the views Layer takes.
 ExpertWeights local_weight_views(const reference::LayerWeights& weights, const LayerShape& shape,
                                  int rank, int world);
