@@ -183,24 +183,21 @@ class HostLayer final : public LayerImpl {
   void run_experts(const std::vector<std::uint32_t>& rows_from, const Session& session) {
     const LayerShape& s = shape();
     const auto h = static_cast<std::size_t>(s.hidden);
+    const protocol::RowLimits limits{s.max_tokens_per_rank, s.top_k, config().local_experts()};
     std::vector<float> x(h), out(h), scratch;
     for (int src = 0; src < layout_.world; ++src) {
       for (std::uint32_t r = 0; r < rows_from[static_cast<std::size_t>(src)]; ++r) {
         const std::uint8_t* row = window(rank_) + layout_.recv_row(round_, src, r);
         protocol::WireRowHeader header;
         std::memcpy(&header, row, sizeof header);
-        if (header.round != round_ || header.token < 0 || header.token >= s.max_tokens_per_rank ||
-            header.num_entries < 1 || header.num_entries > s.top_k)
+        const auto* entries =
+            reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+        if (!protocol::received_row_valid(header, entries, round_, limits))
           fail_payload(src, header, session);
         protocol::decode_payload(row + protocol::wire_payload_offset(s.top_k), s.hidden,
                                  config().precision(), header.row_scale, x.data());
-        const auto* entries =
-            reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
         for (std::int32_t i = 0; i < header.num_entries; ++i) {
           const protocol::WireEntry entry = entries[i];
-          if (entry.local_expert < 0 || entry.local_expert >= config().local_experts() ||
-              entry.slot < 0 || entry.slot >= s.top_k)
-            fail_payload(src, header, session);
           const auto e = static_cast<std::size_t>(entry.local_expert);
           const math::ExpertMatrices expert{
               experts_.w13.data() + e * static_cast<std::size_t>(2 * s.intermediate * s.hidden),
