@@ -8,6 +8,7 @@
 #include "cuda/experts.hpp"
 #include "cuda/experts_gemm.cuh"
 #include "cuda/experts_mma.cuh"
+#include "protocol/token_back.hpp"
 #include "protocol/wire.hpp"
 
 namespace epmoe::cuda {
@@ -15,29 +16,15 @@ namespace {
 
 using namespace experts;
 
-// Where a row's result goes: the home rank, its token and top-k slot, and the router weight.
-struct HomeSlot {
-  std::int32_t src;
-  std::int32_t token;
-  std::int32_t slot;
-  float weight;
-};
+using protocol::HomeSlot;
 
-// One result element home: staged, bf16 into the home rank's [token, slot] combine row;
-// in-kernel reduce, weight x out added into the home rank's fp32 accumulator.
+// One result element home (protocol/token_back.hpp): staged, bf16 into the home rank's
+// [token, slot] combine row; in-kernel reduce, weight x out added into its fp32 accumulator.
 __device__ inline void send_home(const ForwardParams& p, const HomeSlot& home, std::int64_t c,
                                  float out) {
-  std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
-  if (p.combine == Combine::staged) {
-    auto* dst = reinterpret_cast<std::uint16_t*>(
-        combine +
-        static_cast<std::size_t>(home.token * p.top_k + home.slot) * p.layout.combine_row_bytes);
-    dst[c] = formats::float_to_bf16(out);
-  } else {
-    auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
-                                                       p.layout.combine_row_bytes);
-    protocol::add_relaxed(&sum[c], home.weight * out);
-  }
+  protocol::send_home(
+      protocol::combine_buffer(p.peer_windows[home.rank], p.layout, p.top_k, p.combine), home, c,
+      out);
 }
 
 // Exact math: float64 tile (experts_gemm.cuh); tensor cores: bf16 mma tile (experts_mma.cuh).
@@ -65,10 +52,9 @@ __global__ void __launch_bounds__(kThreads, kTensorCores ? 2 : 1) fc2_kernel(For
           window + p.layout.recv_row(start.round, pair_src(pair), pair_row(pair));
       const auto* entries =
           reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-      const protocol::WireEntry entry = entries[pair_entry(pair)];
-      home_of[threadIdx.x] =
-          HomeSlot{pair_src(pair), reinterpret_cast<const protocol::WireRowHeader*>(row)->token,
-                   entry.slot, entry.weight};
+      home_of[threadIdx.x] = protocol::home_slot(
+          pair_src(pair), *reinterpret_cast<const protocol::WireRowHeader*>(row),
+          entries[pair_entry(pair)]);
     }
     __syncthreads();
     // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
