@@ -10,14 +10,21 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <future>
 #include <optional>
+#include <thread>
 
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "host/host_group.hpp"
+#include "protocol/atomics.hpp"
+#include "protocol/message.hpp"
+#include "protocol/wire.hpp"
+#include "protocol/workspace.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -168,6 +175,78 @@ TEST_F(FaultTest, ResetWithoutEveryRankTimesOutInsteadOfHanging) {
   }
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.0);
   expect_recovers();
+}
+
+// I4 on the receiving side: a count above max_tokens_per_rank (more rows than the sender's receive
+// block holds) is a protocol violation named at once, never a read past the block. Rank 1 is played
+// by the test: it joins the layer's windows, fills its receive block on rank 0 with valid rows plus
+// one valid-looking row just past it, and announces one row too many. Read, those rows would be
+// computed on and rank 0 would time out waiting for rank 1's done instead.
+TEST(ReceivedCounts, CountAboveMaxTokensIsAViolationNamedAtOnceNotAReadPastTheBlock) {
+  constexpr int kWorld = 2;
+  constexpr std::uint32_t kRound = protocol::kFirstRound;
+  LayerOptions options;
+  options.timeout_ms = kTimeoutMs;
+  const auto weights = harness::make_random_weights(kShape, 3);
+  const LayerConfig config = make_config(kShape, Precision::bf16, 0, kWorld, options);
+  const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
+  auto group = make_host_group(kWorld);
+  auto comm = make_host_communicator(group, 0);
+  std::shared_ptr<HostLayerWindows> rank1;
+  std::thread joining([&] {
+    rank1 = group->join_layer(1, layout.total,
+                              make_config(kShape, Precision::bf16, 1, kWorld, options).describe(),
+                              std::chrono::milliseconds(10 * kTimeoutMs));
+  });
+  std::unique_ptr<Layer> layer;
+  within_seconds(20, "layer creation", [&] {
+    layer = std::make_unique<Layer>(*comm, config, local_weight_views(weights, kShape, 0, kWorld));
+  });
+  joining.join();
+
+  auto* rank0_window = reinterpret_cast<std::uint8_t*>(rank1->windows[0]);
+  const auto rows = static_cast<std::uint32_t>(kShape.max_tokens_per_rank + 1);
+  ASSERT_LE(layout.recv_row(kRound, 1, rows - 1) + layout.row_bytes, layout.total);
+  for (std::uint32_t r = 0; r < rows; ++r) {
+    std::uint8_t* row = rank0_window + layout.recv_row(kRound, 1, r);
+    std::memset(row, 0, layout.row_bytes);
+    const protocol::WireRowHeader header{static_cast<std::int32_t>(r % 8), 1, 1.0f, kRound};
+    const protocol::WireEntry entry{0, 0, 1.0f};
+    std::memcpy(row, &header, sizeof header);
+    std::memcpy(row + protocol::wire_entries_offset(), &entry, sizeof entry);
+  }
+  protocol::store_release(reinterpret_cast<std::uint64_t*>(rank0_window + layout.count_word(1)),
+                          protocol::pack_inbox(kRound, rows));
+
+  const Batch idle = harness::make_random_batch(kShape, kWorld, 0, Routing::uniform, 0, 5);
+  std::vector<std::uint16_t> y;
+  const auto start = Clock::now();
+  std::optional<Error> error;
+  within_seconds(20, "a round with a bad count", [&] {
+    try {
+      layer->forward(view(idle.x.data(), DType::bf16, {0, kShape.hidden}),
+                     view(idle.topk_ids.data(), DType::i32, {0, kShape.top_k}),
+                     view(idle.topk_weights.data(), DType::f32, {0, kShape.top_k}),
+                     view(y.data(), DType::bf16, {0, kShape.hidden}));
+    } catch (const Error& e) {
+      error = e;
+    }
+  });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  ASSERT_TRUE(error) << "rank 0 accepted a count of " << rows << " rows";
+  EXPECT_EQ(error->code(), ErrorCode::protocol_violation) << error->what();
+  EXPECT_LT(seconds, kTimeoutMs / 1000.0) << "I4: a violation is reported, not waited on";
+  const Health h = layer->health();
+  EXPECT_EQ(h.peer, 1) << h.what;
+  EXPECT_EQ(h.phase, Phase::dispatch_counts) << h.what;
+  EXPECT_EQ(h.round, kRound) << h.what;
+  // The sender is told too: rank 0's abort record is in its window, naming it.
+  const std::uint64_t abort = protocol::load_acquire(
+      reinterpret_cast<const std::uint64_t*>(rank1->windows[1] + layout.abort_word));
+  ASSERT_TRUE(protocol::abort_raised(abort));
+  EXPECT_EQ(protocol::unpack_abort(abort).culprit, 1u);
+  EXPECT_EQ(protocol::unpack_abort(abort).reporter, 0u);
 }
 
 TEST(LayerCreation, DifferentConfigsOnDifferentRanksAreCaughtAtCreation) {

@@ -1,13 +1,14 @@
 // Combine (DESIGN §3 step 7): every CTA waits until every rank's experts are done, then finishes
-// its tokens of y. Staged: the fp32 weighted sum of the bf16 FC2 rows over slots 0..K-1, in that
-// order, with no FMA contraction, so y is deterministic and equals the reference bit for bit.
-// In-kernel reduce: y is the accumulator the experts added into, rounded to bf16. The last CTA
-// advances the round.
+// its tokens of y (protocol::combined_output). Staged: the fp32 weighted sum of the bf16 FC2 rows
+// over slots 0..K-1, in that order, with no FMA contraction, so y is deterministic and equals the
+// reference bit for bit. In-kernel reduce: y is the accumulator the experts added into, rounded to
+// bf16. The last CTA advances the round.
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_common.cuh"
 #include "cuda/kernels.hpp"
+#include "protocol/token_back.hpp"
 
 namespace epmoe::cuda {
 namespace {
@@ -19,29 +20,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
                      DevicePlatform& platform) { return session.await_done(deadline, platform); });
   if (start.skip) return;
 
-  const std::uint8_t* combine = p.peer_windows[p.rank] + p.layout.combine;
+  const protocol::CombineBuffer own =
+      protocol::combine_buffer(p.peer_windows[p.rank], p.layout, p.top_k, p.combine);
   for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
-    std::uint16_t* y = p.y + t * p.hidden;
-    if (p.combine == Combine::in_kernel_reduce) {
-      const auto* acc = reinterpret_cast<const float*>(combine + static_cast<std::size_t>(t) *
-                                                                     p.layout.combine_row_bytes);
-      for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
-        y[i] = formats::float_to_bf16(acc[i]);
-      continue;
-    }
-    for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
-      float acc = 0.0f;
-      for (std::int64_t k = 0; k < p.top_k; ++k) {
-        const std::int64_t slot = t * p.top_k + k;
-        const std::int64_t id = p.ids_are_i64 ? static_cast<const std::int64_t*>(p.topk_ids)[slot]
-                                              : static_cast<const std::int32_t*>(p.topk_ids)[slot];
-        if (id < 0 || id >= p.num_experts) continue;
-        const auto* row = reinterpret_cast<const std::uint16_t*>(
-            combine + static_cast<std::size_t>(slot) * p.layout.combine_row_bytes);
-        acc = __fadd_rn(acc, __fmul_rn(p.topk_weights[slot], formats::bf16_to_float(row[i])));
-      }
-      y[i] = formats::float_to_bf16(acc);
-    }
+    // A slot has a row only if dispatch sent it: ids outside [0, E) were dropped there.
+    const auto routed = [&](std::int64_t k) {
+      const std::int64_t slot = t * p.top_k + k;
+      const std::int64_t id = p.ids_are_i64 ? static_cast<const std::int64_t*>(p.topk_ids)[slot]
+                                            : static_cast<const std::int32_t*>(p.topk_ids)[slot];
+      return id >= 0 && id < p.num_experts;
+    };
+    for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
+      p.y[t * p.hidden + i] = protocol::combined_output(own, p.topk_weights, t, i, routed);
   }
 
   if (last_cta_done(&p.state->tickets[kCombineTicket])) p.state->round = start.round + 1;

@@ -17,15 +17,16 @@
 #include "cuda/experts.hpp"
 #include "cuda/experts/inputs.hpp"
 #include "cuda/row_codec.cuh"
+#include "protocol/wire.hpp"
 
 namespace epmoe::cuda {
 namespace {
 
 using experts::kChunkRows;
 
-// A receive row past the receive buffer (a count above max_tokens), not this round's, or naming a
-// slot or expert that cannot exist: a protocol
-// violation by its writer, reported (by one thread) and never computed on. The CTA then returns.
+// A receive row that is not this round's or names a token, slot or expert that cannot exist
+// (protocol::received_row_valid): a protocol violation by its writer, reported (by one thread) and
+// never computed on. The CTA then returns. (A count above max_tokens already failed the wait.)
 __device__ void reject_row(const RoundParams& p, std::uint32_t round, int src,
                            std::uint32_t row_round) {
   if (threadIdx.x != 0) return;
@@ -101,27 +102,18 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
   std::uint32_t total = 0;
   for (int src = 0; src < p.world; ++src) total += rows_from[src];
   const std::uint8_t* window = p.peer_windows[p.rank];
+  const protocol::RowLimits limits{p.layout.max_tokens, p.top_k, p.local_experts};
   for (std::uint32_t item = blockIdx.x; item < total; item += gridDim.x) {
     int src;
     std::uint32_t r;
     locate_row(rows_from, item, src, r);
     const std::uint8_t* row = window + p.layout.recv_row(round, src, r);
     const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
-    if (r >= p.layout.max_tokens || header.round != round || header.token < 0 ||
-        header.token >= p.layout.max_tokens || header.num_entries < 1 ||
-        header.num_entries > p.top_k) {
-      reject_row(p, round, src, header.round);
-      return;
-    }
     const auto* entries =
         reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-    for (std::int32_t n = 0; n < header.num_entries; ++n) {
-      const protocol::WireEntry entry = entries[n];
-      if (entry.local_expert < 0 || entry.local_expert >= p.local_experts || entry.slot < 0 ||
-          entry.slot >= p.top_k) {
-        reject_row(p, round, src, header.round);
-        return;
-      }
+    if (!protocol::received_row_valid(header, entries, round, limits)) {
+      reject_row(p, round, src, header.round);
+      return;
     }
     const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
     float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);

@@ -1,6 +1,5 @@
 #include "host/host_layer.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -11,6 +10,7 @@
 #include "math/quantize.hpp"
 #include "protocol/failure.hpp"
 #include "protocol/round.hpp"
+#include "protocol/token_back.hpp"
 #include "protocol/wire.hpp"
 #include "protocol/wire_codec.hpp"
 
@@ -104,6 +104,10 @@ class HostLayer final : public LayerImpl {
   std::uint8_t* window(int rank) const { return HostPeers{windows_->windows.data()}.window(rank); }
   const LayerShape& shape() const { return config().shape(); }
   bool staged() const { return config().options().combine == Combine::staged; }
+  protocol::CombineBuffer combine_buffer(int rank) const {
+    return protocol::combine_buffer(window(rank), layout_, shape().top_k,
+                                    config().options().combine);
+  }
 
   void refuse_if_unhealthy() {
     if (!health_.ok)
@@ -191,75 +195,48 @@ class HostLayer final : public LayerImpl {
   void run_experts(const std::vector<std::uint32_t>& rows_from, const Session& session) {
     const LayerShape& s = shape();
     const auto h = static_cast<std::size_t>(s.hidden);
+    const protocol::RowLimits limits{s.max_tokens_per_rank, s.top_k, config().local_experts()};
     std::vector<float> x(h), out(h), scratch;
     for (int src = 0; src < layout_.world; ++src) {
       for (std::uint32_t r = 0; r < rows_from[static_cast<std::size_t>(src)]; ++r) {
         const std::uint8_t* row = window(rank_) + layout_.recv_row(round_, src, r);
         protocol::WireRowHeader header;
         std::memcpy(&header, row, sizeof header);
-        if (header.round != round_ || header.token < 0 || header.token >= s.max_tokens_per_rank ||
-            header.num_entries < 1 || header.num_entries > s.top_k)
+        const auto* entries =
+            reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+        if (!protocol::received_row_valid(header, entries, round_, limits))
           fail_payload(src, header, session);
         protocol::decode_payload(row + protocol::wire_payload_offset(s.top_k), s.hidden,
                                  config().precision(), header.row_scale, x.data());
-        const auto* entries =
-            reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
         for (std::int32_t i = 0; i < header.num_entries; ++i) {
           const protocol::WireEntry entry = entries[i];
-          if (entry.local_expert < 0 || entry.local_expert >= config().local_experts() ||
-              entry.slot < 0 || entry.slot >= s.top_k)
-            fail_payload(src, header, session);
           const auto e = static_cast<std::size_t>(entry.local_expert);
           const math::ExpertMatrices expert{
               experts_.w13.data() + e * static_cast<std::size_t>(2 * s.intermediate * s.hidden),
               experts_.w2.data() + e * static_cast<std::size_t>(s.hidden * s.intermediate)};
           math::expert_forward_row(x.data(), expert, s, config().precision(), config().options(),
                                    out.data(), scratch);
-          send_home(src, header.token, entry, out);
+          send_home(protocol::home_slot(src, header, entry), out);
         }
       }
     }
   }
 
-  void send_home(int home, std::int32_t token, const protocol::WireEntry& entry,
-                 const std::vector<float>& out) {
-    const auto h = static_cast<std::size_t>(shape().hidden);
-    std::uint8_t* combine = window(home) + layout_.combine;
-    if (staged()) {
-      auto* dst = reinterpret_cast<std::uint16_t*>(
-          combine +
-          static_cast<std::size_t>(token * shape().top_k + entry.slot) * layout_.combine_row_bytes);
-      for (std::size_t i = 0; i < h; ++i) dst[i] = formats::float_to_bf16(out[i]);
-    } else {
-      auto* acc = reinterpret_cast<float*>(combine + static_cast<std::size_t>(token) *
-                                                         layout_.combine_row_bytes);
-      for (std::size_t i = 0; i < h; ++i) protocol::add_relaxed(&acc[i], entry.weight * out[i]);
-    }
+  void send_home(const protocol::HomeSlot& to, const std::vector<float>& out) {
+    const protocol::CombineBuffer home = combine_buffer(to.rank);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      protocol::send_home(home, to, static_cast<std::int64_t>(i), out[i]);
   }
 
-  // Step 7 (after every done): y from the combine buffer. Staged: fixed slot order, fp32.
+  // Step 7 (after every done): y from the combine buffer (protocol/token_back.hpp).
   void finish(const ForwardArgs& args) {
-    const LayerShape& s = shape();
-    const auto h = static_cast<std::size_t>(s.hidden);
-    const std::uint8_t* combine = window(rank_) + layout_.combine;
-    std::vector<float> acc(h);
+    const protocol::CombineBuffer own = combine_buffer(rank_);
+    const std::int64_t h = shape().hidden, top_k = shape().top_k;
     for (std::int64_t t = 0; t < args.tokens; ++t) {
-      std::uint16_t* y = args.y + static_cast<std::size_t>(t) * h;
-      if (!staged()) {
-        const auto* row = reinterpret_cast<const float*>(combine + static_cast<std::size_t>(t) *
-                                                                       layout_.combine_row_bytes);
-        for (std::size_t i = 0; i < h; ++i) y[i] = formats::float_to_bf16(row[i]);
-        continue;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (std::int64_t k = 0; k < s.top_k; ++k) {
-        if (args.expert_id(t, k, s.top_k) < 0) continue;
-        const float w = args.topk_weights[static_cast<std::size_t>(t * s.top_k + k)];
-        const auto* row = reinterpret_cast<const std::uint16_t*>(
-            combine + static_cast<std::size_t>(t * s.top_k + k) * layout_.combine_row_bytes);
-        for (std::size_t i = 0; i < h; ++i) acc[i] += w * formats::bf16_to_float(row[i]);
-      }
-      for (std::size_t i = 0; i < h; ++i) y[i] = formats::float_to_bf16(acc[i]);
+      const auto routed = [&](std::int64_t k) { return args.expert_id(t, k, top_k) >= 0; };
+      for (std::int64_t i = 0; i < h; ++i)
+        args.y[static_cast<std::size_t>(t * h + i)] =
+            protocol::combined_output(own, args.topk_weights, t, i, routed);
     }
   }
 

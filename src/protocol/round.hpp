@@ -35,7 +35,9 @@ class RoundSession {
     store_release(word(dest, layout_.done_word(rank_)), pack_inbox(round_, 0));
   }
 
-  // Step 4: wait until every count_inbox[src] shows this round; rows_from[src] = rows it sent.
+  // Step 4: wait until every count_inbox[src] shows this round; rows_from[src] = rows it sent. A
+  // count above max_tokens (more rows than src's receive block holds) is a violation by src (I4),
+  // so no executor ever reads past a receive block.
   template <class Platform>
   EPMOE_HD WaitOutcome await_counts(Deadline deadline, Platform& platform,
                                     std::uint32_t* rows_from) const {
@@ -43,7 +45,10 @@ class RoundSession {
       const std::uint64_t* inbox = word(rank_, layout_.count_word(src));
       WaitOutcome w = wait_for_round(inbox, round_, src, abort_word(), deadline, platform);
       if (w.status != WaitStatus::ok) return w;
-      rows_from[src] = inbox_value(load_acquire(inbox));
+      const std::uint32_t rows = inbox_value(load_acquire(inbox));
+      if (std::int64_t{rows} > layout_.max_tokens)
+        return WaitOutcome{WaitStatus::violation, src, round_, 0};
+      rows_from[src] = rows;
     }
     return WaitOutcome{};
   }

@@ -58,4 +58,30 @@ EPMOE_HD constexpr std::size_t wire_row_bytes(Precision p, std::int64_t hidden,
   return wire_payload_offset(top_k) + align16(wire_payload_bytes(p, hidden));
 }
 
+// What a receiver checks every row against before it computes on it (DESIGN I4).
+struct RowLimits {
+  std::int64_t max_tokens;     // tokens a rank can have: a row's token is below it
+  std::int64_t top_k;          // entries a row can carry, and top-k slots a token has
+  std::int64_t local_experts;  // experts of the receiving rank
+};
+
+// I4: a received row is this round's, names a token its home rank can have, carries 1..top_k
+// entries, and each entry names a top-k slot and an expert of the receiving rank. Anything else is
+// a protocol violation by the row's writer: reported, never computed on. `entries` is read only
+// once the header is found valid. (A count above max_tokens is caught before any row is read:
+// RoundSession::await_counts.)
+EPMOE_HD bool received_row_valid(const WireRowHeader& header, const WireEntry* entries,
+                                 std::uint32_t round, const RowLimits& limits) {
+  if (header.round != round || header.token < 0 || header.token >= limits.max_tokens ||
+      header.num_entries < 1 || header.num_entries > limits.top_k)
+    return false;
+  for (std::int32_t i = 0; i < header.num_entries; ++i) {
+    const WireEntry entry = entries[i];
+    if (entry.slot < 0 || entry.slot >= limits.top_k || entry.local_expert < 0 ||
+        entry.local_expert >= limits.local_experts)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace epmoe::protocol

@@ -9,8 +9,7 @@
 
 #include "cuda/device_common.cuh"
 #include "cuda/experts/inputs.hpp"
-#include "formats/codec.hpp"
-#include "protocol/atomics.hpp"
+#include "protocol/token_back.hpp"
 #include "protocol/wire.hpp"
 
 namespace epmoe::cuda::experts {
@@ -44,41 +43,28 @@ __device__ inline std::uint32_t x_row_of_pair(const ExpertInputs& in, std::uint3
   return static_cast<std::uint32_t>(pair_src(pair) * in.max_tokens) + pair_row(pair);
 }
 
-// Where a row's result goes: the home rank, its token and top-k slot, and the router weight.
-struct HomeSlot {
-  std::int32_t src;
-  std::int32_t token;
-  std::int32_t slot;
-  float weight;
-};
+// Where a pair's result goes (protocol/token_back.hpp): the home rank, its token and top-k slot,
+// and the router weight.
+using protocol::HomeSlot;
 
 // The home slot of `pair`, read from this rank's receive row of this round (checked by route).
 __device__ inline HomeSlot home_slot(const TokenBackTarget& p, std::uint32_t round,
                                      std::uint32_t pair) {
   const std::uint8_t* row =
       p.peer_windows[p.rank] + p.layout.recv_row(round, pair_src(pair), pair_row(pair));
+  const auto* header = reinterpret_cast<const protocol::WireRowHeader*>(row);
   const auto* entries =
       reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-  const protocol::WireEntry entry = entries[pair_entry(pair)];
-  return HomeSlot{pair_src(pair), reinterpret_cast<const protocol::WireRowHeader*>(row)->token,
-                  entry.slot, entry.weight};
+  return protocol::home_slot(pair_src(pair), *header, entries[pair_entry(pair)]);
 }
 
-// One result element home: staged, bf16 into the home rank's [token, slot] combine row;
-// in-kernel reduce, weight x out added into the home rank's fp32 accumulator.
+// One result element home (protocol::send_home): staged, bf16 into the home rank's [token, slot]
+// combine row; in-kernel reduce, weight x out added into the home rank's fp32 accumulator.
 __device__ inline void send_home(const TokenBackTarget& p, const HomeSlot& home, std::int64_t c,
                                  float out) {
-  std::uint8_t* combine = p.peer_windows[home.src] + p.layout.combine;
-  if (p.combine == Combine::staged) {
-    auto* dst = reinterpret_cast<std::uint16_t*>(
-        combine +
-        static_cast<std::size_t>(home.token * p.top_k + home.slot) * p.layout.combine_row_bytes);
-    dst[c] = formats::float_to_bf16(out);
-  } else {
-    auto* sum = reinterpret_cast<float*>(combine + static_cast<std::size_t>(home.token) *
-                                                       p.layout.combine_row_bytes);
-    protocol::add_relaxed(&sum[c], home.weight * out);
-  }
+  protocol::send_home(
+      protocol::combine_buffer(p.peer_windows[home.rank], p.layout, p.top_k, p.combine), home, c,
+      out);
 }
 
 // 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one

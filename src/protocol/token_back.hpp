@@ -1,0 +1,103 @@
+// Token back (DESIGN §3 steps 5 and 7): how an expert result reaches its token's home rank, and
+// how the home rank turns what arrived into y. Written once for both executors: the CPU executor
+// calls these from its rank's thread, the CUDA kernels from fc2's epilogue and from combine.
+//
+//   combine buffer of a rank (the last region of its window, workspace.hpp)
+//     staged:           bf16 [max_tokens, top_k, hidden]  row [token, slot] written by the owner
+//                                                         of that slot's expert
+//     in_kernel_reduce: f32  [max_tokens, hidden]         weight x result added by every owner
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "epmoe/config.hpp"
+#include "formats/codec.hpp"
+#include "protocol/atomics.hpp"
+#include "protocol/wire.hpp"
+#include "protocol/workspace.hpp"
+
+namespace epmoe::protocol {
+
+// Where the results computed on one (wire row, entry) pair go: the home rank (the row's source),
+// the token and top-k slot there, and the router weight.
+struct HomeSlot {
+  std::int32_t rank;
+  std::int32_t token;
+  std::int32_t slot;
+  float weight;
+};
+
+EPMOE_HD HomeSlot home_slot(int src, const WireRowHeader& header, const WireEntry& entry) {
+  return HomeSlot{src, header.token, entry.slot, entry.weight};
+}
+
+// One rank's combine buffer, addressed the same way by every rank that writes or reads it.
+struct CombineBuffer {
+  std::uint8_t* base;     // the rank's window + layout.combine
+  std::size_t row_bytes;  // layout.combine_row_bytes
+  std::int64_t top_k;
+  Combine mode;
+
+  EPMOE_HD std::uint16_t* staged_row(std::int64_t token, std::int64_t slot) const {
+    return reinterpret_cast<std::uint16_t*>(base + static_cast<std::size_t>(token * top_k + slot) *
+                                                       row_bytes);
+  }
+  EPMOE_HD float* accumulator_row(std::int64_t token) const {
+    return reinterpret_cast<float*>(base + static_cast<std::size_t>(token) * row_bytes);
+  }
+};
+
+EPMOE_HD CombineBuffer combine_buffer(std::uint8_t* window, const WorkspaceLayout& layout,
+                                      std::int64_t top_k, Combine mode) {
+  return CombineBuffer{window + layout.combine, layout.combine_row_bytes, top_k, mode};
+}
+
+// One IEEE fp32 product / sum, each rounded on its own, never contracted into an FMA: on the GPU
+// __fmul_rn / __fadd_rn; host code is built with -ffp-contract=off (CMakeLists.txt).
+EPMOE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+EPMOE_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Step 5: element `column` of a result for `to`, sent into its home rank's buffer `home`.
+// staged: bf16(value) into row [token, slot]. in_kernel_reduce: weight x value added into the
+// token's accumulator row by a relaxed system-scope atomic (in arrival order: not deterministic).
+EPMOE_HD void send_home(const CombineBuffer& home, const HomeSlot& to, std::int64_t column,
+                        float value) {
+  if (home.mode == Combine::staged)
+    home.staged_row(to.token, to.slot)[column] = formats::float_to_bf16(value);
+  else
+    add_relaxed(&home.accumulator_row(to.token)[column], mul_rn(to.weight, value));
+}
+
+// Step 7, on the home rank once every done has arrived: y[token, column] as bf16.
+// staged: the fp32 sum of weight[k] x row[token, k][column] over the routed slots k, from 0 to
+// top_k - 1 in that order, each product and sum rounded on its own, so y is deterministic and,
+// with exact expert math, equals the reference bit for bit. in_kernel_reduce: the accumulator,
+// rounded. `routed(k)`: whether slot k of the token has an expert (so its row was sent this round).
+template <class Routed>
+EPMOE_HD std::uint16_t combined_output(const CombineBuffer& own, const float* topk_weights,
+                                       std::int64_t token, std::int64_t column, Routed routed) {
+  if (own.mode == Combine::in_kernel_reduce)
+    return formats::float_to_bf16(own.accumulator_row(token)[column]);
+  float sum = 0.0f;
+  for (std::int64_t k = 0; k < own.top_k; ++k) {
+    if (!routed(k)) continue;
+    const float value = formats::bf16_to_float(own.staged_row(token, k)[column]);
+    sum = add_rn(sum, mul_rn(topk_weights[token * own.top_k + k], value));
+  }
+  return formats::float_to_bf16(sum);
+}
+
+}  // namespace epmoe::protocol

@@ -1,0 +1,101 @@
+// The wire rules both executors call (src/protocol/wire.hpp, token_back.hpp): which received rows
+// may be computed on, how a result is sent home, and the staged sum on the home rank.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "formats/codec.hpp"
+#include "protocol/token_back.hpp"
+#include "protocol/wire.hpp"
+
+namespace epmoe::protocol {
+namespace {
+
+constexpr RowLimits kLimits{.max_tokens = 8, .top_k = 4, .local_experts = 3};
+constexpr std::uint32_t kRound = 7;
+
+TEST(ReceivedRowValid, AcceptsARowOfThisRoundWithinEveryLimit) {
+  const WireRowHeader header{7, 2, 1.0f, kRound};
+  const WireEntry entries[] = {{0, 0, 0.5f}, {3, 2, 0.5f}};
+  EXPECT_TRUE(received_row_valid(header, entries, kRound, kLimits));
+}
+
+TEST(ReceivedRowValid, RejectsEachImpossibleHeaderFieldWithoutReadingTheEntries) {
+  const WireRowHeader good{0, 1, 1.0f, kRound};
+  const std::vector<std::function<void(WireRowHeader&)>> breaks = {
+      [](WireRowHeader& h) { h.round = kRound - 1; },  // last round's row (I2)
+      [](WireRowHeader& h) { h.round = kRound + 1; },
+      [](WireRowHeader& h) { h.token = -1; },
+      [](WireRowHeader& h) { h.token = kLimits.max_tokens; },
+      [](WireRowHeader& h) { h.num_entries = 0; },
+      [](WireRowHeader& h) { h.num_entries = kLimits.top_k + 1; },
+  };
+  for (std::size_t i = 0; i < breaks.size(); ++i) {
+    WireRowHeader header = good;
+    breaks[i](header);
+    EXPECT_FALSE(received_row_valid(header, nullptr, kRound, kLimits)) << "break " << i;
+  }
+}
+
+TEST(ReceivedRowValid, RejectsAnEntryNamingASlotOrExpertThatCannotExist) {
+  const WireRowHeader header{1, 2, 1.0f, kRound};
+  for (const WireEntry bad : {WireEntry{-1, 0, 1.0f}, WireEntry{4, 0, 1.0f}, WireEntry{0, -1, 1.0f},
+                              WireEntry{0, 3, 1.0f}}) {
+    const WireEntry entries[] = {{0, 0, 1.0f}, bad};  // the second entry is the bad one
+    EXPECT_FALSE(received_row_valid(header, entries, kRound, kLimits))
+        << "slot " << bad.slot << " expert " << bad.local_expert;
+  }
+}
+
+// A combine buffer of 2 tokens x 3 slots x 4 columns (staged) or 2 tokens x 4 columns.
+struct Buffer {
+  explicit Buffer(Combine mode)
+      : bytes(2 * 3 * 4 * 4), combine{bytes.data(), mode == Combine::staged ? 8u : 16u, 3, mode} {}
+  std::vector<std::uint8_t> bytes;
+  CombineBuffer combine;
+};
+
+TEST(SendHome, StagedStoresTheBf16ResultIntoTheTokensSlotRow) {
+  Buffer b(Combine::staged);
+  const HomeSlot to = home_slot(0, WireRowHeader{1, 1, 1.0f, kRound}, WireEntry{2, 0, 0.25f});
+  send_home(b.combine, to, 3, 1.00390625f);  // 1 + 2^-8: a tie, rounds to even (1.0)
+  EXPECT_EQ(b.combine.staged_row(1, 2)[3], formats::float_to_bf16(1.0f));
+  EXPECT_EQ(b.combine.staged_row(1, 2)[2], 0u);
+  EXPECT_EQ(b.combine.staged_row(1, 1)[3], 0u);
+}
+
+TEST(SendHome, InKernelReduceAddsWeightTimesResultIntoTheTokensAccumulator) {
+  Buffer b(Combine::in_kernel_reduce);
+  const HomeSlot to{0, 1, 2, 0.5f};
+  send_home(b.combine, to, 3, 6.0f);
+  send_home(b.combine, HomeSlot{0, 1, 0, 2.0f}, 3, 1.0f);
+  EXPECT_EQ(b.combine.accumulator_row(1)[3], 5.0f);
+  EXPECT_EQ(b.combine.accumulator_row(0)[3], 0.0f);
+}
+
+TEST(CombinedOutput, StagedSumsRoutedSlotsInSlotOrderRoundingEveryStep) {
+  Buffer b(Combine::staged);
+  // Every slot's row holds 1.0; in slot order 2^25 + 1 rounds back to 2^25 and -2^25 then gives
+  // exactly 0, where any other order (or a wider sum) gives 1.
+  for (std::int64_t k = 0; k < 3; ++k) b.combine.staged_row(1, k)[0] = formats::float_to_bf16(1.0f);
+  const float weights[] = {0, 0, 0, 33554432.0f, 1.0f, -33554432.0f};
+  const auto all = [](std::int64_t) { return true; };
+  EXPECT_EQ(combined_output(b.combine, weights, 1, 0, all), formats::float_to_bf16(0.0f));
+  // Slot 2 unrouted (its id is -1): 2^25 + 1 rounds to 2^25, and nothing takes it back.
+  const auto not_slot_2 = [](std::int64_t k) { return k != 2; };
+  EXPECT_EQ(combined_output(b.combine, weights, 1, 0, not_slot_2),
+            formats::float_to_bf16(33554432.0f));
+}
+
+TEST(CombinedOutput, InKernelReduceRoundsTheAccumulatorToBf16) {
+  Buffer b(Combine::in_kernel_reduce);
+  b.combine.accumulator_row(1)[2] = 1.00390625f;
+  const float weights[6] = {};
+  EXPECT_EQ(combined_output(b.combine, weights, 1, 2, [](std::int64_t) { return true; }),
+            formats::float_to_bf16(1.0f));
+}
+
+}  // namespace
+}  // namespace epmoe::protocol
