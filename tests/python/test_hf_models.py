@@ -223,3 +223,20 @@ def test_other_activations_and_models_are_refused():
         models.model_spec(config)
     with pytest.raises(models.UnsupportedModel, match="model_type='llama'"):
         models.model_spec({"model_type": "llama"})
+
+
+def test_qwen3_example_serves_one_layer_end_to_end_on_the_cpu_executor():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "qwen3_moe_layer.py"
+    env = dict(os.environ)
+    package_parent = str(Path(epmoe.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    p = subprocess.run([sys.executable, str(example), "--cpu", "--ranks", "2", "--precision",
+                        "mxfp8"], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "T=  0 (idle)" in p.stdout and "rank 1 step 5" in p.stdout
+    assert "logits rel_l2 vs transformers" in p.stdout
