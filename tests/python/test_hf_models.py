@@ -14,7 +14,7 @@ import pytest
 
 try:
     import torch
-    import transformers
+    import transformers  # noqa: F401
 except ImportError as e:  # CI: no torch, no transformers
     pytest.skip(f"Hugging Face parity tests need torch and transformers ({e})",
                 allow_module_level=True)
