@@ -77,6 +77,7 @@ __all__ = [
     "init_from_torch_distributed",
     "known_models",
     "make_config",
+    "models",
     "nccl_communicators",
     "quantize_mxfp8",
     "quantize_nvfp4",
@@ -601,3 +602,7 @@ def dequantize_nvfp4(
                           None if group is None else _name(group),
                           _stream_handle(stream, packed, fn))
     return out
+
+
+# Hugging Face MoE blocks (Qwen3-MoE, Mixtral, DeepSeek-V3) on epmoe; imports torch only when used.
+from . import models  # noqa: E402

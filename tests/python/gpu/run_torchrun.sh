@@ -2,7 +2,8 @@
 # The Python package on the GPUs: builds the module in place with CMake (no pip: the GPU machines
 # have no network, and pip's build isolation would download) against torch's NCCL wheel, then runs
 # tests/python/gpu twice (one process driving both GPUs, then torchrun with one process per GPU)
-# and the example under torchrun. Needs python3 with torch, nanobind, pytest and numpy; nvcc,
+# and the examples under torchrun. test_gpu_hf_models.py (transformers' MoE blocks) runs at
+# world 1 in the first run and at world 2 in the second; it needs transformers. Needs python3 with torch, nanobind, pytest and numpy; nvcc,
 # cmake (ninja if present).
 #   tests/python/gpu/run_torchrun.sh
 # Logs go to $OUT (the device tool's folder) or build/pygpu-logs.
@@ -33,6 +34,7 @@ fi
 echo "built in $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi -L
+ngpu=$(nvidia-smi -L | grep -c '^GPU'); [ "$ngpu" -gt 2 ] && ngpu=2
 
 rc=0
 echo "== pytest tests/python/gpu (one process, a thread per GPU)"
@@ -52,6 +54,12 @@ timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node=2 \
   >"$out/example.log" 2>&1
 [ $? -eq 0 ] || rc=1
 grep -E "step|Error|error" "$out/example.log" | head -30
+
+echo "== torchrun examples/qwen3_moe_layer.py (a transformers Qwen3-MoE layer, ${ngpu} GPU(s))"
+timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node="$ngpu" \
+  examples/qwen3_moe_layer.py --precision mxfp8 --graph >"$out/example_qwen3.log" 2>&1
+[ $? -eq 0 ] || rc=1
+grep -E "step|Error|error" "$out/example_qwen3.log" | head -30
 
 for f in "$out"/watchdog_rank*.txt; do
   [ -s "$f" ] && { echo "== hang: $f"; head -60 "$f"; rc=1; }

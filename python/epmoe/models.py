@@ -1,0 +1,514 @@
+"""Hugging Face MoE blocks on epmoe: Qwen3-MoE, Mixtral and DeepSeek-V3 (routed experts).
+
+The router and the shared experts stay in the model (in torch); epmoe runs the routed experts.
+docs/models.md has each model's layout and router; in short, transformers 5.x keeps a block's
+routed experts fused, as epmoe wants them::
+
+    block.experts.gate_up_proj [E, 2I, H] (rows :I gate, I: up) -> w13 [E_local, 2I, H]
+    block.experts.down_proj    [E, H, I]                        -> w2  [E_local, H, I]
+
+and checkpoints on disk keep one matrix per expert (``experts.{e}.gate_proj.weight`` [I, H], or
+Mixtral's ``w1`` = gate, ``w3`` = up, ``w2`` = down), which are stacked the same way. Expert e
+lives on rank e // E_local; only this rank's experts are read. Tensors keep their dtype (bf16 as
+shipped; the layer quantizes them to its precision itself).
+
+From a block (the module object)::
+
+    moe = epmoe.models.EPMoE.from_block(comm, block, "mxfp8", max_tokens_per_rank=256)
+    y = moe(hidden)          # = block(hidden): block's router, epmoe experts, + shared experts
+
+From a checkpoint's state dict (or a lazy mapping, e.g. safetensors' ``safe_open``) and config::
+
+    moe = epmoe.models.EPMoE.from_state_dict(comm, state_dict, config, "model.layers.3.mlp",
+                                              "bf16", max_tokens_per_rank=256, device="cuda")
+
+Lower level: :func:`expert_weights` / :func:`expert_weights_from_state_dict` (this rank's
+``w13, w2``), :func:`layer_shape`, :func:`route` (the block's own router) and :class:`Router`
+(the same router from a state dict).
+
+Not supported yet, refused with :class:`UnsupportedModel`: gpt-oss (MXFP4 weights, biases, its
+clamped ``(up + 1) * gate * sigmoid(1.702 gate)`` activation, interleaved gate/up) and FP8
+checkpoints (DeepSeek-V3/R1's float8_e4m3 weights with 128x128 ``weight_scale_inv`` blocks):
+both need C++ work that is not done yet (docs/design.md §6, "Planned").
+
+torch is imported when a function here is called, not when ``epmoe`` is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Mapping, Optional
+
+from ._epmoe import Communicator, LayerShape
+
+__all__ = [
+    "EPMoE",
+    "MoeSpec",
+    "Router",
+    "SUPPORTED_MODELS",
+    "UnsupportedModel",
+    "expert_weights",
+    "expert_weights_from_state_dict",
+    "layer_shape",
+    "local_experts",
+    "model_spec",
+    "route",
+]
+
+#: model_type values (``config.model_type``) the adapters take.
+SUPPORTED_MODELS = ("qwen3_moe", "mixtral", "deepseek_v3")
+
+_FP8_WHAT = ("FP8 checkpoints (float8_e4m3 weights with 128x128 block scales, "
+             "'weight_scale_inv') are not supported yet: epmoe has no fp8_block128 weight format "
+             "(docs/design.md §6, planned). Load the bf16 weights (dequantize the checkpoint to "
+             "bf16 first) and let epmoe quantize them (precision bf16, mxfp8 or nvfp4)")
+_GPT_OSS_WHAT = ("gpt-oss is not supported yet: its experts need C++ work epmoe does not have: "
+                 "MXFP4 resident weights (mxfp4, planned in docs/design.md §6), expert biases "
+                 "(gate_up_proj_bias, down_proj_bias), and its activation "
+                 "(up + 1) * gate * sigmoid(1.702 * gate) with gate and up clamped to 7 (epmoe's "
+                 "SwiGLU is silu(gate) * up; swiglu_limit clamps only), on interleaved gate/up "
+                 "columns of a transposed gate_up_proj [E, H, 2I]")
+
+
+class UnsupportedModel(ValueError):
+    """A model, checkpoint format or layout the adapters cannot map to epmoe (yet)."""
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """What epmoe needs from a model's config (one MoE layer)."""
+
+    model_type: str  # "qwen3_moe" | "mixtral" | "deepseek_v3"
+    hidden: int
+    intermediate: int  # the routed experts' intermediate size
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float = 1.0  # DeepSeek-V3
+    n_group: int = 1  # DeepSeek-V3
+    topk_group: int = 1  # DeepSeek-V3
+    has_shared_experts: bool = False
+
+    def layer_shape(self, max_tokens_per_rank: int) -> LayerShape:
+        return LayerShape(hidden=self.hidden, intermediate=self.intermediate,
+                          num_experts=self.num_experts, top_k=self.top_k,
+                          max_tokens_per_rank=max_tokens_per_rank)
+
+
+def _cfg(config: Any) -> Any:
+    return SimpleNamespace(**config) if isinstance(config, Mapping) else config
+
+
+def _get(config: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _refuse_quantized(config: Any) -> None:
+    q = _get(config, "quantization_config")
+    if q is None:
+        return
+    method = q.get("quant_method") if isinstance(q, Mapping) else getattr(q, "quant_method", q)
+    method = str(getattr(method, "value", method)).lower()
+    if "fp8" in method:
+        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_FP8_WHAT}")
+    if "mxfp4" in method:
+        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_GPT_OSS_WHAT}")
+    raise UnsupportedModel(f"quantization_config.quant_method={method!r}: epmoe takes bf16 or f32 "
+                           "expert weights and quantizes them itself; load an unquantized "
+                           "checkpoint")
+
+
+def model_spec(config: Any) -> MoeSpec:
+    """The :class:`MoeSpec` of a transformers config (or a config.json dict). Raises
+    :class:`UnsupportedModel` for gpt-oss, FP8/quantized checkpoints, other models and
+    activations other than SiLU (epmoe computes silu(gate) * up)."""
+    config = _cfg(config)
+    model_type = str(_get(config, "model_type", default=""))
+    if model_type == "gpt_oss":
+        raise UnsupportedModel(_GPT_OSS_WHAT)
+    if model_type not in SUPPORTED_MODELS:
+        raise UnsupportedModel(f"model_type={model_type!r}: the adapters take "
+                               f"{', '.join(SUPPORTED_MODELS)}")
+    _refuse_quantized(config)
+    act = str(_get(config, "hidden_act", default="silu"))
+    if act not in ("silu", "swish"):
+        raise UnsupportedModel(f"{model_type}: hidden_act={act!r}: epmoe's experts compute "
+                               "silu(gate) * up only")
+    hidden = int(config.hidden_size)
+    if model_type == "mixtral":
+        return MoeSpec(model_type, hidden, int(config.intermediate_size),
+                       int(_get(config, "num_local_experts")),
+                       int(config.num_experts_per_tok), norm_topk_prob=True)
+    if model_type == "qwen3_moe":
+        return MoeSpec(model_type, hidden, int(config.moe_intermediate_size),
+                       int(_get(config, "num_experts")), int(config.num_experts_per_tok),
+                       norm_topk_prob=bool(_get(config, "norm_topk_prob", default=False)))
+    # deepseek_v3
+    return MoeSpec(model_type, hidden, int(config.moe_intermediate_size),
+                   int(_get(config, "n_routed_experts", "num_local_experts")),
+                   int(config.num_experts_per_tok),
+                   norm_topk_prob=bool(_get(config, "norm_topk_prob", default=True)),
+                   routed_scaling_factor=float(_get(config, "routed_scaling_factor", default=1.0)),
+                   n_group=int(_get(config, "n_group", default=1)),
+                   topk_group=int(_get(config, "topk_group", default=1)),
+                   has_shared_experts=int(_get(config, "n_shared_experts", default=0)) > 0)
+
+
+def layer_shape(config: Any, max_tokens_per_rank: int) -> LayerShape:
+    """epmoe's :class:`LayerShape` of one MoE layer of ``config``."""
+    return model_spec(config).layer_shape(max_tokens_per_rank)
+
+
+def local_experts(num_experts: int, rank: int, world: int) -> range:
+    """The experts rank ``rank`` owns: e // E_local == rank."""
+    if world < 1 or not 0 <= rank < world or num_experts % world:
+        raise ValueError(f"num_experts={num_experts}, rank={rank}, world={world}: num_experts must "
+                         "be a multiple of world and 0 <= rank < world")
+    e_local = num_experts // world
+    return range(rank * e_local, (rank + 1) * e_local)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _refuse_dtype(name: str, t: Any) -> None:
+    dtype = str(getattr(t, "dtype", ""))
+    if "float8" in dtype:
+        raise UnsupportedModel(f"{name} is {dtype}: {_FP8_WHAT}")
+    if dtype in ("torch.uint8", "uint8", "torch.int8", "int8"):
+        raise UnsupportedModel(f"{name} is {dtype} (packed quantized weights): epmoe takes bf16 "
+                               "or f32 expert weights and quantizes them itself")
+
+
+def _block_config(block: Any) -> Any:
+    for owner in (block, getattr(block, "experts", None), getattr(block, "gate", None)):
+        config = getattr(owner, "config", None)
+        if config is not None:
+            return config
+    return None
+
+
+def _block_spec(block: Any) -> MoeSpec:
+    """The spec of a transformers MoE block, from its config and the block's own attributes."""
+    name = type(block).__name__
+    experts = getattr(block, "experts", None)
+    if "GptOss" in name or "GptOss" in type(experts).__name__ or "Mxfp4" in type(experts).__name__:
+        raise UnsupportedModel(_GPT_OSS_WHAT)
+    config = _block_config(block)
+    if config is None:
+        raise UnsupportedModel(f"{name}: no config on the block or its experts; use "
+                               "from_state_dict(state_dict, config, ...) instead")
+    spec = model_spec(config)
+    gate = getattr(block, "gate", None)
+    if experts is None or gate is None:
+        raise UnsupportedModel(f"{name}: expected a MoE block with .gate (the router) and "
+                               ".experts (transformers' {Qwen3MoeSparseMoeBlock, "
+                               "MixtralSparseMoeBlock, DeepseekV3MoE}); got neither or one")
+    return spec
+
+
+def _check_shapes(spec: MoeSpec, w13: Any, w2: Any, n: int, names: str) -> None:
+    h, i = spec.hidden, spec.intermediate
+    if tuple(w13.shape) != (n, 2 * i, h) or tuple(w2.shape) != (n, h, i):
+        raise UnsupportedModel(f"{names}: this rank's w13 / w2 have shapes {tuple(w13.shape)} / "
+                               f"{tuple(w2.shape)}, expected ({n}, {2 * i}, {h}) / "
+                               f"({n}, {h}, {i}) from the config")
+
+
+def _from_fused(spec: MoeSpec, gate_up: Any, down: Any, chosen: range, where: str,
+                transposed: bool = False, concatenated: bool = True):
+    """transformers 5's fused experts: gate_up_proj [E, 2I, H] (gate rows, then up rows) and
+    down_proj [E, H, I] (``transposed``: [E, H, 2I] and [E, I, H]; not ``concatenated``: gate
+    and up interleaved, gate0, up0, gate1, ...) -> this rank's w13 [E_local, 2I, H], w2."""
+    import torch
+
+    _refuse_dtype(f"{where}.gate_up_proj", gate_up)
+    _refuse_dtype(f"{where}.down_proj", down)
+    sel = slice(chosen.start, chosen.stop)
+    w13, w2 = gate_up.detach()[sel], down.detach()[sel]
+    if transposed:
+        w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
+    if not concatenated:
+        w13 = torch.cat([w13[:, 0::2], w13[:, 1::2]], dim=1)
+    _check_shapes(spec, w13, w2, len(chosen), f"{where}.gate_up_proj / down_proj")
+    return w13.contiguous(), w2.contiguous()
+
+
+def _from_per_expert(spec: MoeSpec, mats: list, where: str):
+    """One (gate [I, H], up [I, H], down [H, I]) per local expert -> w13, w2."""
+    import torch
+
+    for n, (g, u, d) in enumerate(mats):
+        for what, t in (("gate", g), ("up", u), ("down", d)):
+            _refuse_dtype(f"{where} (local expert {n}, {what})", t)
+    w13 = torch.stack([torch.cat([g.detach(), u.detach()]) for g, u, _ in mats])
+    w2 = torch.stack([d.detach() for _, _, d in mats])
+    _check_shapes(spec, w13, w2, len(mats), where)
+    return w13.contiguous(), w2.contiguous()
+
+
+def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
+    """w13 [E_local, 2I, H] (gate rows, then up rows) and w2 [E_local, H, I] of a transformers
+    experts module: fused 3D parameters (transformers 5) or a ModuleList of per-expert MLPs."""
+    import torch
+
+    if getattr(experts, "has_bias", False) or hasattr(experts, "gate_up_proj_bias"):
+        raise UnsupportedModel(f"{where}: the experts have biases; epmoe's experts have none")
+    if getattr(experts, "has_gate", True) is False:
+        raise UnsupportedModel(f"{where}: the experts have no gate projection (has_gate=False); "
+                               "epmoe computes silu(gate) * up")
+    if hasattr(experts, "gate_up_proj"):  # transformers 5: one 3D parameter each
+        return _from_fused(spec, experts.gate_up_proj, experts.down_proj, chosen, where,
+                           transposed=bool(getattr(experts, "is_transposed", False)),
+                           concatenated=bool(getattr(experts, "is_concatenated", True)))
+    if isinstance(experts, torch.nn.ModuleList):  # per-expert MLPs (transformers 4, custom)
+        def mats(m):
+            if hasattr(m, "gate_proj"):
+                return m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight
+            return m.w1.weight, m.w3.weight, m.w2.weight  # Mixtral: w1 gate, w3 up, w2 down
+        return _from_per_expert(spec, [mats(experts[e]) for e in chosen], where)
+    raise UnsupportedModel(f"{where}: {type(experts).__name__} has neither gate_up_proj / "
+                           "down_proj nor a ModuleList of per-expert MLPs")
+
+
+def expert_weights(block: Any, rank: int = 0, world: int = 1):
+    """This rank's ``(w13 [E_local, 2I, H], w2 [E_local, H, I])`` of a transformers MoE block,
+    in the parameters' dtype and device (views of them where already contiguous)."""
+    spec = _block_spec(block)
+    return _stack_experts(spec, block.experts, local_experts(spec.num_experts, rank, world),
+                          type(block).__name__ + ".experts")
+
+
+def _key(state_dict: Mapping, *candidates: str) -> Optional[str]:
+    for k in candidates:
+        if k in state_dict:
+            return k
+    return None
+
+
+def _prefixes(prefix: str) -> list:
+    """prefix with its trailing dot (none when empty), and its other spelling (Mixtral
+    checkpoints: ``block_sparse_moe``; transformers 5 renames it ``mlp`` on load)."""
+    prefix = prefix.rstrip(".")
+    out = [prefix + "." if prefix else ""]
+    for a, b in ((".mlp", ".block_sparse_moe"), (".block_sparse_moe", ".mlp")):
+        if prefix.endswith(a):
+            out.append(prefix[: -len(a)] + b + ".")
+    return out
+
+
+def expert_weights_from_state_dict(state_dict: Mapping, config: Any, prefix: str, rank: int = 0,
+                                   world: int = 1):
+    """This rank's ``(w13, w2)`` of the MoE layer at ``prefix`` (e.g. ``"model.layers.3.mlp"``;
+    Mixtral checkpoints use ``"model.layers.3.block_sparse_moe"``; either spelling is tried).
+
+    Takes transformers' fused names (``{prefix}.experts.gate_up_proj`` [E, 2I, H],
+    ``{prefix}.experts.down_proj`` [E, H, I], as ``model.state_dict()`` has them) or the
+    checkpoint's per-expert names (``{prefix}.experts.{e}.gate_proj.weight`` [I, H], ``up_proj``,
+    ``down_proj`` [H, I]; Mixtral ``w1`` gate, ``w3`` up, ``w2`` down). Only this rank's experts
+    are read, so a lazy mapping loads no more than it needs."""
+    spec = model_spec(config)
+    chosen = local_experts(spec.num_experts, rank, world)
+    prefixes = _prefixes(prefix)
+    keys = list(state_dict.keys()) if hasattr(state_dict, "keys") else []
+    for p in prefixes:
+        if any(k.startswith(p) and k.endswith("weight_scale_inv") for k in keys):
+            raise UnsupportedModel(f"{p or 'state dict'}: the state dict has "
+                                   f"'weight_scale_inv' tensors: {_FP8_WHAT}")
+        fused = _key(state_dict, f"{p}experts.gate_up_proj")
+        if fused is not None:
+            return _from_fused(spec, state_dict[fused], state_dict[f"{p}experts.down_proj"],
+                               chosen, f"{p}experts")
+        for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+            # Qwen3-MoE / DeepSeek-V3 checkpoints; Mixtral's: w1 gate, w3 up, w2 down
+            if _key(state_dict, f"{p}experts.{chosen.start}.{names[0]}.weight") is None:
+                continue
+            mats = [tuple(state_dict[f"{p}experts.{e}.{n}.weight"] for n in names)
+                    for e in chosen]
+            return _from_per_expert(spec, mats, f"{p}experts.N.{{{','.join(names)}}}.weight")
+    raise KeyError(f"no routed experts under {' or '.join(repr(p) for p in prefixes)}: expected "
+                   f"'{prefixes[0]}experts.gate_up_proj' or '{prefixes[0]}experts.{chosen.start}."
+                   "gate_proj.weight' (Mixtral: '.w1.weight')")
+
+
+# --------------------------------------------------------------------------- routers
+
+
+def route(block: Any, hidden: Any):
+    """The block's own router on ``hidden`` [..., H]: ``(topk_ids [T, K] int32, topk_weights
+    [T, K] float32)`` for :meth:`epmoe.Layer.forward`, T = hidden.numel() // H. The weights are
+    the router's own values (Qwen3-MoE rounds them to the model dtype, as its block does)."""
+    import torch
+
+    x = hidden.reshape(-1, hidden.shape[-1])
+    if x.shape[0] == 0:  # an idle rank (some routers cannot reshape zero tokens)
+        return _no_routes(x, _block_spec(block).top_k)
+    _, weights, ids = block.gate(x)
+    return ids.to(torch.int32).contiguous(), weights.to(torch.float32).contiguous()
+
+
+def _no_routes(x: Any, top_k: int):
+    import torch
+
+    return (torch.empty(0, top_k, dtype=torch.int32, device=x.device),
+            torch.empty(0, top_k, dtype=torch.float32, device=x.device))
+
+
+class Router:
+    """The router of one MoE layer from its state dict, computed as transformers 5 does:
+
+    * Qwen3-MoE: logits = x @ W.T in x's dtype; softmax in fp32; top-k; divided by their sum when
+      ``norm_topk_prob``; rounded to x's dtype.
+    * Mixtral: logits in x's dtype; softmax in fp32; top-k; divided by their sum (always).
+    * DeepSeek-V3: logits in fp32; s = sigmoid(logits); choice = s + e_score_correction_bias;
+      the ``topk_group`` of ``n_group`` groups with the largest sum of their two best choices; the
+      top-k choices in those groups; weights = s of those experts, divided by their sum
+      (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor``.
+    """
+
+    def __init__(self, spec: MoeSpec, weight: Any, e_score_correction_bias: Any = None):
+        self.spec = spec
+        self.weight = weight
+        self.bias = e_score_correction_bias
+        if spec.model_type == "deepseek_v3" and self.bias is None:
+            raise KeyError("deepseek_v3 router: e_score_correction_bias is missing")
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping, config: Any, prefix: str,
+                        device: Any = None) -> "Router":
+        spec = model_spec(config)
+        found = [p for p in _prefixes(prefix) if _key(state_dict, f"{p}gate.weight")]
+        if not found:
+            raise KeyError(f"no router under {prefix!r}: expected "
+                           f"'{_prefixes(prefix)[0]}gate.weight'")
+        p = found[0]
+        weight = state_dict[f"{p}gate.weight"]
+        bias = state_dict[f"{p}gate.e_score_correction_bias"] \
+            if spec.model_type == "deepseek_v3" else None
+        if device is not None:
+            weight = weight.to(device)
+            bias = bias.to(device) if bias is not None else None
+        return cls(spec, weight, bias)
+
+    @classmethod
+    def from_block(cls, block: Any) -> "Router":
+        spec = _block_spec(block)
+        return cls(spec, block.gate.weight.detach(),
+                   getattr(block.gate, "e_score_correction_bias", None))
+
+    def __call__(self, hidden: Any):
+        """``(topk_ids [T, K] int32, topk_weights [T, K] float32)`` of hidden [..., H]."""
+        import torch
+        import torch.nn.functional as F
+
+        s = self.spec
+        x = hidden.reshape(-1, s.hidden)
+        if x.shape[0] == 0:
+            return _no_routes(x, s.top_k)
+        if s.model_type == "deepseek_v3":
+            logits = F.linear(x.float(), self.weight.float())
+            scores = logits.sigmoid()
+            choice = scores + self.bias
+            groups = choice.view(-1, s.n_group, s.num_experts // s.n_group)
+            group_scores = groups.topk(2, dim=-1)[0].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=s.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand_as(groups).reshape(-1, s.num_experts)
+            choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+            ids = torch.topk(choice, k=s.top_k, dim=-1, sorted=False)[1]
+            weights = scores.gather(1, ids)
+            if s.norm_topk_prob:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            weights = weights * s.routed_scaling_factor
+        else:
+            logits = F.linear(x, self.weight.to(x.dtype))
+            probs = torch.softmax(logits.float(), dim=-1)
+            weights, ids = torch.topk(probs, s.top_k, dim=-1)
+            if s.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            if s.model_type == "qwen3_moe":
+                weights = weights.to(logits.dtype)
+        return ids.to(torch.int32).contiguous(), weights.to(torch.float32).contiguous()
+
+
+# --------------------------------------------------------------------------- the layer
+
+
+class EPMoE:
+    """One MoE layer of a model served by epmoe: the router and the shared experts in torch,
+    the routed experts in an :class:`epmoe.Layer` (collective to build and to call: every rank,
+    every step, T == 0 included). ``moe(hidden)`` equals the transformers block's forward on
+    ``hidden`` [..., H] (within the precision's error) and returns the block's dtype; T =
+    hidden.numel() // H must be at most ``max_tokens_per_rank``."""
+
+    def __init__(self, layer: Any, spec: MoeSpec, router: Any, shared_experts: Any = None):
+        self.layer = layer
+        self.spec = spec
+        self.router = router  # hidden [T, H] -> (ids int32, weights float32)
+        self.shared_experts = shared_experts
+
+    @classmethod
+    def from_block(cls, comm: Communicator, block: Any, precision: Any = "bf16", *,
+                   max_tokens_per_rank: int, device: Any = None, **options: Any) -> "EPMoE":
+        """From a transformers MoE block: this rank's experts (``device``: where the layer gets
+        them, default where they are), the block's own router and shared experts."""
+        from . import Layer
+
+        spec = _block_spec(block)
+        w13, w2 = expert_weights(block, comm.rank, comm.world)
+        if device is not None:
+            w13, w2 = w13.to(device), w2.to(device)
+        layer = Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, w13, w2, **options)
+        return cls(layer, spec, lambda h: route(block, h), getattr(block, "shared_experts", None))
+
+    @classmethod
+    def from_state_dict(cls, comm: Communicator, state_dict: Mapping, config: Any, prefix: str,
+                        precision: Any = "bf16", *, max_tokens_per_rank: int, device: Any = None,
+                        shared_experts: Any = None, **options: Any) -> "EPMoE":
+        """From a state dict and the model's config: this rank's experts and a :class:`Router`.
+        ``shared_experts``: the model's shared-expert module (DeepSeek-V3), added to the
+        output; epmoe does not run it."""
+        from . import Layer
+
+        spec = model_spec(config)
+        w13, w2 = expert_weights_from_state_dict(state_dict, config, prefix, comm.rank, comm.world)
+        if device is not None:
+            w13, w2 = w13.to(device), w2.to(device)
+        layer = Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, w13, w2, **options)
+        return cls(layer, spec, Router.from_state_dict(state_dict, config, prefix, device),
+                   shared_experts)
+
+    def experts(self, hidden: Any, topk_ids: Any, topk_weights: Any, out: Any = None,
+                stream: Any = None) -> Any:
+        """The routed experts only: ``Layer.forward`` on hidden [T, H] bf16."""
+        return self.layer.forward(hidden, topk_ids, topk_weights, out=out, stream=stream)
+
+    def __call__(self, hidden: Any, stream: Any = None) -> Any:
+        import torch
+
+        shape = hidden.shape
+        x = hidden.reshape(-1, shape[-1])
+        ids, weights = self.router(x)
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        y = self.layer.forward(xb.contiguous(), ids, weights, stream=stream)
+        if y.dtype != hidden.dtype:
+            y = y.to(hidden.dtype)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y.reshape(shape)
+
+    forward = __call__
+
+    def close(self) -> None:
+        self.layer.close()
+
+    def __enter__(self) -> "EPMoE":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
