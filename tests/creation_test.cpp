@@ -1,15 +1,22 @@
-// The creation meeting of the CUDA executor's layers (protocol::CreationSession, docs/design.md
-// §6.1) on host threads over host windows: every rank reads every rank's config line of each
-// creation, a missing rank is named, a late rank finds the creation given up, and a rank too far
-// ahead is reported instead of waited for. Every scenario runs under the watchdog.
+// Layer creation is bounded (docs/design.md §6.1) on the CPU executor, ranks as threads: a rank
+// that never creates its layer is named on every other rank within the timeout, a late rank
+// fails at once, and a rank that closed its layer and communicator while its peer creates the
+// next layer (the issue "No hang anywhere") is named; afterwards the ranks create layers again and
+// the rounds are exact. Then the creation meeting the CUDA executor runs on the GPU
+// (protocol::CreationSession) on host threads over host windows.
+//
+// Every scenario runs under the watchdog: a creation that lost its bound fails the test instead of
+// hanging CI.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
-#include <string>
-#include <vector>
+#include <optional>
 
+#include "epmoe/epmoe.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "host/host_platform.hpp"
 #include "protocol/creation.hpp"
@@ -18,14 +25,150 @@
 namespace epmoe {
 namespace {
 
+using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 using test::within_seconds;
 
 constexpr std::uint32_t kTimeoutMs = 300;
 constexpr double kSlackSeconds = 1.0;  // beyond the timeout, on 2 shared CI cores
+const LayerShape kShape{
+    .hidden = 64, .intermediate = 64, .num_experts = 6, .top_k = 2, .max_tokens_per_rank = 8};
+
+LayerOptions options() {
+  LayerOptions o;
+  o.timeout_ms = kTimeoutMs;
+  return o;
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct Creation {
+  std::unique_ptr<Layer> layer;
+  std::optional<Error> error;
+  double seconds = 0.0;
+};
+
+Creation create(Communicator& comm, const reference::LayerWeights& weights) {
+  Creation c;
+  const int rank = comm.rank(), world = comm.world();
+  const auto start = Clock::now();
+  try {
+    c.layer =
+        std::make_unique<Layer>(comm, make_config(kShape, Precision::bf16, rank, world, options()),
+                                local_weight_views(weights, kShape, rank, world));
+  } catch (const Error& e) {
+    c.error = e;
+  }
+  c.seconds = seconds_since(start);
+  return c;
+}
+
+// One round of `rank`; returns the elements that differ from the reference.
+std::int64_t round(Layer& layer, const reference::LayerWeights& weights, std::uint64_t seed) {
+  const int rank = layer.config().rank(), world = layer.config().world();
+  const reference::Batch b = harness::make_random_batch(
+      kShape, world, 5, harness::Routing::uniform, 0, seed * 10 + static_cast<std::uint64_t>(rank));
+  std::vector<std::uint16_t> y(static_cast<std::size_t>(b.tokens * kShape.hidden));
+  layer.forward(view(b.x.data(), DType::bf16, {b.tokens, kShape.hidden}),
+                view(b.topk_ids.data(), DType::i32, {b.tokens, kShape.top_k}),
+                view(b.topk_weights.data(), DType::f32, {b.tokens, kShape.top_k}),
+                view(y.data(), DType::bf16, {b.tokens, kShape.hidden}));
+  reference::ReferenceModel reference(kShape, Precision::bf16, options(), weights);
+  return reference::compare_bf16(y, reference.forward(b)).mismatches;
+}
+
+// Every rank of `comms` creates a layer and runs two rounds; all must be exact.
+void expect_layers_work(std::vector<std::unique_ptr<Communicator>>& comms,
+                        const reference::LayerWeights& weights) {
+  within_seconds(30, "layer creation and rounds after the failure", [&] {
+    run_on_rank_threads(static_cast<int>(comms.size()), [&](int rank) {
+      Creation c = create(*comms[static_cast<std::size_t>(rank)], weights);
+      ASSERT_FALSE(c.error) << "rank " << rank << ": " << c.error->what();
+      for (std::uint64_t s = 1; s <= 2; ++s) EXPECT_EQ(round(*c.layer, weights, s), 0);
+    });
+  });
+}
+
+std::vector<std::unique_ptr<Communicator>> host_comms(int world) {
+  auto group = make_host_group(world);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < world; ++r) comms.push_back(make_host_communicator(group, r));
+  return comms;
+}
+
+TEST(LayerCreationBounded, RankThatNeverCreatesItsLayerIsNamedOnEveryOtherRankWithinTheTimeout) {
+  constexpr int kWorld = 3;
+  const auto weights = harness::make_random_weights(kShape, 3);
+  auto comms = host_comms(kWorld);
+  std::vector<Creation> created(kWorld);
+  within_seconds(20, "layer creation without rank 1", [&] {
+    run_on_rank_threads(kWorld, [&](int rank) {
+      if (rank != 1)
+        created[static_cast<std::size_t>(rank)] =
+            create(*comms[static_cast<std::size_t>(rank)], weights);
+    });
+  });
+  for (int rank : {0, 2}) {
+    const Creation& c = created[static_cast<std::size_t>(rank)];
+    ASSERT_TRUE(c.error) << "rank " << rank << " created its layer without rank 1";
+    EXPECT_EQ(c.error->code(), ErrorCode::timeout);
+    EXPECT_THAT(c.error->what(), HasSubstr("Layer creation on rank " + std::to_string(rank) +
+                                           ": rank(s) 1 did not create layer #0 within 300 ms"));
+    EXPECT_GE(c.seconds, kTimeoutMs / 1000.0 / 2);  // it did wait
+    EXPECT_LT(c.seconds, kTimeoutMs / 1000.0 + kSlackSeconds);
+  }
+
+  // The late rank does not wait: the others gave up on layer #0, and it says who.
+  Creation late;
+  within_seconds(20, "the late rank's creation", [&] { late = create(*comms[1], weights); });
+  ASSERT_TRUE(late.error);
+  EXPECT_EQ(late.error->code(), ErrorCode::peer_aborted);
+  EXPECT_THAT(late.error->what(), HasSubstr("gave up creating layer #0"));
+  EXPECT_LT(late.seconds, kTimeoutMs / 1000.0 / 2);
+
+  // Every rank used up layer #0, so their counts are in step: the next layer works everywhere.
+  expect_layers_work(comms, weights);
+}
+
+// The issue: rank 1 ran one forward fewer than rank 0 and went on to create its next layer, while
+// rank 0, after its timeout naming rank 1, destroyed its layer and its communicator. Rank 1's
+// creation must end within the timeout, naming rank 0; then both rebuild and run exact rounds.
+TEST(LayerCreationBounded, PeerThatClosedWhileThisRankCreatesItsNextLayerIsNamed) {
+  constexpr int kWorld = 2;
+  const auto weights = harness::make_random_weights(kShape, 4);
+  auto comms = host_comms(kWorld);
+  std::optional<Error> forward_error;
+  Creation next;
+  within_seconds(20, "the issue's scenario", [&] {
+    run_on_rank_threads(kWorld, [&](int rank) {
+      Creation c = create(*comms[static_cast<std::size_t>(rank)], weights);
+      ASSERT_FALSE(c.error) << c.error->what();
+      if (rank == 0) {
+        try {
+          for (std::uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(round(*c.layer, weights, s), 0);
+        } catch (const Error& e) {
+          forward_error = e;
+        }
+        c.layer.reset();  // rank 0 closes: its layer, then its communicator
+        comms[0].reset();
+      } else {
+        for (std::uint64_t s = 1; s <= 2; ++s) EXPECT_EQ(round(*c.layer, weights, s), 0);
+        next = create(*comms[1], weights);  // one forward fewer, then the next layer
+      }
+    });
+  });
+  ASSERT_TRUE(forward_error) << "rank 0's third round must time out waiting for rank 1";
+  EXPECT_EQ(forward_error->code(), ErrorCode::timeout);
+  ASSERT_TRUE(next.error) << "rank 1 created a layer without rank 0";
+  EXPECT_EQ(next.error->code(), ErrorCode::timeout);
+  EXPECT_THAT(next.error->what(),
+              HasSubstr("Layer creation on rank 1: rank(s) 0 did not create layer #1 within"));
+  EXPECT_LT(next.seconds, kTimeoutMs / 1000.0 + kSlackSeconds);
+
+  comms = host_comms(kWorld);  // the recovery: a new group
+  expect_layers_work(comms, weights);
 }
 
 // ---- the creation meeting of the CUDA executor (protocol/creation.hpp), on host threads ----
