@@ -40,7 +40,8 @@ using Clock = std::chrono::steady_clock;
 using test::within_seconds;
 
 const LayerShape kShape{256, 128, 8, 4, 32};
-constexpr std::uint32_t kLayerTimeoutMs = 500;
+constexpr std::uint32_t kLayerTimeoutMs = 500;  // where a creation must fail
+constexpr std::uint32_t kRelaxedMs = 10'000;    // where it must not: the default
 constexpr std::uint32_t kCommTimeoutMs = 5'000;
 constexpr double kSlackSeconds = 2.0;  // beyond a timeout: thread start-up, NCCL's own threads
 
@@ -96,7 +97,7 @@ void expect_rebuild_works(const reference::LayerWeights& weights) {
     run_on_rank_threads(2, [&](int rank) {
       auto comm = make_nccl_communicator(id, rank, 2, rank, kCommTimeoutMs);
       {
-        Creation c = create(*comm, weights);
+        Creation c = create(*comm, weights, kRelaxedMs);
         ASSERT_FALSE(c.error) << "rank " << rank << ": " << c.error->what();
         for (std::uint64_t s = 1; s <= 2; ++s) expect_round(*c.layer, weights, s);
       }
@@ -154,7 +155,7 @@ TEST(GpuCreation, RankThatNeverCreatesItsLayerIsNamedAndTheCommunicatorStaysUsab
   // No NCCL call was started: both ranks create the next layer on the same communicators.
   within_seconds(120, "the next layer on the same communicators", [&] {
     run_on_rank_threads(2, [&](int rank) {
-      Creation c = create(*comms[static_cast<std::size_t>(rank)], weights);
+      Creation c = create(*comms[static_cast<std::size_t>(rank)], weights, kRelaxedMs);
       ASSERT_FALSE(c.error) << "rank " << rank << ": " << c.error->what();
       expect_round(*c.layer, weights, 1);
     });
@@ -178,7 +179,7 @@ TEST(GpuCreation, PeerThatClosedWhileThisRankCreatesItsNextLayerIsNamed) {
   within_seconds(120, "the issue's scenario", [&] {
     run_on_rank_threads(2, [&](int rank) {  // one thread standing in for one process per GPU
       auto comm = make_nccl_communicator(id, rank, 2, rank, kCommTimeoutMs);
-      Creation c = create(*comm, weights);
+      Creation c = create(*comm, weights, kRelaxedMs);
       ASSERT_FALSE(c.error) << c.error->what();
       harness::DeviceBatch buffers(rank, kShape);
       const int forwards = rank == 0 ? 3 : 2;
@@ -274,7 +275,7 @@ TEST(GpuCreationChild, DISABLED_Rank1) {
     std::this_thread::sleep_for(std::chrono::seconds(120));
     FAIL() << "not killed";
   }
-  Creation c = create(*comm, weights);
+  Creation c = create(*comm, weights, kRelaxedMs);
   ASSERT_FALSE(c.error) << c.error->what();
   for (std::uint64_t s = 1; s <= 2; ++s) expect_round(*c.layer, weights, s);
 }
@@ -325,7 +326,7 @@ TEST(GpuCreation, RankProcessThatDiesDuringLayerCreationIsNamedAndTheSurvivorReb
   within_seconds(120, "rebuild with a restarted rank 1", [&] {
     auto comm = make_nccl_communicator(id2, 0, 2, 0, kCommTimeoutMs);
     {
-      Creation c = create(*comm, weights);
+      Creation c = create(*comm, weights, kRelaxedMs);
       ASSERT_FALSE(c.error) << c.error->what();
       for (std::uint64_t s = 1; s <= 2; ++s) expect_round(*c.layer, weights, s);
     }
