@@ -34,9 +34,9 @@ constexpr double kSlackSeconds = 1.0;  // beyond the timeout, on 2 shared CI cor
 const LayerShape kShape{
     .hidden = 64, .intermediate = 64, .num_experts = 6, .top_k = 2, .max_tokens_per_rank = 8};
 
-LayerOptions options() {
+LayerOptions options(std::uint32_t timeout_ms = kTimeoutMs) {
   LayerOptions o;
-  o.timeout_ms = kTimeoutMs;
+  o.timeout_ms = timeout_ms;
   return o;
 }
 
@@ -50,14 +50,15 @@ struct Creation {
   double seconds = 0.0;
 };
 
-Creation create(Communicator& comm, const reference::LayerWeights& weights) {
+Creation create(Communicator& comm, const reference::LayerWeights& weights,
+                std::uint32_t timeout_ms = kTimeoutMs) {
   Creation c;
   const int rank = comm.rank(), world = comm.world();
   const auto start = Clock::now();
   try {
-    c.layer =
-        std::make_unique<Layer>(comm, make_config(kShape, Precision::bf16, rank, world, options()),
-                                local_weight_views(weights, kShape, rank, world));
+    c.layer = std::make_unique<Layer>(
+        comm, make_config(kShape, Precision::bf16, rank, world, options(timeout_ms)),
+        local_weight_views(weights, kShape, rank, world));
   } catch (const Error& e) {
     c.error = e;
   }
@@ -155,7 +156,8 @@ TEST(LayerCreationBounded, PeerThatClosedWhileThisRankCreatesItsNextLayerIsNamed
         comms[0].reset();
       } else {
         for (std::uint64_t s = 1; s <= 2; ++s) EXPECT_EQ(round(*c.layer, weights, s), 0);
-        next = create(*comms[1], weights);  // one forward fewer, then the next layer
+        // One forward fewer, then the next layer, still waiting when rank 0 closes.
+        next = create(*comms[1], weights, 1'500);
       }
     });
   });
@@ -163,9 +165,10 @@ TEST(LayerCreationBounded, PeerThatClosedWhileThisRankCreatesItsNextLayerIsNamed
   EXPECT_EQ(forward_error->code(), ErrorCode::timeout);
   ASSERT_TRUE(next.error) << "rank 1 created a layer without rank 0";
   EXPECT_EQ(next.error->code(), ErrorCode::timeout);
-  EXPECT_THAT(next.error->what(),
-              HasSubstr("Layer creation on rank 1: rank(s) 0 did not create layer #1 within"));
-  EXPECT_LT(next.seconds, kTimeoutMs / 1000.0 + kSlackSeconds);
+  EXPECT_THAT(
+      next.error->what(),
+      HasSubstr("Layer creation on rank 1: rank(s) 0 did not create layer #1 within 1500 ms"));
+  EXPECT_LT(next.seconds, 1.5 + kSlackSeconds);
 
   comms = host_comms(kWorld);  // the recovery: a new group
   expect_layers_work(comms, weights);
