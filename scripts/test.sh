@@ -56,10 +56,10 @@ if [ "${EPMOE_TEST_TSAN:-1}" = 1 ]; then
     -DEPMOE_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS=-fsanitize=thread \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
   cmake --build "$tsan" -j "$(nproc)" \
-    --target host_executor_test faults_test multiprocess_test bad_input_test
+    --target host_executor_test faults_test multiprocess_test bad_input_test creation_test
   (cd "$tsan" && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest \
     --output-on-failure -j "$(nproc)" \
-    -R '^(HostExecutor|FaultTest|ReceivedCounts|MultiProcess|BadInput|BadArguments|RejectedForward|AfterAnError|LayerCreation)') \
+    -R '^(HostExecutor|FaultTest|ReceivedCounts|MultiProcess|BadInput|BadArguments|RejectedForward|AfterAnError|LayerCreation|CreationSession)') \
     || status=$?
 fi
 exit $status

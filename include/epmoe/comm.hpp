@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,6 +51,15 @@ void remove_shared_memory_group(const std::string& name, int world, int layers =
 // One process per GPU: rank 0 calls get_unique_id(), the engine broadcasts the 128 bytes, then
 // every process calls make_nccl_communicator(id, rank, world, device).
 //
+// `timeout_ms` bounds every NCCL call of the communicator (0 = wait forever, at most
+// kMaxTimeoutMs): its creation (a rank that never joins makes every other rank's creation throw
+// Error(timeout) once it passes), the NCCL steps of each layer creation after the ranks met
+// (window registration), and its teardown (ncclCommFinalize; on expiry the destructor aborts
+// instead). A creation that times out or fails has aborted what it made: make a fresh unique id
+// and create the communicator on every rank again. Layer creation waits for the other ranks for
+// the layer's own LayerOptions::timeout_ms and names a rank that does not come
+// (docs/errors.md, "Creating the layer").
+//
 // A rank process that died breaks its NCCL communicator for good: the survivors' forward() names
 // it within the timeout and their reset() fails naming it. Recovery is a rebuild: every survivor
 // destroys its layers and its communicator (which then aborts, see abort()), and the survivors and
@@ -57,12 +67,15 @@ void remove_shared_memory_group(const std::string& name, int world, int layers =
 struct UniqueId {
   std::array<char, 128> bytes{};
 };
+inline constexpr std::uint32_t kDefaultNcclTimeoutMs = 60'000;
 UniqueId get_unique_id();
-std::unique_ptr<Communicator> make_nccl_communicator(const UniqueId& id, int rank, int world,
-                                                     int device);
+std::unique_ptr<Communicator> make_nccl_communicator(
+    const UniqueId& id, int rank, int world, int device,
+    std::uint32_t timeout_ms = kDefaultNcclTimeoutMs);
 // One process driving several GPUs (tools, tests): rank i runs on devices[i]. Each rank's Layer
 // must then be created and driven from its own host thread.
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int> devices);
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
+    std::span<const int> devices, std::uint32_t timeout_ms = kDefaultNcclTimeoutMs);
 // GPUs visible to this process (0 when the CUDA runtime or driver is missing).
 int cuda_device_count();
 

@@ -250,7 +250,8 @@ def _stream_handle(stream: Any, x: Any, fn: str = "forward") -> int:
 # ---- communicators ----
 
 
-def init_from_torch_distributed(device: Any = None, group: Any = None) -> NcclCommunicator:
+def init_from_torch_distributed(device: Any = None, group: Any = None,
+                                timeout_ms: int = 60_000) -> NcclCommunicator:
     """This process's rank of the CUDA executor, bootstrapped through torch.distributed.
 
     Collective over ``group`` (default: the world group), which must be initialised
@@ -258,7 +259,9 @@ def init_from_torch_distributed(device: Any = None, group: Any = None) -> NcclCo
     unique id, ``broadcast_object_list`` hands it to every rank, and every rank joins as its rank
     and world size in the group. ``device``: this rank's GPU (an index, ``"cuda:N"`` or a
     ``torch.device``); default ``torch.cuda.current_device()`` (so call
-    ``torch.cuda.set_device(local_rank)`` first, as torchrun scripts do).
+    ``torch.cuda.set_device(local_rank)`` first, as torchrun scripts do). ``timeout_ms`` bounds
+    every NCCL call of the communicator, its creation included (0 = wait forever; see
+    :class:`NcclCommunicator`).
     """
     import torch
     import torch.distributed as dist
@@ -280,7 +283,7 @@ def init_from_torch_distributed(device: Any = None, group: Any = None) -> NcclCo
     box = [get_unique_id() if rank == 0 else None]
     src = 0 if group is None else dist.get_global_rank(group, 0)
     dist.broadcast_object_list(box, src=src, group=group)
-    return NcclCommunicator(box[0], rank, world, index)
+    return NcclCommunicator(box[0], rank, world, index, timeout_ms=timeout_ms)
 
 
 def close_all(objects: Iterable[Any]) -> None:

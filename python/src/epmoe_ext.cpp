@@ -847,19 +847,26 @@ NB_MODULE(_epmoe, m) {
       "The CUDA executor's communicator of one rank: one GPU, NCCL 2.28 symmetric windows.")
       .def(
           "__init__",
-          [](NcclCommHandle* self, const nb::bytes& unique_id, int rank, int world, int device) {
+          [](NcclCommHandle* self, const nb::bytes& unique_id, int rank, int world, int device,
+             std::int64_t timeout_ms) {
             const UniqueId id = unique_id_arg(unique_id);
+            const std::uint32_t timeout = timeout_arg(timeout_ms);
             std::unique_ptr<Communicator> comm;
             {
-              nb::gil_scoped_release release;  // blocks until every rank has joined
-              comm = make_nccl_communicator(id, rank, world, device);
+              nb::gil_scoped_release release;  // waits until every rank has joined (bounded)
+              comm = make_nccl_communicator(id, rank, world, device, timeout);
             }
             new (self) NcclCommHandle(std::move(comm));
           },
           "unique_id"_a, "rank"_a, "world"_a, "device"_a,
+          "timeout_ms"_a = std::int64_t{kDefaultNcclTimeoutMs},
           "Collective: every rank of the group calls it with the same unique_id (the 128 bytes of "
-          "get_unique_id() on rank 0) and its own rank; blocks until all have joined (the GIL is "
-          "released meanwhile). `device` is the CUDA device index of this rank's GPU.");
+          "get_unique_id() on rank 0) and its own rank; waits until all have joined (the GIL is "
+          "released meanwhile). `device` is the CUDA device index of this rank's GPU. "
+          "`timeout_ms` bounds every NCCL call of the communicator (0 = wait forever): its "
+          "creation raises epmoe.Error (timeout) when a rank has not joined by then (make a fresh "
+          "unique id and try again on every rank); layer window registration and close() are "
+          "bounded by it too.");
 
   m.def(
       "get_unique_id",
@@ -874,21 +881,22 @@ NB_MODULE(_epmoe, m) {
       "NCCL's unique id (128 bytes): rank 0 makes it, the engine broadcasts it to every rank.");
   m.def(
       "nccl_communicators",
-      [](const std::vector<int>& devices) {
+      [](const std::vector<int>& devices, std::int64_t timeout_ms) {
+        const std::uint32_t timeout = timeout_arg(timeout_ms);
         std::vector<std::unique_ptr<Communicator>> comms;
         {
           nb::gil_scoped_release release;
-          comms = make_nccl_communicators(devices);
+          comms = make_nccl_communicators(devices, timeout);
         }
         std::vector<NcclCommHandle> out;
         out.reserve(comms.size());
         for (auto& c : comms) out.emplace_back(std::move(c));
         return out;
       },
-      "devices"_a,
+      "devices"_a, "timeout_ms"_a = std::int64_t{kDefaultNcclTimeoutMs},
       "One process driving several GPUs: rank i on devices[i]. Each rank's Layer must then be "
       "created, driven and closed from its own thread, and each communicator closed from its own "
-      "thread (epmoe.close_all does both).");
+      "thread (epmoe.close_all does both). `timeout_ms` as for NcclCommunicator.");
   m.def("cuda_device_count", &cuda_device_count,
         "GPUs visible to this process (0 without a CUDA driver or in a build without CUDA).");
 

@@ -16,10 +16,12 @@ namespace {
 UniqueId get_unique_id() {
   no_cuda("get_unique_id");
 }
-std::unique_ptr<Communicator> make_nccl_communicator(const UniqueId&, int, int, int) {
+std::unique_ptr<Communicator> make_nccl_communicator(const UniqueId&, int, int, int,
+                                                     std::uint32_t) {
   no_cuda("make_nccl_communicator");
 }
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int>) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(std::span<const int>,
+                                                                   std::uint32_t) {
   no_cuda("make_nccl_communicators");
 }
 int cuda_device_count() {

@@ -11,16 +11,12 @@
 #include "cuda/experts/backend.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/nccl_comm.hpp"
-#include "cuda/peers.hpp"
 #include "cuda/round_params.hpp"
 #include "protocol/failure.hpp"
 #include "protocol/message.hpp"
 
 namespace epmoe::cuda {
 namespace {
-
-constexpr std::size_t kDescribeBytes = 4096;
-
 class CudaLayer final : public LayerImpl {
  public:
   CudaLayer(NcclCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
@@ -43,15 +39,11 @@ class CudaLayer final : public LayerImpl {
     // The same config on every rank, so every rank gets the same answer here.
     backend_ = experts::make_expert_backend(config, device_);
 
-    // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank.
+    // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank; the
+    // registration is bounded and names who gave up (SymmetricWindow, nccl_comm.hpp).
     const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
-    EPMOE_NCCL_CHECK(ncclMemAlloc(&window_base_, layout.total));
-    EPMOE_CUDA_CHECK(cudaMemset(window_base_, 0, layout.total));
-    EPMOE_NCCL_CHECK(ncclCommWindowRegister(comm.nccl(), window_base_, layout.total, &window_,
-                                            NCCL_WIN_COLL_SYMMETRIC));
-    EPMOE_CUDA_CHECK(cudaMalloc(&peer_windows_, sizeof(std::uint8_t*) * kMaxWorld));
-    compute_peer_windows(comm.nccl(), window_, config.rank(), config.world(), peer_windows_,
-                         stream_);
+    window_ = SymmetricWindow(comm, layout.total);
+    peer_windows_ = window_.peers();
 
     // Round state (device), health record and reset outcome (mapped pinned host memory).
     RoundState state{};
@@ -99,12 +91,8 @@ class CudaLayer final : public LayerImpl {
 
   ~CudaLayer() override {
     cudaSetDevice(device_);
-    cudaDeviceSynchronize();
-    // Local, not collective (NCCL 2.28), so a dead peer cannot make it wait; after an abort NCCL
-    // has already released the window.
-    if (window_ != nullptr && !comm_.aborted()) ncclCommWindowDeregister(comm_.nccl(), window_);
-    if (window_base_ != nullptr) ncclMemFree(window_base_);
-    cudaFree(peer_windows_);
+    cudaDeviceSynchronize();  // every kernel's waits are bounded: this returns
+    // window_ deregisters (local in NCCL 2.28, skipped after an abort) and frees itself last.
     cudaFree(state_);
     backend_.reset();
     cudaFree(route_scratch_);
@@ -180,24 +168,15 @@ class CudaLayer final : public LayerImpl {
   }
 
  private:
-  // Layer creation fails on every rank, naming the ranks, if they were given different configs.
+  // Layer creation meets every rank's, bounded by timeout_ms and naming a rank that does not come
+  // (NcclCommunicator::meet_for_layer), and fails on every rank, naming the ranks, if they were
+  // given different configs.
   void check_same_config_on_every_rank() {
-    std::string mine = config().describe();
-    mine.resize(kDescribeBytes, '\0');
-    char* d = nullptr;
-    const std::size_t world = static_cast<std::size_t>(config().world());
-    EPMOE_CUDA_CHECK(cudaMalloc(&d, kDescribeBytes * (world + 1)));
-    EPMOE_CUDA_CHECK(cudaMemcpy(d, mine.data(), kDescribeBytes, cudaMemcpyHostToDevice));
-    EPMOE_NCCL_CHECK(
-        ncclAllGather(d, d + kDescribeBytes, kDescribeBytes, ncclChar, comm_.nccl(), stream_));
-    std::vector<char> all(kDescribeBytes * world);
-    EPMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + kDescribeBytes, all.size(),
-                                     cudaMemcpyDeviceToHost, stream_));
-    EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    EPMOE_CUDA_CHECK(cudaFree(d));
-    const std::string first(all.data());
-    for (std::size_t r = 1; r < world; ++r) {
-      const std::string other(all.data() + r * kDescribeBytes);
+    const std::vector<std::string> all =
+        comm_.meet_for_layer(config().describe(), config().options().timeout_ms);
+    const std::string& first = all[0];
+    for (std::size_t r = 1; r < all.size(); ++r) {
+      const std::string& other = all[r];
       if (other != first)
         throw Error(ErrorCode::invalid_argument,
                     "Layer creation: rank " + std::to_string(r) +
@@ -258,9 +237,8 @@ class CudaLayer final : public LayerImpl {
   int device_;
   cudaStream_t stream_ = nullptr;       // creation and reset
   cudaStream_t last_stream_ = nullptr;  // the caller's stream of the last forward
-  void* window_base_ = nullptr;
-  ncclWindow_t window_ = nullptr;
-  std::uint8_t** peer_windows_ = nullptr;
+  SymmetricWindow window_;
+  std::uint8_t** peer_windows_ = nullptr;  // window_'s: every rank's window base (device)
   RoundState* state_ = nullptr;
   HealthRecord* health_host_ = nullptr;
   HealthRecord* health_device_ = nullptr;

@@ -17,21 +17,6 @@
 
 namespace epmoe {
 
-// A barrier whose wait gives up after a timeout (0 = never), so no collective can hang.
-class TimedBarrier {
- public:
-  explicit TimedBarrier(int parties) : parties_(parties) {}
-  // True when all parties arrived; false on timeout (this arrival is then withdrawn).
-  bool arrive_and_wait(std::chrono::milliseconds timeout);
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int parties_;
-  int arrived_ = 0;
-  std::uint64_t generation_ = 0;
-};
-
 // The windows of one layer as this rank sees them: every rank's base address. Released with the
 // layer.
 struct HostLayerWindows {
@@ -48,9 +33,10 @@ class HostGroup {
   virtual ~HostGroup() = default;
   virtual int world() const = 0;
 
-  // Collective: the k-th layer created on each rank joins the k-th set of windows. Throws
-  // Error(timeout) naming the ranks that did not arrive, or Error(invalid_argument) when the ranks'
-  // configs differ.
+  // Collective: the k-th layer created on each rank joins the k-th set of windows, waiting at
+  // most `timeout` (0 = forever) for the others. Throws Error(timeout) naming the ranks that did
+  // not arrive, Error(peer_aborted) when another rank already gave up on this layer, or
+  // Error(invalid_argument) when the ranks' configs differ.
   virtual std::shared_ptr<HostLayerWindows> join_layer(int rank, std::size_t window_bytes,
                                                        const std::string& describe,
                                                        std::chrono::milliseconds timeout) = 0;
@@ -69,9 +55,9 @@ class ThreadHostGroup final : public HostGroup {
   struct Windows;
   int world_;
   std::mutex mutex_;
+  std::condition_variable arrivals_;
   std::vector<std::uint64_t> layers_created_;  // per rank
   std::map<std::uint64_t, std::shared_ptr<Windows>> joining_;
-  std::map<std::uint64_t, int> arrived_;
 };
 
 // Layer creation fails on every rank, naming the first rank whose config differs from rank 0's.

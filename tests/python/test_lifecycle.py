@@ -79,6 +79,10 @@ def test_nccl_entry_points_without_a_gpu_fail_with_named_errors():
     with pytest.raises(epmoe.Error, match=r"NcclCommunicator: unique_id has 3 bytes, expected "
                                           r"128 \(the bytes of epmoe.get_unique_id\(\)"):
         epmoe.NcclCommunicator(b"abc", 0, 1, 0)
+    with pytest.raises(epmoe.Error, match=r"timeout_ms=-1: must be in \[0, 3600000\]"):
+        epmoe.NcclCommunicator(bytes(128), 0, 1, 0, timeout_ms=-1)
+    with pytest.raises(epmoe.Error, match=r"timeout_ms=-5: must be in \[0, 3600000\]"):
+        epmoe.nccl_communicators([0], timeout_ms=-5)
     if not epmoe.cuda_available:
         with pytest.raises(epmoe.Error, match="get_unique_id: this build of epmoe has no CUDA"):
             epmoe.get_unique_id()
