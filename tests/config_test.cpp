@@ -1,5 +1,5 @@
 // LayerConfig: every rejection names field, value and rule; with_knobs adjusts conflicts instead of
-// failing; buckets are picked per launch; describe() is stable and rank-free (DESIGN §5).
+// failing; buckets are picked per launch; describe() is stable and rank-free (docs/design.md §5).
 #include <epmoe/config.hpp>
 #include <epmoe/errors.hpp>
 
@@ -525,7 +525,7 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
 }
 
-// DESIGN §5: a knob exists only if the code that runs reads it. No executor reads any knob yet, so
+// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any knob yet, so
 // describe() marks each of the 7 knobs of each of the 4 buckets, and no caller-owned field.
 TEST(ConfigDescribe, MarksEveryKnobNoCodeReadsYetAndNothingElse) {
   const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();

@@ -1,4 +1,4 @@
-// Bounded waits and recovery (DESIGN I1, I3, I4) on the CPU executor: each fault must give every
+// Bounded waits and recovery (docs/design.md §3 I1, I3, I4) on the CPU executor: each fault must give every
 // surviving rank a clear error naming the faulty rank, phase and round within the timeout, the
 // layer must refuse work until a collective reset(), and rounds must be correct afterwards.
 //

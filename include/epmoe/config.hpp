@@ -1,4 +1,4 @@
-// Layer configuration: shape, precision, caller options and tuned knobs (DESIGN §5).
+// Layer configuration: shape, precision, caller options and tuned knobs (docs/design.md §5).
 //
 // A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
 // mode, determinism, timeouts, SwiGLU clamp, scale rounding, expert math) are caller-owned:

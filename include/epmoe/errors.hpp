@@ -16,7 +16,7 @@ enum class ErrorCode : std::uint32_t {
   invalid_argument = 1,    // a caller-supplied value broke a documented rule
   timeout = 2,             // a bounded wait expired on this rank
   peer_aborted = 3,        // another rank gave up and raised `abort` here
-  protocol_violation = 4,  // a peer was observed more than one round away (DESIGN I4)
+  protocol_violation = 4,  // a peer was observed more than one round away (docs/design.md §3 I4)
   layer_unhealthy = 5,     // forward() after an error without reset()
   unsupported = 6,         // a valid request this build or backend cannot serve
   internal = 7,
@@ -33,7 +33,7 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-// Where in the round (DESIGN §3) a rank was when it gave up.
+// Where in the round (docs/design.md §3) a rank was when it gave up.
 enum class Phase : std::uint32_t {
   none = 0,
   dispatch_counts = 1,  // step 4: waiting for every peer's (round, n) count message
@@ -43,7 +43,7 @@ enum class Phase : std::uint32_t {
 
 const char* to_string(Phase phase);
 
-// The diagnostic record of DESIGN I3: who gave up waiting for whom, where and when.
+// The diagnostic record of docs/design.md §3 I3: who gave up waiting for whom, where and when.
 struct Health {
   bool ok = true;
   ErrorCode code = ErrorCode::internal;  // meaningful when !ok

@@ -1,4 +1,4 @@
-// Fault switches for tests and `epmoe stress --fault` (DESIGN I1/I3). Compiled in only when the
+// Fault switches for tests and `epmoe stress --fault` (docs/design.md §3 I1, I3). Compiled in only when the
 // library is built with EPMOE_FAULT_INJECTION (test builds); otherwise inject_fault() throws
 // Error(unsupported).
 #pragma once

@@ -791,7 +791,7 @@ NB_MODULE(_epmoe, m) {
   m.def("find_model", &find_model, "name"_a, nb::rv_policy::copy);
 
   nb::class_<Health>(m, "Health",
-                     "A layer's health (DESIGN I3): who gave up waiting for whom, where, when.")
+                     "A layer's health (docs/design.md §3 I3): who gave up waiting for whom, where, when.")
       .def_ro("ok", &Health::ok)
       .def_prop_ro("code",
                    [](const Health& h) -> std::optional<std::string> {

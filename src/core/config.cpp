@@ -1,5 +1,5 @@
 // LayerConfig: validation of caller-owned fields, knob application, bucket choice and the
-// cross-rank description (DESIGN §5). workspace_bytes() lives with the protocol.
+// cross-rank description (docs/design.md §5). workspace_bytes() lives with the protocol.
 #include <epmoe/config.hpp>
 #include <epmoe/errors.hpp>
 
@@ -91,7 +91,7 @@ void check_options(const LayerOptions& o) {
   }
 }
 
-// DESIGN §5: a knob exists only if the code that runs reads it. No executor reads any of these
+// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any of these
 // yet (config.hpp says what each is reserved for), so describe() marks every one; drop a knob's
 // mark in the commit that makes a kernel read it (and bump the describe() version tag).
 constexpr const char* kNotReadYet = " (not read yet)";

@@ -1,4 +1,4 @@
-// The built-in default knob table (DESIGN §5) and the adjustment of tuned knobs to caller-owned
+// The built-in default knob table (docs/design.md §5) and the adjustment of tuned knobs to caller-owned
 // fields and hardware limits.
 //
 // No executor reads the knobs yet (include/epmoe/config.hpp says what each is reserved for): the

@@ -1,4 +1,4 @@
-// Dispatch (DESIGN §3 steps 1-3): every CTA takes tokens in a grid-stride loop, stages the
+// Dispatch (docs/design.md §3 steps 1-3): every CTA takes tokens in a grid-stride loop, stages the
 // token's wire row in shared memory once (quantized on the fly), and copies it with 16-byte stores
 // into each owner rank's receive rows, carrying all the token's (slot, expert, weight) entries
 // there. The last CTA to finish publishes (round, rows) to every rank, zero rows included.

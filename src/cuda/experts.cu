@@ -1,4 +1,4 @@
-// The expert step (DESIGN §3 steps 4-6) as a chain of kernels on the caller's stream; the
+// The expert step (docs/design.md §3 steps 4-6) as a chain of kernels on the caller's stream; the
 // boundaries between them are the grid barriers between its phases:
 //
 //   memset   per-expert counters to 0 (a graph node: captured forwards stay correct)

@@ -122,7 +122,7 @@ class HostLayer final : public LayerImpl {
 
   HostPeers peers() const { return HostPeers{windows_->windows.data()}; }
 
-  // One round, DESIGN §3 steps 1-7. No step is skipped for T == 0.
+  // One round, docs/design.md §3 steps 1-7. No step is skipped for T == 0.
   void run_round(const ForwardArgs& args) {
     const Session session(layout_, peers(), rank_, round_);
     HostPlatform platform;

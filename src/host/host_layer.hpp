@@ -1,4 +1,4 @@
-// The CPU executor's layer: one rank's forward() on its own thread, running DESIGN §3 with the
+// The CPU executor's layer: one rank's forward() on its own thread, running docs/design.md §3 with the
 // shared protocol code over host windows, and the experts with the reference's row math.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The words ranks write into each other's symmetric windows (DESIGN §3).
+// The words ranks write into each other's symmetric windows (docs/design.md §3).
 //
 // An inbox word carries (round, value) in one 64-bit store so that a reader never sees a value
 // without the round it belongs to. Rounds count modulo 2^32: comparisons use the distance from

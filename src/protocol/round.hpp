@@ -1,4 +1,4 @@
-// The messages of one round (DESIGN §3 steps 3, 4, 6, 7) and the abort, as a session object
+// The messages of one round (docs/design.md §3 steps 3, 4, 6, 7) and the abort, as a session object
 // shared by both executors. The executor supplies `Peers`, which maps a rank to the base address
 // of its window (an LSA pointer on the GPU, a shared host allocation on the CPU), and a platform
 // (clock + backoff). Payload movement (steps 2 and 5) is the executor's; this object only orders
@@ -115,7 +115,7 @@ class RoundSession {
   std::uint32_t round_;
 };
 
-// The collective reset() (DESIGN I3), bounded like every other wait. Two meetings, each an epoch
+// The collective reset() (docs/design.md §3 I3), bounded like every other wait. Two meetings, each an epoch
 // published into reset_inbox[rank] of every rank: after the first nobody is inside a round any
 // more, so each rank clears its own inboxes and abort word; after the second every inbox is clear
 // and round 1 may start. Epochs only grow (two per reset), so they are never cleared themselves. A

@@ -1,4 +1,4 @@
-// Token back (DESIGN §3 steps 5 and 7): how an expert result reaches its token's home rank, and
+// Token back (docs/design.md §3 steps 5 and 7): how an expert result reaches its token's home rank, and
 // how the home rank turns what arrived into y. Written once for both executors: the CPU executor
 // calls these from its rank's thread, the CUDA kernels from fc2's epilogue and from combine.
 //

@@ -1,4 +1,4 @@
-// One token's row as it crosses to an expert owner (DESIGN §4 dispatch): the token is sent once
+// One token's row as it crosses to an expert owner (docs/design.md §4 dispatch): the token is sent once
 // per destination rank and carries every (top-k slot, local expert, weight) it has there.
 //
 //   WireRowHeader                16 B   source token, number of entries, NVFP4 row scale, round
@@ -58,7 +58,7 @@ EPMOE_HD constexpr std::size_t wire_row_bytes(Precision p, std::int64_t hidden,
   return wire_payload_offset(top_k) + align16(wire_payload_bytes(p, hidden));
 }
 
-// What a receiver checks every row against before it computes on it (DESIGN I4).
+// What a receiver checks every row against before it computes on it (docs/design.md §3 I4).
 struct RowLimits {
   std::int64_t max_tokens;     // tokens a rank can have: a row's token is below it
   std::int64_t top_k;          // entries a row can carry, and top-k slots a token has

@@ -1,5 +1,5 @@
 /*
- * round_protocol.pml -- SPIN model of the epmoe round protocol (DESIGN.md section 3).
+ * round_protocol.pml -- SPIN model of the epmoe round protocol (docs/design.md §3).
  * Checked by tests/model/check.sh; tests/model/CMakeLists.txt lists the checks.
  *
  * N = 3 ranks; each one's host calls `forward` ROUNDS = 3 times. Every shared word
@@ -21,7 +21,7 @@
  * `abort` and bounded waits (I3) are left out: a wait here blocks for ever, so a hang
  * is what SPIN calls an invalid end state (a process blocked short of its end).
  *
- * Round r on rank i, and where DESIGN section 3 step k is:
+ * Round r on rank i, and where docs/design.md §3 step k is:
  *   step 1  prepare own output                  local: abstracted away
  *   step 2  rows into pay[j][r%2][i] := r       write_payload
  *   step 3  cnt[j][i] := 2r + n for EVERY j     publish_counts: one store per step,

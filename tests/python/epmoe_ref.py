@@ -1,6 +1,6 @@
 """Test helpers: rank threads, random problems, and a numpy model of the layer.
 
-The numpy forward emulates every rounding point of the library's forward (DESIGN §6): inputs and
+The numpy forward emulates every rounding point of the library's forward (docs/design.md §6): inputs and
 weights quantized to the layer's precision (bf16 rounding, or the MXFP8/NVFP4 codecs through
 epmoe's own quantize/dequantize), float64 dot products rounded to fp32 (the GEMM outputs), SwiGLU
 in float64 rounded to fp32, the intermediate quantized again, FC2 rows rounded to bf16 for the

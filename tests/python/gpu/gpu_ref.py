@@ -1,6 +1,6 @@
 """Torch helpers of the GPU tests: random problems and a torch model of the bf16 forward.
 
-The model follows every rounding point of the library's bf16 forward (DESIGN §6): x and the
+The model follows every rounding point of the library's bf16 forward (docs/design.md §6): x and the
 weights in bf16, float64 dot products rounded to fp32 (the GEMM outputs), SwiGLU in float64 from
 those fp32 values, rounded to fp32 and then to the bf16 intermediate, FC2 in float64 rounded to
 fp32, each FC2 row rounded to bf16 for the staged combine, and the top-k weighted sum in fp32 in
