@@ -367,8 +367,8 @@ EPMOE_HD void nvfp4_quantize_dequantize_row(const float* x, std::int64_t n, floa
 //   scale   = amax(block) / 448
 //   element = e4m3(x / scale)          RNE, saturating at ±448 (__NV_SATFINITE)
 // A block with NaN or ±Inf gets a NaN scale and NaN elements (0x7F). A block whose scale is 0 (all
-// zero, or amax < 2^-141 so that amax / 448 underflows) gets e4m3(x * 0), the zero of x's sign
-// (0x00 / 0x80): scale 0 is what the rule gives, and 0 / 0 would make NaNs of zeros.
+// zero, or amax <= 448 * 2^-150 so that amax / 448 underflows) gets e4m3(x * 0), the zero of x's
+// sign (0x00 / 0x80): scale 0 is what the rule gives, and 0 / 0 would make NaNs of zeros.
 inline constexpr int kFp8Block128 = 128;  // elements per scale along a row; rows per weight tile
 
 EPMOE_HD float fp8_block128_scale(float amax) {
