@@ -525,8 +525,8 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any knob yet, so
-// describe() marks each of the 7 knobs of each of the 4 buckets, and no caller-owned field.
+// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any knob
+// yet, so describe() marks each of the 7 knobs of each of the 4 buckets, and no caller-owned field.
 TEST(ConfigDescribe, MarksEveryKnobNoCodeReadsYetAndNothingElse) {
   const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();
   const std::string mark = " (not read yet)";

@@ -1,6 +1,7 @@
-// Bounded waits and recovery (docs/design.md §3 I1, I3, I4) on the CPU executor: each fault must give every
-// surviving rank a clear error naming the faulty rank, phase and round within the timeout, the
-// layer must refuse work until a collective reset(), and rounds must be correct afterwards.
+// Bounded waits and recovery (docs/design.md §3 I1, I3, I4) on the CPU executor: each fault must
+// give every surviving rank a clear error naming the faulty rank, phase and round within the
+// timeout, the layer must refuse work until a collective reset(), and rounds must be correct
+// afterwards.
 //
 // Every scenario runs under a watchdog that exits the process if a rank is still waiting after
 // the deadline, so a wait that lost its bound fails the test instead of hanging CI.

@@ -1,4 +1,5 @@
-// MXFP8 / NVFP4 codecs (src/formats/codec.hpp) and the host matrix API (epmoe/formats.hpp).
+// MXFP8 / NVFP4 / fp8_block128 / MXFP4 codecs (src/formats/codec.hpp) and the host matrix API
+// (epmoe/formats.hpp).
 //
 // Decode tables are checked against values computed from the bit fields with std::ldexp; encoders
 // against the host paths of CUDA's own conversions (cuda_fp8.h, cuda_fp4.h) wherever CUDA defines
@@ -982,6 +983,582 @@ TEST(FormatsApi, RejectsBadArgumentsNamingArgumentValueAndRule) {
   EXPECT_NO_THROW(epmoe::quantize_mxfp8(nullptr, 0, 32, nullptr, nullptr));
   EXPECT_NO_THROW(epmoe::dequantize_nvfp4(nullptr, nullptr, nullptr, 0, 16,
                                           epmoe::Nvfp4ScaleGroup::per_row, nullptr));
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp8_block128 (DeepSeek-V3/R1): scale = amax / 448 in fp32, element = e4m3(x / scale)
+// ---------------------------------------------------------------------------------------------
+
+// The reference: the documented steps in fp32, rounded by cuda_fp8.h. A zero scale scales every
+// element by 0 (the zero of its sign). Finite x only.
+float fp8_expected_scale(const float* x, int rows, int cols, std::int64_t stride) {
+  float amax = 0;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[r * stride + c]));
+  return amax / 448.0f;
+}
+std::uint8_t fp8_expected_element(float x, float scale) {
+  return cuda_e4m3(scale == 0.0f ? x * 0.0f : x / scale);
+}
+
+TEST(FormatsFp8Block128, ScaleIsAmaxOver448AndNanForNonFinite) {
+  EXPECT_EQ(fp8_block128_scale(448.0f), 1.0f);
+  EXPECT_EQ(fp8_block128_scale(1.0f), 1.0f / 448.0f);
+  EXPECT_EQ(fp8_block128_scale(7.0f), 0.015625f);  // 7 / 448 = 2^-6, exact
+  EXPECT_EQ(fp8_block128_scale(0.0f), 0.0f);
+  EXPECT_EQ(fp8_block128_scale(from_bits(1)), 0.0f);  // 2^-149 / 448 underflows
+  EXPECT_GT(fp8_block128_scale(std::ldexp(1.0f, -140)), 0.0f);
+  EXPECT_TRUE(std::isnan(fp8_block128_scale(kNan)));
+  EXPECT_TRUE(std::isnan(fp8_block128_scale(kInf)));
+  EXPECT_EQ(fp8_block128_scale(FLT_MAX), FLT_MAX / 448.0f);
+}
+
+// Blocks of every magnitude, fp32 subnormals and saturation included, partial lengths too.
+TEST(FormatsFp8Block128, EncodeMatchesCudaConversionsOnRandomBlocks) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 4000; ++trial) {
+    const float center = std::uniform_real_distribution<float>(-150.0f, 124.0f)(rng);
+    const int n = trial % 5 == 0 ? 1 + trial % 127 : kFp8Block128;
+    std::vector<float> x = random_block(rng, n, center - 14, center + 3);
+    std::uint8_t el[kFp8Block128];
+    float scale;
+    fp8_block128_encode_block(x.data(), n, el, &scale);
+    const float want = fp8_expected_scale(x.data(), 1, n, n);
+    ASSERT_EQ(to_bits(scale), to_bits(want)) << "trial " << trial;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(el[i], fp8_expected_element(x[static_cast<std::size_t>(i)], scale))
+          << "x " << x[static_cast<std::size_t>(i)] << " scale " << scale;
+    }
+  }
+}
+
+// Every E4M3 tie and its neighbours as x / scale, under a power-of-two scale and under scale 3.
+TEST(FormatsFp8Block128, EncodeMatchesCudaAroundEveryE4m3Tie) {
+  for (float amax : {448.0f, 1344.0f}) {  // scale 1, scale 3
+    const float scale = fp8_block128_scale(amax);
+    for (float t : near_ties(e4m3_positive_values())) {
+      const float x = t * scale;
+      if (std::fabs(x) > amax) continue;
+      ASSERT_EQ(fp8_block128_encode_value(x, scale), fp8_expected_element(x, scale)) << "x " << x;
+    }
+  }
+}
+
+TEST(FormatsFp8Block128, SubnormalsNegativeZerosAndTheBlockAmaxAs448) {
+  float x[kFp8Block128] = {};
+  x[0] = -448.0f;                // scale 1
+  x[1] = std::ldexp(1.0f, -9);   // smallest E4M3 subnormal
+  x[2] = std::ldexp(3.0f, -10);  // tie 1 | 2 -> 2
+  x[3] = std::ldexp(1.0f, -10);  // tie 0 | 1 -> 0
+  x[4] = -1e-6f;                 // negative, rounds to zero: -0
+  x[5] = -0.0f;
+  x[6] = 17.0f;  // tie 16 | 18 -> 16
+  std::uint8_t el[kFp8Block128];
+  float scale;
+  fp8_block128_encode_block(x, kFp8Block128, el, &scale);
+  EXPECT_EQ(scale, 1.0f);
+  const std::uint8_t want[7] = {0xfe, 0x01, 0x02, 0x00, 0x80, 0x80, 0x58};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(el[i], want[i]) << "i " << i;
+  for (int i = 7; i < kFp8Block128; ++i) EXPECT_EQ(el[i], 0x00);
+  float y[kFp8Block128];
+  fp8_block128_decode_block(el, scale, kFp8Block128, y);
+  EXPECT_TRUE(std::signbit(y[4]) && std::signbit(y[5]) && y[4] == 0.0f);
+  // Whatever the fp32 rounding of amax / 448, the block's largest value encodes as ±448.
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const float amax = std::exp2(std::uniform_real_distribution<float>(-120.0f, 127.0f)(rng));
+    ASSERT_EQ(fp8_block128_encode_value(amax, fp8_block128_scale(amax)), 0x7e) << amax;
+  }
+}
+
+TEST(FormatsFp8Block128, ZeroScaleBlocksKeepEachElementsSign) {
+  const float tiny = std::ldexp(1.0f, -145);  // amax / 448 underflows to 0
+  const float blocks[][8] = {{0.0f, -0.0f, 0.0f, -0.0f},
+                             {tiny, -tiny, from_bits(0x80000001u), 0.0f, -0.0f, -tiny}};
+  for (const auto& x : blocks) {
+    std::uint8_t el[8];
+    float scale = 1.0f;
+    fp8_block128_encode_block(x, 8, el, &scale);
+    EXPECT_EQ(to_bits(scale), 0u);
+    float y[8];
+    fp8_block128_decode_block(el, scale, 8, y);
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(el[i], std::signbit(x[i]) ? 0x80 : 0x00) << "x " << x[i];
+      EXPECT_EQ(el[i], fp8_expected_element(x[i], scale));
+      EXPECT_EQ(y[i], 0.0f);
+      EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i]));
+    }
+  }
+}
+
+TEST(FormatsFp8Block128, NanOrInfMakesOnlyThatBlockNan) {
+  for (float bad : {kNan, kInf, -kInf}) {
+    std::vector<float> row(3 * kFp8Block128, 1.5f);
+    row[kFp8Block128 + 77] = bad;
+    std::uint8_t el[3 * kFp8Block128];
+    float scales[3];
+    fp8_block128_encode_row(row.data(), 3 * kFp8Block128, el, scales);
+    EXPECT_EQ(scales[0], 1.5f / 448.0f);
+    EXPECT_TRUE(std::isnan(scales[1]));
+    EXPECT_EQ(scales[2], 1.5f / 448.0f);
+    std::vector<float> y(row.size());
+    fp8_block128_decode_row(el, scales, 3 * kFp8Block128, y.data());
+    for (int i = 0; i < 3 * kFp8Block128; ++i) {
+      if (i / kFp8Block128 == 1) {
+        EXPECT_EQ(el[i], 0x7f);
+        EXPECT_EQ(to_bits(y[static_cast<std::size_t>(i)]), kF32QuietNan) << "i " << i;
+      } else {
+        EXPECT_EQ(el[i], 0x7e);
+        EXPECT_FLOAT_EQ(y[static_cast<std::size_t>(i)], 1.5f) << "i " << i;
+      }
+    }
+  }
+}
+
+TEST(FormatsFp8Block128, RoundTripErrorIsWithinHalfAnE4m3Step) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const float center = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+    std::vector<float> x = random_block(rng, kFp8Block128, center - 20, center);
+    std::vector<float> y(x.size());
+    fp8_block128_quantize_dequantize_row(x.data(), kFp8Block128, y.data());
+    const double s = fp8_block128_scale(bits_float(abs_max_bits(x.data(), kFp8Block128)));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      // Normal E4M3: half a step is 2^-4 relative; subnormal: 2^-10 * scale; plus the fp32
+      // roundings of x / scale and of the decode product.
+      const double bound = (std::fabs(x[i]) * 0x1p-4 + 0x1p-10 * s) * (1 + 1e-6);
+      ASSERT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), bound) << "x " << x[i];
+    }
+  }
+}
+
+// gpt-oss H = 2880 is not a multiple of 128: the last tile column and run are 64 wide; 200 rows
+// leave a last tile row of 72. Every scale is the amax of exactly its region / 448.
+TEST(FormatsFp8Block128, PartialTilesAndRunsCoverWhatIsThere) {
+  const std::int64_t rows = 200, cols = 2880, sc = 23;
+  std::mt19937 rng(14);
+  std::vector<float> x = random_block(rng, static_cast<int>(rows * cols), -12, 4);
+  x[199 * cols + 2879] = 1000.0f;  // only the last, partial tile sees it
+  std::vector<std::uint8_t> el(x.size());
+  std::vector<float> tiles(2 * sc), runs(rows * sc);
+  epmoe::quantize_fp8_block128(x.data(), rows, cols, epmoe::Fp8Blocks::tile_128x128, el.data(),
+                               tiles.data());
+  for (std::int64_t i = 0; i < 2; ++i) {
+    for (std::int64_t j = 0; j < sc; ++j) {
+      const int n_rows = i == 1 ? 72 : 128, n_cols = j == sc - 1 ? 64 : 128;
+      const float* at = x.data() + i * 128 * cols + j * 128;
+      const float want = fp8_expected_scale(at, n_rows, n_cols, cols);
+      ASSERT_EQ(to_bits(tiles[static_cast<std::size_t>(i * sc + j)]), to_bits(want))
+          << "tile " << i << ", " << j;
+      for (int r = 0; r < n_rows; ++r)
+        for (int c = 0; c < n_cols; ++c) {
+          const std::size_t k = static_cast<std::size_t>((i * 128 + r) * cols + j * 128 + c);
+          ASSERT_EQ(el[k], fp8_expected_element(x[k], want)) << "x " << x[k];
+        }
+    }
+  }
+  EXPECT_EQ(tiles[2 * sc - 1], 1000.0f / 448.0f);
+  std::vector<float> y(x.size()), z(cols);
+  epmoe::dequantize_fp8_block128(el.data(), tiles.data(), rows, cols,
+                                 epmoe::Fp8Blocks::tile_128x128, y.data());
+  EXPECT_EQ(y[199 * cols + 2879], fp8_block128_decode_value(0x7e, 1000.0f / 448.0f));
+  for (std::int64_t r : {0, 127, 128, 199}) {
+    fp8_block128_decode_row(el.data() + r * cols, tiles.data() + r / 128 * sc, cols, z.data());
+    for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(y[r * cols + c], z[c]);
+  }
+  // Activations: one scale per 1 x 128 run, the last run of each row 64 long.
+  epmoe::quantize_fp8_block128(x.data(), rows, cols, epmoe::Fp8Blocks::row_1x128, el.data(),
+                               runs.data());
+  std::vector<std::uint8_t> el_row(cols);
+  std::vector<float> sc_row(sc);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    fp8_block128_encode_row(x.data() + r * cols, cols, el_row.data(), sc_row.data());
+    EXPECT_EQ(to_bits(sc_row[sc - 1]),
+              to_bits(fp8_expected_scale(x.data() + r * cols + 2816, 1, 64, 64)));
+    for (std::int64_t j = 0; j < sc; ++j) ASSERT_EQ(runs[r * sc + j], sc_row[j]);
+    for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(el[r * cols + c], el_row[c]);
+  }
+  epmoe::dequantize_fp8_block128(el.data(), runs.data(), rows, cols, epmoe::Fp8Blocks::row_1x128,
+                                 y.data());
+  fp8_block128_quantize_dequantize_row(x.data() + 5 * cols, cols, z.data());
+  for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(y[5 * cols + c], z[c]);
+}
+
+TEST(FormatsFp8Block128, WorkedExample) {
+  float x[kFp8Block128] = {10.0f, 1.0f, -2.5f, 0.05f, 0.001f, -0.0001f, -0.0f, 7.0f};
+  std::uint8_t el[kFp8Block128];
+  float scale;
+  fp8_block128_encode_block(x, kFp8Block128, el, &scale);
+  EXPECT_EQ(to_bits(scale), 0x3cb6db6eu);  // 10 / 448 = 0.0223214291...
+  // x / scale: 448, 44.8, -112, 2.24, 0.0448, -0.00448, -0, 313.6.
+  const std::uint8_t want[8] = {0x7e, 0x63, 0xee, 0x41, 0x13, 0x82, 0x80, 0x7a};
+  const float decoded[8] = {10.0f,          0.98214287f,     -2.5f, 0.050223216f,
+                            0.00095912389f, -8.7193082e-05f, -0.0f, 7.1428576f};
+  float y[8];
+  fp8_block128_decode_block(el, scale, 8, y);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(el[i], want[i]) << "i " << i;
+    EXPECT_FLOAT_EQ(y[i], decoded[i]) << "i " << i;
+  }
+  for (int i = 8; i < kFp8Block128; ++i) EXPECT_EQ(el[i], 0);
+}
+
+// Every input class of support/nvfp4_inputs.hpp (zeros with -0, ties, fp32 subnormals, FLT_MAX,
+// rows of every magnitude), both block shapes, against cuda_fp8.h. tests/gpu/ runs it on the
+// device.
+TEST(FormatsFp8Block128, EncodeMatchesCudaConversionsOnEveryInputClass) {
+  std::int64_t rows = 0;
+  const std::vector<float> x = test::nvfp4_input_matrix(&rows);
+  const std::int64_t cols = test::kNvfp4InputCols;
+  std::vector<std::uint8_t> el(x.size());
+  std::vector<float> scales(static_cast<std::size_t>(rows));
+  epmoe::quantize_fp8_block128(x.data(), rows, cols, epmoe::Fp8Blocks::row_1x128, el.data(),
+                               scales.data());
+  int zero_scales = 0, negative_zeros = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float want = fp8_expected_scale(x.data() + r * cols, 1, static_cast<int>(cols), cols);
+    ASSERT_EQ(to_bits(scales[static_cast<std::size_t>(r)]), to_bits(want)) << "row " << r;
+    zero_scales += want == 0.0f;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::size_t k = static_cast<std::size_t>(r * cols + c);
+      ASSERT_EQ(el[k], fp8_expected_element(x[k], want)) << "x " << x[k] << " row " << r;
+      negative_zeros += el[k] == 0x80;
+    }
+  }
+  EXPECT_GE(zero_scales, 2);
+  EXPECT_GT(negative_zeros, 100);
+  // The same matrix as 128 x 128 tiles.
+  std::vector<float> tiles(static_cast<std::size_t>(fp8_block128_scale_count(rows)));
+  epmoe::quantize_fp8_block128(x.data(), rows, cols, epmoe::Fp8Blocks::tile_128x128, el.data(),
+                               tiles.data());
+  for (std::size_t i = 0; i < tiles.size(); ++i) {
+    const int n_rows = static_cast<int>(std::min<std::int64_t>(128, rows - 128 * i));
+    const float want = fp8_expected_scale(x.data() + 128 * i * cols, n_rows, 128, cols);
+    ASSERT_EQ(to_bits(tiles[i]), to_bits(want));
+    for (std::size_t k = 128 * i * cols; k < (128 * i + n_rows) * cols; ++k)
+      ASSERT_EQ(el[k], fp8_expected_element(x[k], want)) << "x " << x[k];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MXFP4 (gpt-oss): E2M1 elements, one E8M0 scale per 32
+// ---------------------------------------------------------------------------------------------
+
+TEST(FormatsMxfp4Scale, EdgeCases) {
+  const auto rceil = ScaleRounding::rceil, floor = ScaleRounding::ocp_floor;
+  EXPECT_EQ(mxfp4_scale_code(6.0f, rceil), 127);
+  EXPECT_EQ(mxfp4_scale_code(next_up(6.0f), rceil), 128);
+  EXPECT_EQ(mxfp4_scale_code(1.0f, rceil), 125);  // ceil(log2(1 / 6)) = -2
+  EXPECT_EQ(mxfp4_scale_code(6.0f, floor), 127);  // floor(log2 6) - 2 = 0
+  EXPECT_EQ(mxfp4_scale_code(next_down(8.0f), floor), 127);
+  EXPECT_EQ(mxfp4_scale_code(8.0f, floor), 128);
+  EXPECT_EQ(mxfp4_scale_code(1.0f, floor), 125);
+  for (auto r : {rceil, floor}) {
+    EXPECT_EQ(mxfp4_scale_code(0.0f, r), 0);
+    EXPECT_EQ(mxfp4_scale_code(from_bits(0x007fffffu), r), 0);  // fp32 subnormal
+    EXPECT_EQ(mxfp4_scale_code(FLT_MIN, r), 0);                 // e = -128, clamped
+    EXPECT_EQ(mxfp4_scale_code(std::ldexp(1.0f, -124), r), 1);
+    EXPECT_EQ(mxfp4_scale_code(kNan, r), 0xff);
+    EXPECT_EQ(mxfp4_scale_code(kInf, r), 0xff);
+  }
+  EXPECT_EQ(mxfp4_scale_code(FLT_MAX, rceil), 253);  // 2^126: FLT_MAX / 2^126 < 4
+  EXPECT_EQ(mxfp4_scale_code(FLT_MAX, floor), 252);
+}
+
+TEST(FormatsMxfp4Scale, RceilMatchesCudaE8m0RoundUpOfAmaxOver6) {
+  sweep_float_bits(997, [](float amax) {
+    if (!std::isfinite(amax) || amax <= 0.0f || amax / 6.0f < FLT_MIN) return true;
+    const int got = mxfp4_scale_code(amax, ScaleRounding::rceil), want = cuda_e8m0_up(amax / 6.0f);
+    EXPECT_EQ(got, want) << "amax " << amax;
+    // And it is the smallest power of two that avoids saturation.
+    EXPECT_LE(static_cast<double>(amax), 6.0 * std::ldexp(1.0, got - 127)) << "amax " << amax;
+    EXPECT_GT(static_cast<double>(amax), 6.0 * std::ldexp(1.0, got - 128)) << "amax " << amax;
+    return got == want;
+  });
+}
+
+TEST(FormatsMxfp4Scale, OcpFloorMatchesCudaE8m0RoundDownOfAmaxMinus2) {
+  sweep_float_bits(997, [](float amax) {
+    if (!std::isfinite(amax) || amax < 0.0f) return true;
+    const int got = mxfp4_scale_code(amax, ScaleRounding::ocp_floor);
+    const int want = std::max(0, static_cast<int>(cuda_e8m0_down(amax)) - 2);
+    EXPECT_EQ(got, want) << "amax " << amax;
+    return got == want;
+  });
+}
+
+// Elements against cuda_fp4.h of x * 2^-e (exact in double), scales against cuda_fp8.h's E8M0.
+TEST(FormatsMxfp4Block, EncodeMatchesCudaConversions) {
+  std::mt19937 rng(15);
+  for (ScaleRounding r : {ScaleRounding::rceil, ScaleRounding::ocp_floor}) {
+    for (int trial = 0; trial < 4000; ++trial) {
+      const float center = std::uniform_real_distribution<float>(-110.0f, 110.0f)(rng);
+      std::vector<float> x = random_block(rng, kMxfp8Block, center - 6, center + 2);
+      std::uint8_t packed[16], scale;
+      mxfp4_encode_block(x.data(), kMxfp8Block, r, packed, &scale);
+      float amax = 0;
+      for (float v : x) amax = std::max(amax, std::fabs(v));
+      const int want_scale = r == ScaleRounding::rceil
+                                 ? cuda_e8m0_up(amax / 6.0f)
+                                 : std::max(0, static_cast<int>(cuda_e8m0_down(amax)) - 2);
+      ASSERT_EQ(scale, want_scale) << "amax " << amax;
+      for (int i = 0; i < kMxfp8Block; ++i) {
+        const double scaled =
+            std::ldexp(static_cast<double>(x[static_cast<std::size_t>(i)]), 127 - want_scale);
+        ASSERT_EQ((packed[i / 2] >> (4 * (i % 2))) & 0xf,
+                  __nv_cvt_double_to_fp4(scaled, __NV_E2M1, cudaRoundNearest))
+            << "x " << x[static_cast<std::size_t>(i)];
+      }
+    }
+  }
+}
+
+// With amax 6 the rceil scale is 1, so the elements are e2m1(x): every tie, saturation past the
+// block's own values cannot happen, negatives that round to zero are -0 (0x8), as CUDA gives.
+TEST(FormatsMxfp4Block, TiesAndNegativeZerosAreCudasWithScaleOne) {
+  const float x[kMxfp8Block] = {6.0f, 0.25f,   0.75f, 1.25f,  1.75f, 2.5f,
+                                3.5f, 5.0f,    -5.0f, -0.25f, -0.1f, -0.0f,
+                                0.0f, -1e-30f, 5.5f,  -2.75f, 0.5f,  from_bits(0x80000001u)};
+  std::uint8_t packed[16], scale;
+  mxfp4_encode_block(x, kMxfp8Block, ScaleRounding::rceil, packed, &scale);
+  EXPECT_EQ(scale, 127);
+  const int want[18] = {0x7, 0x0, 0x2, 0x2, 0x4, 0x4, 0x6, 0x6, 0xe,
+                        0x8, 0x8, 0x8, 0x0, 0x8, 0x7, 0xd, 0x1, 0x8};
+  for (int i = 0; i < kMxfp8Block; ++i) {
+    const int code = (packed[i / 2] >> (4 * (i % 2))) & 0xf;
+    EXPECT_EQ(code, cuda_e2m1(x[i])) << "x " << x[i];
+    if (i < 18) {
+      EXPECT_EQ(code, want[i]) << "x " << x[i];
+    }
+  }
+  float y[kMxfp8Block];
+  mxfp4_decode_block(packed, scale, kMxfp8Block, y);
+  EXPECT_TRUE(std::signbit(y[9]) && std::signbit(y[11]) && y[9] == 0.0f);
+  EXPECT_FALSE(std::signbit(y[12]));
+}
+
+TEST(FormatsMxfp4Block, OcpFloorSaturatesWhereRceilDoesNot) {
+  std::vector<float> x(kMxfp8Block, 1.0f);
+  x[0] = 7.0f;
+  std::uint8_t packed[16], scale;
+  float y[kMxfp8Block];
+  mxfp4_encode_block(x.data(), kMxfp8Block, ScaleRounding::ocp_floor, packed, &scale);
+  EXPECT_EQ(scale, 127);       // 2^(floor(log2 7) - 2) = 2^0
+  EXPECT_EQ(packed[0], 0x27);  // 7 saturates to 6 (0x7); 1.0 is 0x2
+  mxfp4_decode_block(packed, scale, kMxfp8Block, y);
+  EXPECT_EQ(y[0], 6.0f);
+  mxfp4_encode_block(x.data(), kMxfp8Block, ScaleRounding::rceil, packed, &scale);
+  EXPECT_EQ(scale, 128);       // 2^ceil(log2(7 / 6)) = 2^1
+  EXPECT_EQ(packed[0], 0x16);  // 3.5 -> 4 (0x6, tie to even); 0.5 is 0x1
+  mxfp4_decode_block(packed, scale, kMxfp8Block, y);
+  EXPECT_EQ(y[0], 8.0f);
+  EXPECT_EQ(y[1], 1.0f);
+}
+
+TEST(FormatsMxfp4Block, AllZeroAndFp32DenormalBlocksUseTheSmallestScale) {
+  float zeros[kMxfp8Block] = {};
+  zeros[3] = -0.0f;
+  std::uint8_t packed[16], scale = 99;
+  mxfp4_encode_block(zeros, kMxfp8Block, ScaleRounding::rceil, packed, &scale);
+  EXPECT_EQ(scale, 0);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(packed[i], i == 1 ? 0x80 : 0x00) << "byte " << i;
+  float x[kMxfp8Block];
+  for (int i = 0; i < kMxfp8Block; ++i)
+    x[i] = from_bits(static_cast<std::uint32_t>(i) << 18) * (i % 2 ? -1.0f : 1.0f);
+  for (ScaleRounding r : {ScaleRounding::rceil, ScaleRounding::ocp_floor}) {
+    mxfp4_encode_block(x, kMxfp8Block, r, packed, &scale);
+    EXPECT_EQ(scale, 0);
+    float y[kMxfp8Block];
+    mxfp4_decode_block(packed, scale, kMxfp8Block, y);
+    for (int i = 0; i < kMxfp8Block; ++i) {
+      // x * 2^127 = ±i * 2^-4: under 2, so E2M1 keeps it to half a step (0.25) of 2^-127.
+      EXPECT_EQ((packed[i / 2] >> (4 * (i % 2))) & 0xf, cuda_e2m1(std::ldexp(x[i], 127)))
+          << "i " << i;
+      EXPECT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), std::ldexp(0.25, -127)) << "i " << i;
+    }
+  }
+}
+
+TEST(FormatsMxfp4Block, NanOrInfAnywhereMakesOnlyThatBlockNan) {
+  for (float bad : {kNan, kInf, -kInf}) {
+    std::vector<float> row(3 * kMxfp8Block, 1.5f);
+    row[kMxfp8Block + 31] = bad;
+    std::uint8_t packed[48], scales[3];
+    mxfp4_encode_row(row.data(), 3 * kMxfp8Block, ScaleRounding::rceil, packed, scales);
+    EXPECT_EQ(scales[0], 125);  // ceil(log2(1.5 / 6)) = -2; 1.5 * 2^2 = 6, no saturation
+    EXPECT_EQ(scales[1], 0xff);
+    for (int i = 16; i < 32; ++i) EXPECT_EQ(packed[i], 0) << "byte " << i;
+    float y[3 * kMxfp8Block];
+    mxfp4_decode_row(packed, scales, 3 * kMxfp8Block, y);
+    for (int i = 0; i < 3 * kMxfp8Block; ++i) {
+      if (i / kMxfp8Block == 1)
+        EXPECT_EQ(to_bits(y[i]), kF32QuietNan) << "i " << i;
+      else
+        EXPECT_EQ(y[i], 1.5f) << "i " << i;
+    }
+  }
+}
+
+// The decoder as gpt-oss's loaders read *_blocks / *_scales: a 16-entry table of E2M1 values,
+// element 2i from the low nibble, element 2i+1 from the high one, times 2^(scale - 127).
+TEST(FormatsMxfp4Block, DecodesLikeAGptOssTableLookup) {
+  const float lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  std::mt19937 rng(16);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::uint8_t> packed(4 * 64), scales(4 * 4);
+  for (auto& b : packed) b = static_cast<std::uint8_t>(byte(rng));
+  for (auto& s : scales) s = static_cast<std::uint8_t>(byte(rng) % 255);  // 0xFF is NaN
+  std::vector<float> y(4 * 128);
+  epmoe::dequantize_mxfp4(packed.data(), scales.data(), 4, 128, y.data());
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 128; ++c) {
+      const std::uint8_t b = packed[static_cast<std::size_t>(r * 64 + c / 2)];
+      const float want = std::ldexp(lut[c % 2 ? b >> 4 : b & 0xf],
+                                    scales[static_cast<std::size_t>(r * 4 + c / 32)] - 127);
+      ASSERT_EQ(to_bits(y[static_cast<std::size_t>(r * 128 + c)]), to_bits(want))
+          << "row " << r << " col " << c;
+    }
+}
+
+TEST(FormatsMxfp4Block, RoundTripErrorIsWithinHalfAnE2m1Step) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const float center = std::uniform_real_distribution<float>(-100.0f, 100.0f)(rng);
+    std::vector<float> x = random_block(rng, 4 * kMxfp8Block, center - 8, center);
+    std::vector<std::uint8_t> packed(64), scales(4);
+    std::vector<float> y(x.size()), z(x.size());
+    mxfp4_encode_row(x.data(), 4 * kMxfp8Block, ScaleRounding::rceil, packed.data(), scales.data());
+    mxfp4_decode_row(packed.data(), scales.data(), 4 * kMxfp8Block, y.data());
+    mxfp4_quantize_dequantize_row(x.data(), 4 * kMxfp8Block, ScaleRounding::rceil, z.data());
+    ASSERT_EQ(y, z);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double unit = e8m0_to_float(scales[i / 32]);
+      const double q = std::fabs(x[i]) / unit;  // never above 6 under rceil
+      ASSERT_LE(q, 6.0);
+      ASSERT_LE(std::fabs(static_cast<double>(y[i]) - x[i]), std::max(0.25, q / 4) * unit)
+          << "x " << x[i];
+    }
+  }
+}
+
+TEST(FormatsMxfp4Block, WorkedExample) {
+  const float x[kMxfp8Block] = {5.0f, -0.3f, 1.2f, 0.1f, -2.6f, 0.9f, 3.1f, -0.0f};
+  std::uint8_t packed[16], scale;
+  mxfp4_encode_block(x, kMxfp8Block, ScaleRounding::rceil, packed, &scale);
+  EXPECT_EQ(scale, 127);       // amax 5: ceil(log2(5 / 6)) = 0
+  EXPECT_EQ(packed[0], 0x96);  // 5 -> 4 (0x6, tie to even) low; -0.3 -> -0.5 (0x9) high
+  EXPECT_EQ(packed[1], 0x02);  // 1.2 -> 1 (0x2); 0.1 -> 0
+  EXPECT_EQ(packed[2], 0x2d);  // -2.6 -> -3 (0xd); 0.9 -> 1 (0x2)
+  EXPECT_EQ(packed[3], 0x85);  // 3.1 -> 3 (0x5); -0 (0x8)
+  mxfp4_encode_block(x, kMxfp8Block, ScaleRounding::ocp_floor, packed, &scale);
+  EXPECT_EQ(scale, 127);  // floor(log2 5) - 2 = 0: the same here
+  float y[8];
+  mxfp4_decode_block(packed, scale, 8, y);
+  const float want[8] = {4.0f, -0.5f, 1.0f, 0.0f, -3.0f, 1.0f, 3.0f, -0.0f};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(y[i], want[i]) << "i " << i;
+}
+
+// support/nvfp4_inputs.hpp's matrix (every magnitude, ties, subnormals, signed zeros) through the
+// host API, both roundings, against cuda_fp8.h's E8M0 and cuda_fp4.h. tests/gpu/ on the device.
+TEST(FormatsMxfp4Block, EncodeMatchesCudaConversionsOnEveryInputClass) {
+  std::int64_t rows = 0;
+  const std::vector<float> x = test::nvfp4_input_matrix(&rows);
+  const std::int64_t cols = test::kNvfp4InputCols;
+  for (ScaleRounding r : {ScaleRounding::rceil, ScaleRounding::ocp_floor}) {
+    std::vector<std::uint8_t> packed(x.size() / 2), scales(x.size() / 32);
+    epmoe::quantize_mxfp4(x.data(), rows, cols, packed.data(), scales.data(), r);
+    int negative_zeros = 0;
+    for (std::size_t b = 0; b < scales.size(); ++b) {
+      float amax = 0;
+      for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const int floor_code = std::max(0, static_cast<int>(cuda_e8m0_down(amax)) - 2);
+      if (r == ScaleRounding::ocp_floor) {
+        ASSERT_EQ(scales[b], floor_code) << "amax " << amax;
+      } else if (amax / 6.0f >= FLT_MIN) {
+        ASSERT_EQ(scales[b], cuda_e8m0_up(amax / 6.0f)) << "amax " << amax;
+      }
+      for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) {
+        const int code = (packed[i / 2] >> (4 * (i % 2))) & 0xf;
+        const double scaled = std::ldexp(static_cast<double>(x[i]), 127 - scales[b]);
+        ASSERT_EQ(code, __nv_cvt_double_to_fp4(scaled, __NV_E2M1, cudaRoundNearest))
+            << "x " << x[i];
+        negative_zeros += code == 0x8;
+      }
+    }
+    EXPECT_GT(negative_zeros, 100);
+  }
+}
+
+TEST(FormatsApi, QuantizeMxfp4MatchesTheRowCodecAndRoundTrips) {
+  std::mt19937 rng(18);
+  const std::int64_t rows = 5, cols = 2880;  // gpt-oss H: 90 blocks of 32
+  std::vector<float> x = random_block(rng, static_cast<int>(rows * cols), -10, 6);
+  std::vector<std::uint8_t> packed(rows * cols / 2), sc(rows * cols / 32);
+  epmoe::quantize_mxfp4(x.data(), rows, cols, packed.data(), sc.data(), ScaleRounding::ocp_floor);
+  std::vector<std::uint8_t> p_row(cols / 2), s_row(cols / 32);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    mxfp4_encode_row(x.data() + r * cols, cols, ScaleRounding::ocp_floor, p_row.data(),
+                     s_row.data());
+    for (std::int64_t c = 0; c < cols / 2; ++c) ASSERT_EQ(packed[r * cols / 2 + c], p_row[c]);
+    for (std::int64_t j = 0; j < cols / 32; ++j) ASSERT_EQ(sc[r * cols / 32 + j], s_row[j]);
+  }
+  std::vector<float> y(rows * cols), z(rows * cols);
+  epmoe::dequantize_mxfp4(packed.data(), sc.data(), rows, cols, y.data());
+  for (std::int64_t r = 0; r < rows; ++r)
+    mxfp4_quantize_dequantize_row(x.data() + r * cols, cols, ScaleRounding::ocp_floor,
+                                  z.data() + r * cols);
+  EXPECT_EQ(y, z);
+  epmoe::quantize_mxfp4(x.data(), rows, cols, packed.data(), sc.data());  // rceil by default
+  mxfp4_encode_row(x.data(), cols, ScaleRounding::rceil, p_row.data(), s_row.data());
+  EXPECT_TRUE(std::equal(s_row.begin(), s_row.end(), sc.begin()));
+}
+
+TEST(FormatsSizes, Fp8Block128AndMxfp4RowBytes) {
+  EXPECT_EQ(fp8_block128_scale_count(7168), 56);
+  EXPECT_EQ(fp8_block128_row_bytes(7168), 7168 + 4 * 56);
+  EXPECT_EQ(fp8_block128_scale_count(2880), 23);  // the last run is 64 long
+  EXPECT_EQ(mxfp4_packed_bytes(2880), 1440);
+  EXPECT_EQ(mxfp4_scale_count(2880), 90);
+  EXPECT_EQ(mxfp4_row_bytes(2880), 1440 + 90);
+  static_assert(fp8_block128_row_bytes(128) == 132 && mxfp4_row_bytes(32) == 17);
+}
+
+TEST(FormatsApi, RejectsBadFp8Block128AndMxfp4Arguments) {
+  std::vector<float> x(64 * 2), y(64 * 2);
+  std::vector<std::uint8_t> a(64 * 2), b(16);
+  EXPECT_EQ(invalid_argument_message([&] {
+              epmoe::quantize_fp8_block128(x.data(), -1, 64, epmoe::Fp8Blocks::row_1x128, a.data(),
+                                           y.data());
+            }),
+            "quantize_fp8_block128: rows=-1 must be >= 0");
+  EXPECT_EQ(invalid_argument_message([&] {
+              epmoe::quantize_fp8_block128(x.data(), 1, 64, static_cast<epmoe::Fp8Blocks>(5),
+                                           a.data(), y.data());
+            }),
+            "quantize_fp8_block128: blocks=5 must be tile_128x128 or row_1x128");
+  EXPECT_EQ(invalid_argument_message([&] {
+              epmoe::dequantize_fp8_block128(a.data(), nullptr, 2, 64,
+                                             epmoe::Fp8Blocks::tile_128x128, y.data());
+            }),
+            "dequantize_fp8_block128: scales=null must be non-null when rows * cols (2 * 64) > 0");
+  EXPECT_EQ(
+      invalid_argument_message([&] { epmoe::quantize_mxfp4(x.data(), 2, 48, a.data(), b.data()); }),
+      "quantize_mxfp4: cols=48 must be a multiple of 32");
+  EXPECT_EQ(invalid_argument_message([&] {
+              epmoe::quantize_mxfp4(x.data(), 1, 32, a.data(), b.data(),
+                                    static_cast<ScaleRounding>(9));
+            }),
+            "quantize_mxfp4: rounding=9 must be rceil or ocp_floor");
+  EXPECT_EQ(invalid_argument_message(
+                [&] { epmoe::dequantize_mxfp4(nullptr, b.data(), 1, 32, y.data()); }),
+            "dequantize_mxfp4: packed=null must be non-null when rows * cols (1 * 32) > 0");
+  // Any cols for fp8_block128 (a partial last block); empty matrices accept null pointers.
+  EXPECT_NO_THROW(epmoe::quantize_fp8_block128(x.data(), 1, 3, epmoe::Fp8Blocks::tile_128x128,
+                                               a.data(), y.data()));
+  EXPECT_NO_THROW(epmoe::quantize_mxfp4(nullptr, 0, 32, nullptr, nullptr));
+  EXPECT_NO_THROW(
+      epmoe::dequantize_fp8_block128(nullptr, nullptr, 0, 0, epmoe::Fp8Blocks::row_1x128, nullptr));
 }
 
 }  // namespace

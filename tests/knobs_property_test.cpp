@@ -1,6 +1,6 @@
 // Properties of with_knobs over the whole knob space × every caller choice, and of the built-in
-// default table (docs/design.md §5): tuning never fails because of a conflict the caller did not create,
-// never touches caller-owned fields, and always yields knobs the kernels can run.
+// default table (docs/design.md §5): tuning never fails because of a conflict the caller did not
+// create, never touches caller-owned fields, and always yields knobs the kernels can run.
 #include <epmoe/config.hpp>
 #include <epmoe/errors.hpp>
 

@@ -1,11 +1,13 @@
-// MXFP8 and NVFP4 quantization of fp32 matrices (DESIGN §6, docs/formats.md), on host memory
-// (pointers) or on host or CUDA memory (TensorViews, at the end of this file).
+// MXFP8, NVFP4, FP8 block-128 and MXFP4 quantization of fp32 matrices (DESIGN §6,
+// docs/formats.md), on host memory (pointers) or on host or CUDA memory (TensorViews, at the end
+// of this file).
 //
 // A matrix is row-major [rows, cols] and is quantized along cols (the reduction dimension), so
-// every row carries its own block scales. These functions produce exactly the bytes the CUDA
-// kernels and the reference forward produce (they share one codec), and the TensorView versions
-// are what the Python bindings quantize_mxfp8 / dequantize_mxfp8 / quantize_nvfp4 /
-// dequantize_nvfp4 call.
+// every row carries its own block scales (fp8_block128 weights: one scale per 128 x 128 tile).
+// These functions produce exactly the bytes the CUDA kernels and the reference forward produce
+// (they share one codec), and the TensorView versions are what the Python bindings quantize_mxfp8 /
+// dequantize_mxfp8 / quantize_nvfp4 / dequantize_nvfp4 / quantize_fp8_block128 / ... /
+// dequantize_mxfp4 call.
 //
 // Every rejected argument throws epmoe::Error(ErrorCode::invalid_argument) naming the function,
 // the argument, its value and the rule. A pointer may be null only when rows * cols == 0.
@@ -68,6 +70,51 @@ void dequantize_nvfp4(const std::uint8_t* packed, const std::uint8_t* scales,
                       const float* tensor_scales, std::int64_t rows, std::int64_t cols,
                       Nvfp4ScaleGroup group, float* out);
 
+// ---- FP8 with 128-blocks (fp8_block128; DeepSeek-V3/R1 checkpoints): E4M3 elements, fp32 scales.
+//
+// A scale is the dequantization multiplier (a checkpoint's weight_scale_inv): value = e4m3 *
+// scale. Encoding (DeepSeek-V3's reference act_quant / weight_quant, docs/formats.md): scale =
+// amax(block) / 448, element = e4m3(x / scale), RNE, saturating at ±448. A block holding NaN or
+// ±Inf gets a NaN scale and NaN elements (0x7F); a block whose scale is 0 (all zero) gets signed
+// zero elements. Blocks at the matrix edges cover what is there: any rows and cols are accepted.
+enum class Fp8Blocks : std::uint8_t {
+  tile_128x128,  // weights: one scale per 128 x 128 tile; scales [ceil(rows/128), ceil(cols/128)]
+  row_1x128,     // activations: one scale per 128 values of a row; scales [rows, ceil(cols/128)]
+};
+const char* to_string(Fp8Blocks blocks);
+
+// x:        rows * cols fp32, one matrix.
+// elements: rows * cols bytes, E4M3 codes, same layout as x.
+// scales:   fp32, row-major [ceil(rows/128), ceil(cols/128)] (tile_128x128: scales[i, j] covers
+//           x[128i .. 128i+127, 128j .. 128j+127]) or [rows, ceil(cols/128)] (row_1x128:
+//           scales[r, j] covers x[r, 128j .. 128j+127]); a last tile or run may be shorter.
+void quantize_fp8_block128(const float* x, std::int64_t rows, std::int64_t cols, Fp8Blocks blocks,
+                           std::uint8_t* elements, float* scales);
+
+// out[r, c] = e4m3(elements[r, c]) * scales[block of (r, c)], one fp32 rounding; NaN where either
+// is NaN. The scales may come from a checkpoint: any fp32 is taken as is.
+void dequantize_fp8_block128(const std::uint8_t* elements, const float* scales, std::int64_t rows,
+                             std::int64_t cols, Fp8Blocks blocks, float* out);
+
+// ---- MXFP4 (OCP MX v1.0; gpt-oss checkpoints): E2M1 elements, one E8M0 scale per 32. ----
+//
+// x:        rows * cols fp32; cols must be a multiple of 32.
+// packed:   rows * cols / 2 bytes; element c of a row sits in byte c/2, low nibble when c is even,
+//           high nibble when odd (gpt-oss's *_blocks [..., cols/32, 16] is this, viewed as
+//           [..., cols/2]).
+// scales:   rows * (cols / 32) bytes, E8M0 codes (gpt-oss's *_scales); scales[r * cols/32 + j]
+//           covers x[r, 32j .. 32j+31].
+// rounding: rceil (default) picks the smallest scale 2^ceil(log2(amax / 6)) with which no element
+//           saturates; ocp_floor is the OCP MX v1.0 rule 2^(floor(log2 amax) - 2), elements
+//           saturate to ±6.
+// A block holding NaN or ±Inf gets the NaN scale 0xFF (and elements 0); it decodes to NaNs.
+void quantize_mxfp4(const float* x, std::int64_t rows, std::int64_t cols, std::uint8_t* packed,
+                    std::uint8_t* scales, ScaleRounding rounding = ScaleRounding::rceil);
+
+// out[r, c] = e2m1(packed[r, c]) * 2^(scales[r, c/32] - 127); NaN for a 0xFF scale.
+void dequantize_mxfp4(const std::uint8_t* packed, const std::uint8_t* scales, std::int64_t rows,
+                      std::int64_t cols, float* out);
+
 // ---- The same codecs on tensors: host memory or CUDA memory, dispatched on where they live. ----
 //
 // Each tensor is contiguous and holds a matrix [..., cols] taken along its last dimension (rows =
@@ -95,6 +142,19 @@ void quantize_nvfp4_static(const TensorView& x, float tensor_scale, const Tensor
                            Stream stream = {});
 void dequantize_nvfp4(const TensorView& packed, const TensorView& scales,
                       const TensorView& tensor_scales, Nvfp4ScaleGroup group, const TensorView& out,
+                      Stream stream = {});
+
+// fp8_block128: x, out f32 and elements u8 [..., cols]. row_1x128: scales f32 [...,
+// ceil(cols/128)]. tile_128x128: x is a stack of matrices [..., rows, cols] (at least 2-D), each
+// tiled on its own (a checkpoint's experts), scales f32 [..., ceil(rows/128), ceil(cols/128)].
+void quantize_fp8_block128(const TensorView& x, Fp8Blocks blocks, const TensorView& elements,
+                           const TensorView& scales, Stream stream = {});
+void dequantize_fp8_block128(const TensorView& elements, const TensorView& scales, Fp8Blocks blocks,
+                             const TensorView& out, Stream stream = {});
+// mxfp4: packed u8 [..., cols / 2], scales u8 [..., cols / 32].
+void quantize_mxfp4(const TensorView& x, const TensorView& packed, const TensorView& scales,
+                    ScaleRounding rounding = ScaleRounding::rceil, Stream stream = {});
+void dequantize_mxfp4(const TensorView& packed, const TensorView& scales, const TensorView& out,
                       Stream stream = {});
 
 }  // namespace epmoe

@@ -1,5 +1,6 @@
 // The expert-parallel MoE layer. Every rank creates it (collectively) and calls forward() once per
-// round, whatever its token count (T may be 0), with no barrier between rounds (docs/design.md §1, §3).
+// round, whatever its token count (T may be 0), with no barrier between rounds (docs/design.md §1,
+// §3).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// Fault switches for tests and `epmoe stress --fault` (docs/design.md §3 I1, I3). Compiled in only when the
-// library is built with EPMOE_FAULT_INJECTION (test builds); otherwise inject_fault() throws
-// Error(unsupported).
+// Fault switches for tests and `epmoe stress --fault` (docs/design.md §3 I1, I3). Compiled in only
+// when the library is built with EPMOE_FAULT_INJECTION (test builds); otherwise inject_fault()
+// throws Error(unsupported).
 #pragma once
 
 #include <cstdint>

@@ -58,6 +58,7 @@ __all__ = [
     "Communicator",
     "Error",
     "ExpertMath",
+    "Fp8Blocks",
     "Health",
     "HostGroup",
     "Layer",
@@ -70,6 +71,8 @@ __all__ = [
     "ScaleRounding",
     "close_all",
     "cuda_device_count",
+    "dequantize_fp8_block128",
+    "dequantize_mxfp4",
     "dequantize_mxfp8",
     "dequantize_nvfp4",
     "find_model",
@@ -79,6 +82,8 @@ __all__ = [
     "make_config",
     "models",
     "nccl_communicators",
+    "quantize_fp8_block128",
+    "quantize_mxfp4",
     "quantize_mxfp8",
     "quantize_nvfp4",
 ]
@@ -129,7 +134,8 @@ class ExpertMath(_Named):
 
 
 class ScaleRounding(_Named):
-    """MXFP8 E8M0 scale rule: ``rceil`` (no element saturates) or ``ocp_floor`` (OCP MX v1.0)."""
+    """MXFP8 / MXFP4 E8M0 scale rule: ``rceil`` (no element saturates) or ``ocp_floor`` (OCP MX
+    v1.0)."""
 
     rceil = "rceil"
     ocp_floor = "ocp_floor"
@@ -140,6 +146,14 @@ class Nvfp4Group(_Named):
 
     per_tensor = "per_tensor"
     per_row = "per_row"
+
+
+class Fp8Blocks(_Named):
+    """What one fp8_block128 scale covers: a 128 x 128 tile of a weight matrix, or 128 values of
+    an activation row."""
+
+    tile_128x128 = "tile_128x128"
+    row_1x128 = "row_1x128"
 
 
 NameOr = Union[str, enum.Enum]
@@ -604,6 +618,94 @@ def dequantize_nvfp4(
     _ext.dequantize_nvfp4(packed, scales, tensor_scales, out,
                           None if group is None else _name(group),
                           _stream_handle(stream, packed, fn))
+    return out
+
+
+def _ceil128(n: int) -> int:
+    return (n + 127) // 128
+
+
+def quantize_fp8_block128(
+    x: Any, blocks: NameOr = "tile_128x128", *, out: Any = None, stream: Any = None
+) -> Tuple[Any, Any]:
+    """FP8 with 128-blocks (DeepSeek-V3/R1 checkpoints): ``(elements uint8 E4M3 codes, same shape
+    as x; scales float32)``, value = e4m3(element) * scale.
+
+    ``blocks="tile_128x128"`` (weights): x is [..., rows, cols], each matrix tiled on its own;
+    scales [..., ceil(rows/128), ceil(cols/128)] (a checkpoint's ``weight_scale_inv``).
+    ``"row_1x128"`` (activations): x is [..., cols]; scales [..., ceil(cols/128)]. scale =
+    amax(block) / 448, element = e4m3(x / scale); blocks at the edges cover what is there (any
+    rows and cols). A block holding NaN or ±Inf gets a NaN scale; an all-zero block scale 0.
+    Outputs live where x does; ``out=(elements, scales)`` writes into given arrays."""
+    fn = "quantize_fp8_block128"
+    kind = _kind(x)
+    x = _codec_input(x, kind)
+    shape = _shape(x)
+    if out is None:
+        scale_shape = _with_last(shape, _ceil128(shape[-1]) if shape else 0)
+        if _name(blocks) == "tile_128x128" and len(shape) >= 2:
+            scale_shape = scale_shape[:-2] + (_ceil128(shape[-2]),) + scale_shape[-1:]
+        out = (_empty(fn, x, kind, shape, "uint8"), _empty(fn, x, kind, scale_shape, "float32"))
+    elements, scales = _outputs(fn, out, ("elements", "scales"))
+    _ext.quantize_fp8_block128(x, elements, scales, _name(blocks), _stream_handle(stream, x, fn))
+    return elements, scales
+
+
+def dequantize_fp8_block128(
+    elements: Any,
+    scales: Any,
+    blocks: Optional[NameOr] = None,
+    *,
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """float32, elements' shape: e4m3(elements) * scales[block] (NaN where either is NaN), where
+    elements lives. ``blocks`` defaults to what scales' shape says (see
+    :func:`quantize_fp8_block128`); ``out=`` writes into a given array."""
+    fn = "dequantize_fp8_block128"
+    if out is None:
+        out = _empty(fn, elements, _kind(elements), _shape(elements), "float32")
+    (out,) = _outputs(fn, out, ("out",))
+    _ext.dequantize_fp8_block128(elements, scales, out,
+                                 None if blocks is None else _name(blocks),
+                                 _stream_handle(stream, elements, fn))
+    return out
+
+
+def quantize_mxfp4(
+    x: Any, rounding: NameOr = "rceil", *, out: Any = None, stream: Any = None
+) -> Tuple[Any, Any]:
+    """MXFP4 (OCP MX; gpt-oss checkpoints) of x [..., cols] along its last dimension (cols a
+    multiple of 32): ``(packed uint8 [..., cols/2] E2M1 pairs, scales uint8 [..., cols/32] E8M0
+    codes)``. Element c of a row is in byte c//2, low nibble when c is even: gpt-oss's
+    ``*_blocks`` [..., cols/32, 16] viewed as [..., cols/2], and its ``*_scales``.
+
+    ``rounding="rceil"``: scale 2^ceil(log2(amax / 6)), no element saturates; ``"ocp_floor"``:
+    2^(floor(log2 amax) - 2), the OCP rule, elements saturate at ±6. Outputs live where x does;
+    ``out=(packed, scales)`` writes into given arrays."""
+    fn = "quantize_mxfp4"
+    kind = _kind(x)
+    x = _codec_input(x, kind)
+    shape = _shape(x)
+    if out is None:
+        cols = shape[-1] if shape else 0
+        out = (_empty(fn, x, kind, _with_last(shape, cols // 2), "uint8"),
+               _empty(fn, x, kind, _with_last(shape, cols // 32), "uint8"))
+    packed, scales = _outputs(fn, out, ("packed", "scales"))
+    _ext.quantize_mxfp4(x, packed, scales, _name(rounding), _stream_handle(stream, x, fn))
+    return packed, scales
+
+
+def dequantize_mxfp4(packed: Any, scales: Any, *, out: Any = None, stream: Any = None) -> Any:
+    """float32 [..., cols]: e2m1(packed) * 2^(scale - 127) (NaN for the 0xFF scale), where packed
+    lives; ``out=`` writes into a given array."""
+    fn = "dequantize_mxfp4"
+    if out is None:
+        shape = _shape(packed)
+        out = _empty(fn, packed, _kind(packed), _with_last(shape, 2 * shape[-1] if shape else 0),
+                     "float32")
+    (out,) = _outputs(fn, out, ("out",))
+    _ext.dequantize_mxfp4(packed, scales, out, _stream_handle(stream, packed, fn))
     return out
 
 

@@ -366,6 +366,10 @@ Nvfp4ScaleGroup parse_group(const std::string& name, const char* what) {
   return parse_enum(name, what, {Nvfp4ScaleGroup::per_tensor, Nvfp4ScaleGroup::per_row});
 }
 
+Fp8Blocks parse_blocks(const std::string& name, const char* what) {
+  return parse_enum(name, what, {Fp8Blocks::tile_128x128, Fp8Blocks::row_1x128});
+}
+
 // ---- the codecs: inputs and outputs (allocated by python/epmoe/__init__.py) on one device ----
 
 Stream stream_arg(std::uintptr_t stream) {
@@ -446,6 +450,60 @@ void dequantize_nvfp4_py(nb::handle packed_obj, nb::handle scales_obj, nb::handl
   nb::gil_scoped_release release;
   dequantize_nvfp4(packed.view, scales.view, tensor_scales.view, group, out.view,
                    stream_arg(stream));
+}
+
+void quantize_fp8_block128_py(nb::handle x_obj, nb::handle elements_obj, nb::handle scales_obj,
+                              const std::string& blocks_name, std::uintptr_t stream) {
+  constexpr const char* fn = "quantize_fp8_block128";
+  const Fp8Blocks blocks = parse_blocks(blocks_name, "quantize_fp8_block128: blocks");
+  const Imported x = import_read(fn, "x", x_obj, stream);
+  const Imported elements = import_write(fn, "elements", elements_obj, stream);
+  const Imported scales = import_write(fn, "scales", scales_obj, stream);
+  nb::gil_scoped_release release;
+  quantize_fp8_block128(x.view, blocks, elements.view, scales.view, stream_arg(stream));
+}
+
+void dequantize_fp8_block128_py(nb::handle elements_obj, nb::handle scales_obj, nb::handle out_obj,
+                                std::optional<std::string> blocks_name, std::uintptr_t stream) {
+  constexpr const char* fn = "dequantize_fp8_block128";
+  const Imported elements = import_read(fn, "elements", elements_obj, stream);
+  const Imported scales = import_read(fn, "scales", scales_obj, stream);
+  const Imported out = import_write(fn, "out", out_obj, stream);
+  // The blocks, when not given, are what scales' shape says: [..., ceil(rows/128), ceil(cols/128)]
+  // tile_128x128, [..., rows, ceil(cols/128)] row_1x128 (both, when rows <= 1, decode alike).
+  Fp8Blocks blocks = Fp8Blocks::row_1x128;
+  const std::vector<std::int64_t>& shape = elements.view.shape;
+  if (blocks_name) {
+    blocks = parse_blocks(*blocks_name, "dequantize_fp8_block128: blocks");
+  } else if (shape.size() >= 2 && scales.view.shape.size() == shape.size()) {
+    const std::int64_t rows = shape[shape.size() - 2];
+    const std::int64_t tile_rows = (rows + 127) / 128;
+    if (scales.view.shape[shape.size() - 2] == tile_rows && tile_rows != rows)
+      blocks = Fp8Blocks::tile_128x128;
+  }
+  nb::gil_scoped_release release;
+  dequantize_fp8_block128(elements.view, scales.view, blocks, out.view, stream_arg(stream));
+}
+
+void quantize_mxfp4_py(nb::handle x_obj, nb::handle packed_obj, nb::handle scales_obj,
+                       const std::string& rounding_name, std::uintptr_t stream) {
+  constexpr const char* fn = "quantize_mxfp4";
+  const ScaleRounding rounding = parse_rounding(rounding_name, "quantize_mxfp4: rounding");
+  const Imported x = import_read(fn, "x", x_obj, stream);
+  const Imported packed = import_write(fn, "packed", packed_obj, stream);
+  const Imported scales = import_write(fn, "scales", scales_obj, stream);
+  nb::gil_scoped_release release;
+  quantize_mxfp4(x.view, packed.view, scales.view, rounding, stream_arg(stream));
+}
+
+void dequantize_mxfp4_py(nb::handle packed_obj, nb::handle scales_obj, nb::handle out_obj,
+                         std::uintptr_t stream) {
+  constexpr const char* fn = "dequantize_mxfp4";
+  const Imported packed = import_read(fn, "packed", packed_obj, stream);
+  const Imported scales = import_read(fn, "scales", scales_obj, stream);
+  const Imported out = import_write(fn, "out", out_obj, stream);
+  nb::gil_scoped_release release;
+  dequantize_mxfp4(packed.view, scales.view, out.view, stream_arg(stream));
 }
 
 // ---- Layer ----
@@ -790,8 +848,9 @@ NB_MODULE(_epmoe, m) {
   });
   m.def("find_model", &find_model, "name"_a, nb::rv_policy::copy);
 
-  nb::class_<Health>(m, "Health",
-                     "A layer's health (docs/design.md §3 I3): who gave up waiting for whom, where, when.")
+  nb::class_<Health>(
+      m, "Health",
+      "A layer's health (docs/design.md §3 I3): who gave up waiting for whom, where, when.")
       .def_ro("ok", &Health::ok)
       .def_prop_ro("code",
                    [](const Health& h) -> std::optional<std::string> {
@@ -958,6 +1017,13 @@ NB_MODULE(_epmoe, m) {
         "group"_a, "tensor_scale"_a.none(), "stream"_a);
   m.def("dequantize_nvfp4", &dequantize_nvfp4_py, "packed"_a, "scales"_a, "tensor_scales"_a,
         "out"_a, "group"_a.none(), "stream"_a);
+  m.def("quantize_fp8_block128", &quantize_fp8_block128_py, "x"_a, "elements"_a, "scales"_a,
+        "blocks"_a, "stream"_a);
+  m.def("dequantize_fp8_block128", &dequantize_fp8_block128_py, "elements"_a, "scales"_a, "out"_a,
+        "blocks"_a.none(), "stream"_a);
+  m.def("quantize_mxfp4", &quantize_mxfp4_py, "x"_a, "packed"_a, "scales"_a, "rounding"_a,
+        "stream"_a);
+  m.def("dequantize_mxfp4", &dequantize_mxfp4_py, "packed"_a, "scales"_a, "out"_a, "stream"_a);
 
   m.def(
       "_run_command",

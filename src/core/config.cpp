@@ -91,9 +91,9 @@ void check_options(const LayerOptions& o) {
   }
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any of these
-// yet (config.hpp says what each is reserved for), so describe() marks every one; drop a knob's
-// mark in the commit that makes a kernel read it (and bump the describe() version tag).
+// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any of
+// these yet (config.hpp says what each is reserved for), so describe() marks every one; drop a
+// knob's mark in the commit that makes a kernel read it (and bump the describe() version tag).
 constexpr const char* kNotReadYet = " (not read yet)";
 
 std::string describe_knobs(const Knobs& k) {

@@ -1,5 +1,5 @@
-// The built-in default knob table (docs/design.md §5) and the adjustment of tuned knobs to caller-owned
-// fields and hardware limits.
+// The built-in default knob table (docs/design.md §5) and the adjustment of tuned knobs to
+// caller-owned fields and hardware limits.
 //
 // No executor reads the knobs yet (include/epmoe/config.hpp says what each is reserved for): the
 // rules below state what the planned sm90 GEMMs, token-back role and persistent kernel should get,

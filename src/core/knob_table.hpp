@@ -1,6 +1,6 @@
-// Private helpers of the knob table and with_knobs (docs/design.md §5): the shared-memory estimate, the
-// adjustment of in-space knobs to caller-owned fields and hardware, and the real model shapes the
-// default table has explicit entries for.
+// Private helpers of the knob table and with_knobs (docs/design.md §5): the shared-memory estimate,
+// the adjustment of in-space knobs to caller-owned fields and hardware, and the real model shapes
+// the default table has explicit entries for.
 #pragma once
 
 #include <epmoe/config.hpp>

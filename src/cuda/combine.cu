@@ -1,8 +1,8 @@
-// Combine (docs/design.md §3 step 7): every CTA waits until every rank's experts are done, then finishes
-// its tokens of y (protocol::combined_output). Staged: the fp32 weighted sum of the bf16 FC2 rows
-// over slots 0..K-1, in that order, with no FMA contraction, so y is deterministic and equals the
-// reference bit for bit. In-kernel reduce: y is the accumulator the experts added into, rounded to
-// bf16. The last CTA advances the round.
+// Combine (docs/design.md §3 step 7): every CTA waits until every rank's experts are done, then
+// finishes its tokens of y (protocol::combined_output). Staged: the fp32 weighted sum of the bf16
+// FC2 rows over slots 0..K-1, in that order, with no FMA contraction, so y is deterministic and
+// equals the reference bit for bit. In-kernel reduce: y is the accumulator the experts added into,
+// rounded to bf16. The last CTA advances the round.
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"

@@ -1,6 +1,7 @@
-// The round's own kernels of the expert step (docs/design.md §3 steps 4-5), in launch order before the
-// backend's: launch_experts (kernels.hpp) runs them on one stream, so each kernel boundary is the
-// grid barrier between two phases. Every kernel does nothing when this rank's round already failed.
+// The round's own kernels of the expert step (docs/design.md §3 steps 4-5), in launch order before
+// the backend's: launch_experts (kernels.hpp) runs them on one stream, so each kernel boundary is
+// the grid barrier between two phases. Every kernel does nothing when this rank's round already
+// failed.
 #pragma once
 
 #include <cuda_runtime.h>

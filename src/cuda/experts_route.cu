@@ -1,6 +1,6 @@
-// Expert step, part 1 (docs/design.md §3 steps 4-5): wait for this round's counts, check every received
-// row, decode it once, and group the arrived (row, entry) pairs by local expert, so the expert
-// backend that follows (docs/design.md §4.1) can take a chunk of one expert's rows and read
+// Expert step, part 1 (docs/design.md §3 steps 4-5): wait for this round's counts, check every
+// received row, decode it once, and group the arrived (row, entry) pairs by local expert, so the
+// expert backend that follows (docs/design.md §4.1) can take a chunk of one expert's rows and read
 // its weights once per chunk. Route stages each row as the backend asked (StagedRows).
 //
 //   route:  every CTA waits for every count (bounded; a failure fails the round), then takes

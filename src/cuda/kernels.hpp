@@ -1,5 +1,5 @@
-// Launchers of the CUDA executor's round kernels, one per phase of the round (docs/design.md §3), each a
-// plain function of the round's params struct and a stream; the expert GEMMs are a backend's
+// Launchers of the CUDA executor's round kernels, one per phase of the round (docs/design.md §3),
+// each a plain function of the round's params struct and a stream; the expert GEMMs are a backend's
 // (experts/backend.hpp). Grids come from occupancy (I5), never from T.
 #pragma once
 

@@ -27,9 +27,9 @@ struct RoundState {
   std::uint32_t rows_from[kMaxWorld];  // counts received this round (written by the last waiter)
 };
 
-// The diagnostic record of docs/design.md §3 I3, in mapped pinned host memory: the host reads it without
-// synchronising the stream. `claimed` is taken with a CAS by the first writer; `published` is
-// stored after every field, so the host never reads a half-written record.
+// The diagnostic record of docs/design.md §3 I3, in mapped pinned host memory: the host reads it
+// without synchronising the stream. `claimed` is taken with a CAS by the first writer; `published`
+// is stored after every field, so the host never reads a half-written record.
 struct HealthRecord {
   std::uint32_t claimed;
   std::uint32_t published;

@@ -357,6 +357,201 @@ EPMOE_HD void nvfp4_quantize_dequantize_row(const float* x, std::int64_t n, floa
   }
 }
 
+// ---- FP8 with 128-blocks (DeepSeek-V3/R1 checkpoints): E4M3 elements, one fp32 scale per block.
+// ----
+//
+// The scale is a *dequantization multiplier* (the checkpoints' weight_scale_inv): value = e4m3 *
+// scale. Weights have one scale per 128 x 128 tile, activations one per 1 x 128 run of a row; a
+// block at a matrix edge covers what is there (fewer rows or columns). The encoder is the one of
+// DeepSeek-V3's reference (act_quant / weight_quant), each step one IEEE fp32 operation:
+//   scale   = amax(block) / 448
+//   element = e4m3(x / scale)          RNE, saturating at ±448 (__NV_SATFINITE)
+// A block with NaN or ±Inf gets a NaN scale and NaN elements (0x7F). A block whose scale is 0 (all
+// zero, or amax <= 448 * 2^-150 so that amax / 448 underflows) gets e4m3(x * 0), the zero of x's
+// sign (0x00 / 0x80): scale 0 is what the rule gives, and 0 / 0 would make NaNs of zeros.
+inline constexpr int kFp8Block128 = 128;  // elements per scale along a row; rows per weight tile
+
+EPMOE_HD float fp8_block128_scale(float amax) {
+  const std::uint32_t a = float_bits(amax) & kF32AbsMask;
+  if (a >= kF32InfBits) return quiet_nan();
+  return bits_float(a) / kE4m3Max;
+}
+
+// One element against its block's scale (a scale from fp8_block128_scale).
+EPMOE_HD std::uint8_t fp8_block128_encode_value(float x, float scale) {
+  const std::uint32_t s = float_bits(scale) & kF32AbsMask;
+  if (s > kF32InfBits) return kE4m3Nan;
+  // NOTES: x * 0 written as the sign bit alone, so no compiler flag can turn -0 into +0.
+  if (s == 0) return static_cast<std::uint8_t>((float_bits(x) >> 24) & 0x80u);
+  return float_to_e4m3(x / scale);
+}
+
+// e4m3 * scale, one fp32 rounding; any NaN result is kF32QuietNan (the device's own NaN differs).
+EPMOE_HD float fp8_block128_decode_value(std::uint8_t element, float scale) {
+  const float v = e4m3_to_float(element) * scale;
+  return (float_bits(v) & kF32AbsMask) > kF32InfBits ? quiet_nan() : v;
+}
+
+// A 1 x n activation block (n <= 128): n elements and one scale.
+EPMOE_HD void fp8_block128_encode_block(const float* x, int n, std::uint8_t* elements,
+                                        float* scale) {
+  const float s = fp8_block128_scale(bits_float(abs_max_bits(x, n)));
+  *scale = s;
+  for (int i = 0; i < n; ++i) elements[i] = fp8_block128_encode_value(x[i], s);
+}
+
+EPMOE_HD void fp8_block128_decode_block(const std::uint8_t* elements, float scale, int n,
+                                        float* out) {
+  for (int i = 0; i < n; ++i) out[i] = fp8_block128_decode_value(elements[i], scale);
+}
+
+// A row of n activations: n elements, ceil(n / 128) scales (a shorter last block covers the rest).
+EPMOE_HD void fp8_block128_encode_row(const float* x, std::int64_t n, std::uint8_t* elements,
+                                      float* scales) {
+  for (std::int64_t b = 0; b * kFp8Block128 < n; ++b) {
+    const std::int64_t off = b * kFp8Block128;
+    const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
+    fp8_block128_encode_block(x + off, len, elements + off, scales + b);
+  }
+}
+
+// Also decodes row r of a weight matrix, given the scales of its tile row (scales + (r / 128) *
+// ceil(cols / 128)).
+EPMOE_HD void fp8_block128_decode_row(const std::uint8_t* elements, const float* scales,
+                                      std::int64_t n, float* out) {
+  for (std::int64_t b = 0; b * kFp8Block128 < n; ++b) {
+    const std::int64_t off = b * kFp8Block128;
+    const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
+    fp8_block128_decode_block(elements + off, scales[b], len, out + off);
+  }
+}
+
+// Encode then decode a row of activations. x == out allowed.
+EPMOE_HD void fp8_block128_quantize_dequantize_row(const float* x, std::int64_t n, float* out) {
+  std::uint8_t elements[kFp8Block128];
+  float scale;
+  for (std::int64_t off = 0; off < n; off += kFp8Block128) {
+    const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
+    fp8_block128_encode_block(x + off, len, elements, &scale);
+    fp8_block128_decode_block(elements, scale, len, out + off);
+  }
+}
+
+// A weight tile of rows x cols (each <= 128) whose rows are `stride` floats apart; its elements
+// are written with the same stride. The amax is over the whole tile.
+EPMOE_HD void fp8_block128_encode_tile(const float* x, int rows, int cols, std::int64_t stride,
+                                       std::uint8_t* elements, float* scale) {
+  std::uint32_t m = 0;
+  for (int r = 0; r < rows; ++r) {
+    const std::uint32_t a = abs_max_bits(x + r * stride, cols);
+    m = a > m ? a : m;
+  }
+  const float s = fp8_block128_scale(bits_float(m));
+  *scale = s;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      elements[r * stride + c] = fp8_block128_encode_value(x[r * stride + c], s);
+}
+
+// ---- MXFP4 (OCP MX v1.0; gpt-oss checkpoints): 32 E2M1 elements share one E8M0 scale. ----
+//
+// mxfp4_scale_code: the exponent e of the block scale 2^e, as an E8M0 code (e + 127).
+//   rceil:     e = ceil(log2(amax / 6)), the smallest e with amax <= 6 * 2^e: no element
+//              saturates (triton_kernels' downcast_to_mxfp ROUND_UP, its default).
+//   ocp_floor: e = floor(log2(amax)) - 2 (2 = exponent of 6): elements up to 2^3 * (1 - 2^-24)
+//              may result and those above 6 saturate.
+//   e is clamped to [-127, 127]; amax == 0 (or so small that e < -127) gives code 0 (2^-127);
+//   NaN or ±Inf amax gives 0xFF (NaN).
+EPMOE_HD std::uint8_t mxfp4_scale_code(float amax, ScaleRounding rounding) {
+  const std::uint32_t a = float_bits(amax) & kF32AbsMask;
+  if (a >= kF32InfBits) return kE8m0Nan;
+  if (a < 0x00800000u) return 0;  // zero or fp32 subnormal: e <= -128 under both rules
+  int e = static_cast<int>(a >> 23) - 127 - 2;
+  // 6 = 1.5 * 2^2: amax / 6 = (1.m / 1.5) * 2^(exp-2) exceeds 2^(exp-2) iff 1.m > 1.5.
+  if (rounding == ScaleRounding::rceil && (a & 0x7fffffu) > 0x400000u) ++e;
+  if (e < -127) e = -127;
+  return static_cast<std::uint8_t>(e + 127);  // e <= 126 since amax < 2^128
+}
+
+// Encodes n <= 32 values into (n + 1) / 2 bytes, element 2i in the low nibble (a missing odd
+// element is 0), as gpt-oss's *_blocks tensors hold them. Elements are e2m1(x * 2^-e) (exact
+// product, then RNE, saturating at ±6; a negative value that rounds to zero is 0x8, -0). A block
+// with NaN or ±Inf gets scale 0xFF (NaN) and elements 0: E2M1 has no NaN code.
+EPMOE_HD void mxfp4_encode_block(const float* x, int n, ScaleRounding rounding,
+                                 std::uint8_t* packed, std::uint8_t* scale_code) {
+  for (int i = 0; i < (n + 1) / 2; ++i) packed[i] = 0;
+  const std::uint8_t code = mxfp4_scale_code(bits_float(abs_max_bits(x, n)), rounding);
+  *scale_code = code;
+  if (code == kE8m0Nan) return;
+  // NOTES: 2^-e is a normal fp32 (code <= 253), and |x| * 2^-e < 8 never overflows; a product
+  // below 2^-126 may round but is an E2M1 zero of the same sign either way.
+  const float inv_scale = pow2f(127 - static_cast<int>(code));
+  for (int i = 0; i < n; ++i) {
+    const std::uint8_t q = float_to_e2m1(x[i] * inv_scale);
+    packed[i / 2] = static_cast<std::uint8_t>(packed[i / 2] | (q << ((i & 1) * 4)));
+  }
+}
+
+// out = e2m1 * 2^e (exact, but for overflow to ±Inf past FLT_MAX); scale 0xFF gives n NaNs.
+EPMOE_HD void mxfp4_decode_block(const std::uint8_t* packed, std::uint8_t scale_code, int n,
+                                 float* out) {
+  const float scale = e8m0_to_float(scale_code);
+  for (int i = 0; i < n; ++i) {
+    const std::uint8_t q = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
+    out[i] = scale_code == kE8m0Nan ? quiet_nan() : e2m1_to_float(q) * scale;
+  }
+}
+
+// A row of n values (n a multiple of 32; a shorter last block is encoded as such): (n + 1) / 2
+// bytes of elements, ceil(n / 32) scales.
+EPMOE_HD void mxfp4_encode_row(const float* x, std::int64_t n, ScaleRounding rounding,
+                               std::uint8_t* packed, std::uint8_t* scales) {
+  for (std::int64_t b = 0; b * kMxfp8Block < n; ++b) {
+    const std::int64_t off = b * kMxfp8Block;
+    const int len = static_cast<int>(n - off < kMxfp8Block ? n - off : kMxfp8Block);
+    mxfp4_encode_block(x + off, len, rounding, packed + off / 2, scales + b);
+  }
+}
+
+EPMOE_HD void mxfp4_decode_row(const std::uint8_t* packed, const std::uint8_t* scales,
+                               std::int64_t n, float* out) {
+  for (std::int64_t b = 0; b * kMxfp8Block < n; ++b) {
+    const std::int64_t off = b * kMxfp8Block;
+    const int len = static_cast<int>(n - off < kMxfp8Block ? n - off : kMxfp8Block);
+    mxfp4_decode_block(packed + off / 2, scales[b], len, out + off);
+  }
+}
+
+// Encode then decode. x == out allowed.
+EPMOE_HD void mxfp4_quantize_dequantize_row(const float* x, std::int64_t n, ScaleRounding rounding,
+                                            float* out) {
+  std::uint8_t packed[kMxfp8Block / 2];
+  std::uint8_t scale;
+  for (std::int64_t off = 0; off < n; off += kMxfp8Block) {
+    const int len = static_cast<int>(n - off < kMxfp8Block ? n - off : kMxfp8Block);
+    mxfp4_encode_block(x + off, len, rounding, packed, &scale);
+    mxfp4_decode_block(packed, scale, len, out + off);
+  }
+}
+
+// ---- Sizes of one encoded row of n values: fp8_block128 and mxfp4. ----
+EPMOE_HD constexpr std::int64_t fp8_block128_scale_count(std::int64_t n) {
+  return (n + kFp8Block128 - 1) / kFp8Block128;
+}
+// Elements and the fp32 scales of a row of activations.
+EPMOE_HD constexpr std::int64_t fp8_block128_row_bytes(std::int64_t n) {
+  return n + 4 * fp8_block128_scale_count(n);
+}
+EPMOE_HD constexpr std::int64_t mxfp4_packed_bytes(std::int64_t n) {
+  return (n + 1) / 2;
+}
+EPMOE_HD constexpr std::int64_t mxfp4_scale_count(std::int64_t n) {
+  return (n + kMxfp8Block - 1) / kMxfp8Block;
+}
+EPMOE_HD constexpr std::int64_t mxfp4_row_bytes(std::int64_t n) {
+  return mxfp4_packed_bytes(n) + mxfp4_scale_count(n);
+}
+
 // ---- Sizes of one encoded row of n values (n a multiple of the block). ----
 EPMOE_HD constexpr std::int64_t mxfp8_scale_count(std::int64_t n) {
   return (n + kMxfp8Block - 1) / kMxfp8Block;

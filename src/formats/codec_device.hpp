@@ -33,4 +33,20 @@ void dequantize_nvfp4_cuda(const CudaTarget& target, const std::uint8_t* packed,
                            const std::uint8_t* scales, const float* tensor_scales,
                            std::int64_t rows, std::int64_t cols, Nvfp4ScaleGroup group, float* out);
 
+// fp8_block128 on `batch` matrices of rows x cols, stored one after the other (tile_128x128: each
+// tiled on its own, its scales [ceil(rows/128), ceil(cols/128)] after the previous matrix's;
+// row_1x128: scales [rows, ceil(cols/128)] per matrix).
+void quantize_fp8_block128_cuda(const CudaTarget& target, const float* x, std::int64_t batch,
+                                std::int64_t rows, std::int64_t cols, Fp8Blocks blocks,
+                                std::uint8_t* elements, float* scales);
+void dequantize_fp8_block128_cuda(const CudaTarget& target, const std::uint8_t* elements,
+                                  const float* scales, std::int64_t batch, std::int64_t rows,
+                                  std::int64_t cols, Fp8Blocks blocks, float* out);
+void quantize_mxfp4_cuda(const CudaTarget& target, const float* x, std::int64_t rows,
+                         std::int64_t cols, ScaleRounding rounding, std::uint8_t* packed,
+                         std::uint8_t* scales);
+void dequantize_mxfp4_cuda(const CudaTarget& target, const std::uint8_t* packed,
+                           const std::uint8_t* scales, std::int64_t rows, std::int64_t cols,
+                           float* out);
+
 }  // namespace epmoe::formats

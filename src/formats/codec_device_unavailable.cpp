@@ -33,6 +33,22 @@ void dequantize_nvfp4_cuda(const CudaTarget& target, const std::uint8_t*, const 
                            const float*, std::int64_t, std::int64_t, Nvfp4ScaleGroup, float*) {
   no_cuda(target);
 }
+void quantize_fp8_block128_cuda(const CudaTarget& target, const float*, std::int64_t, std::int64_t,
+                                std::int64_t, Fp8Blocks, std::uint8_t*, float*) {
+  no_cuda(target);
+}
+void dequantize_fp8_block128_cuda(const CudaTarget& target, const std::uint8_t*, const float*,
+                                  std::int64_t, std::int64_t, std::int64_t, Fp8Blocks, float*) {
+  no_cuda(target);
+}
+void quantize_mxfp4_cuda(const CudaTarget& target, const float*, std::int64_t, std::int64_t,
+                         ScaleRounding, std::uint8_t*, std::uint8_t*) {
+  no_cuda(target);
+}
+void dequantize_mxfp4_cuda(const CudaTarget& target, const std::uint8_t*, const std::uint8_t*,
+                           std::int64_t, std::int64_t, float*) {
+  no_cuda(target);
+}
 
 }  // namespace epmoe::formats
 #endif

@@ -2,6 +2,7 @@
 // call per row on the host, or the kernels of codec_device.cu for CUDA tensors.
 #include "epmoe/formats.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -59,7 +60,24 @@ void check_static_scale(const char* fn, float tensor_scale) {
   }
 }
 
+void check_blocks(const char* fn, Fp8Blocks blocks) {
+  if (blocks != Fp8Blocks::tile_128x128 && blocks != Fp8Blocks::row_1x128) {
+    reject(fn, "blocks=" + std::to_string(static_cast<int>(blocks)) +
+                   " must be tile_128x128 or row_1x128");
+  }
+}
+
 }  // namespace
+
+const char* to_string(Fp8Blocks blocks) {
+  switch (blocks) {
+    case Fp8Blocks::tile_128x128:
+      return "tile_128x128";
+    case Fp8Blocks::row_1x128:
+      return "row_1x128";
+  }
+  return "unknown";
+}
 
 const char* to_string(Nvfp4ScaleGroup group) {
   switch (group) {
@@ -165,6 +183,78 @@ void dequantize_nvfp4(const std::uint8_t* packed, const std::uint8_t* scales,
   for (std::int64_t r = 0; r < rows; ++r) {
     formats::nvfp4_decode_row(packed + r * packed_cols, scales + r * scale_cols,
                               tensor_scales[r * stride], cols, out + r * cols);
+  }
+}
+
+void quantize_fp8_block128(const float* x, std::int64_t rows, std::int64_t cols, Fp8Blocks blocks,
+                           std::uint8_t* elements, float* scales) {
+  constexpr const char* fn = "quantize_fp8_block128";
+  constexpr std::int64_t kB = formats::kFp8Block128;
+  check_shape(fn, rows, cols, 1);
+  check_blocks(fn, blocks);
+  check_pointer(fn, x, "x", rows, cols);
+  check_pointer(fn, elements, "elements", rows, cols);
+  check_pointer(fn, scales, "scales", rows, cols);
+  const std::int64_t scale_cols = formats::fp8_block128_scale_count(cols);
+  if (blocks == Fp8Blocks::row_1x128) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      formats::fp8_block128_encode_row(x + r * cols, cols, elements + r * cols,
+                                       scales + r * scale_cols);
+    }
+    return;
+  }
+  for (std::int64_t i = 0; i * kB < rows; ++i) {
+    for (std::int64_t j = 0; j * kB < cols; ++j) {
+      const std::int64_t at = i * kB * cols + j * kB;
+      formats::fp8_block128_encode_tile(x + at, static_cast<int>(std::min(kB, rows - i * kB)),
+                                        static_cast<int>(std::min(kB, cols - j * kB)), cols,
+                                        elements + at, scales + i * scale_cols + j);
+    }
+  }
+}
+
+void dequantize_fp8_block128(const std::uint8_t* elements, const float* scales, std::int64_t rows,
+                             std::int64_t cols, Fp8Blocks blocks, float* out) {
+  constexpr const char* fn = "dequantize_fp8_block128";
+  check_shape(fn, rows, cols, 1);
+  check_blocks(fn, blocks);
+  check_pointer(fn, elements, "elements", rows, cols);
+  check_pointer(fn, scales, "scales", rows, cols);
+  check_pointer(fn, out, "out", rows, cols);
+  const std::int64_t scale_cols = formats::fp8_block128_scale_count(cols);
+  const std::int64_t rows_per_scale = blocks == Fp8Blocks::row_1x128 ? 1 : formats::kFp8Block128;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    formats::fp8_block128_decode_row(elements + r * cols, scales + r / rows_per_scale * scale_cols,
+                                     cols, out + r * cols);
+  }
+}
+
+void quantize_mxfp4(const float* x, std::int64_t rows, std::int64_t cols, std::uint8_t* packed,
+                    std::uint8_t* scales, ScaleRounding rounding) {
+  constexpr const char* fn = "quantize_mxfp4";
+  check_shape(fn, rows, cols, formats::kMxfp8Block);
+  check_rounding(fn, rounding);
+  check_pointer(fn, x, "x", rows, cols);
+  check_pointer(fn, packed, "packed", rows, cols);
+  check_pointer(fn, scales, "scales", rows, cols);
+  const std::int64_t scale_cols = cols / formats::kMxfp8Block;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    formats::mxfp4_encode_row(x + r * cols, cols, rounding, packed + r * (cols / 2),
+                              scales + r * scale_cols);
+  }
+}
+
+void dequantize_mxfp4(const std::uint8_t* packed, const std::uint8_t* scales, std::int64_t rows,
+                      std::int64_t cols, float* out) {
+  constexpr const char* fn = "dequantize_mxfp4";
+  check_shape(fn, rows, cols, formats::kMxfp8Block);
+  check_pointer(fn, packed, "packed", rows, cols);
+  check_pointer(fn, scales, "scales", rows, cols);
+  check_pointer(fn, out, "out", rows, cols);
+  const std::int64_t scale_cols = cols / formats::kMxfp8Block;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    formats::mxfp4_decode_row(packed + r * (cols / 2), scales + r * scale_cols, cols,
+                              out + r * cols);
   }
 }
 
@@ -357,6 +447,134 @@ void dequantize_nvfp4(const TensorView& packed, const TensorView& scales,
   if (on_host(packed)) return dequantize_nvfp4(pp, sp, tp, pm.rows, cols, group, op);
   formats::dequantize_nvfp4_cuda(cuda_target(fn, "packed", packed, stream), pp, sp, tp, pm.rows,
                                  cols, group, op);
+}
+
+// ---- fp8_block128 and mxfp4 on TensorViews ----
+
+namespace {
+
+// The matrices of an fp8_block128 call: `batch` matrices of rows x cols (tile_128x128: the last
+// two dimensions, each matrix tiled on its own; row_1x128: one matrix of every row), and the shape
+// of its scales.
+struct Fp8Stack {
+  std::int64_t batch = 1;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::vector<std::int64_t> scale_shape;
+};
+
+Fp8Stack fp8_stack(const char* fn, const char* name, const TensorView& v, const Matrix& m,
+                   Fp8Blocks blocks) {
+  Fp8Stack st;
+  st.cols = m.cols;
+  st.scale_shape = with_last(v.shape, formats::fp8_block128_scale_count(m.cols));
+  if (blocks == Fp8Blocks::row_1x128) {
+    st.rows = m.rows;
+    return st;
+  }
+  if (v.shape.size() < 2)
+    reject(fn, std::string(name) + " has shape " + dims_string(v.shape) +
+                   "; blocks=tile_128x128 needs matrices [..., rows, cols]");
+  st.rows = v.shape[v.shape.size() - 2];
+  st.batch = st.rows == 0 ? 0 : m.rows / st.rows;
+  st.scale_shape[st.scale_shape.size() - 2] = formats::fp8_block128_scale_count(st.rows);
+  return st;
+}
+
+std::int64_t fp8_scales_per_matrix(const Fp8Stack& st, Fp8Blocks blocks) {
+  const std::int64_t scale_rows =
+      blocks == Fp8Blocks::row_1x128 ? st.rows : formats::fp8_block128_scale_count(st.rows);
+  return scale_rows * formats::fp8_block128_scale_count(st.cols);
+}
+
+}  // namespace
+
+void quantize_fp8_block128(const TensorView& x, Fp8Blocks blocks, const TensorView& elements,
+                           const TensorView& scales, Stream stream) {
+  constexpr const char* fn = "quantize_fp8_block128";
+  check_blocks(fn, blocks);
+  const Matrix xm = matrix_arg(fn, "x", x, DType::f32);
+  check_shape(fn, xm.rows, xm.cols, 1);
+  check_pointer(fn, xm.data, "x", xm.rows, xm.cols);
+  const Fp8Stack st = fp8_stack(fn, "x", x, xm, blocks);
+  const Matrix em = follower_arg(fn, "elements", elements, DType::u8, x.shape, x, "x");
+  const Matrix sm = follower_arg(fn, "scales", scales, DType::f32, st.scale_shape, x, "x");
+  const auto* xp = static_cast<const float*>(xm.data);
+  auto* ep = static_cast<std::uint8_t*>(em.data);
+  auto* sp = static_cast<float*>(sm.data);
+  if (!on_host(x)) {
+    return formats::quantize_fp8_block128_cuda(cuda_target(fn, "x", x, stream), xp, st.batch,
+                                               st.rows, st.cols, blocks, ep, sp);
+  }
+  const std::int64_t per_matrix = st.rows * st.cols, scales_per = fp8_scales_per_matrix(st, blocks);
+  for (std::int64_t b = 0; b < st.batch; ++b) {
+    quantize_fp8_block128(xp + b * per_matrix, st.rows, st.cols, blocks, ep + b * per_matrix,
+                          sp + b * scales_per);
+  }
+}
+
+void dequantize_fp8_block128(const TensorView& elements, const TensorView& scales, Fp8Blocks blocks,
+                             const TensorView& out, Stream stream) {
+  constexpr const char* fn = "dequantize_fp8_block128";
+  check_blocks(fn, blocks);
+  const Matrix em = matrix_arg(fn, "elements", elements, DType::u8);
+  check_shape(fn, em.rows, em.cols, 1);
+  check_pointer(fn, em.data, "elements", em.rows, em.cols);
+  const Fp8Stack st = fp8_stack(fn, "elements", elements, em, blocks);
+  const Matrix sm =
+      follower_arg(fn, "scales", scales, DType::f32, st.scale_shape, elements, "elements");
+  const Matrix om = follower_arg(fn, "out", out, DType::f32, elements.shape, elements, "elements");
+  const auto* ep = static_cast<const std::uint8_t*>(em.data);
+  const auto* sp = static_cast<const float*>(sm.data);
+  auto* op = static_cast<float*>(om.data);
+  if (!on_host(elements)) {
+    return formats::dequantize_fp8_block128_cuda(cuda_target(fn, "elements", elements, stream), ep,
+                                                 sp, st.batch, st.rows, st.cols, blocks, op);
+  }
+  const std::int64_t per_matrix = st.rows * st.cols, scales_per = fp8_scales_per_matrix(st, blocks);
+  for (std::int64_t b = 0; b < st.batch; ++b) {
+    dequantize_fp8_block128(ep + b * per_matrix, sp + b * scales_per, st.rows, st.cols, blocks,
+                            op + b * per_matrix);
+  }
+}
+
+void quantize_mxfp4(const TensorView& x, const TensorView& packed, const TensorView& scales,
+                    ScaleRounding rounding, Stream stream) {
+  constexpr const char* fn = "quantize_mxfp4";
+  const Matrix xm = matrix_arg(fn, "x", x, DType::f32);
+  check_shape(fn, xm.rows, xm.cols, formats::kMxfp8Block);
+  check_rounding(fn, rounding);
+  check_pointer(fn, xm.data, "x", xm.rows, xm.cols);
+  const Matrix pm =
+      follower_arg(fn, "packed", packed, DType::u8, with_last(x.shape, xm.cols / 2), x, "x");
+  const Matrix sm = follower_arg(fn, "scales", scales, DType::u8,
+                                 with_last(x.shape, xm.cols / formats::kMxfp8Block), x, "x");
+  const auto* xp = static_cast<const float*>(xm.data);
+  auto* pp = static_cast<std::uint8_t*>(pm.data);
+  auto* sp = static_cast<std::uint8_t*>(sm.data);
+  if (on_host(x)) return quantize_mxfp4(xp, xm.rows, xm.cols, pp, sp, rounding);
+  formats::quantize_mxfp4_cuda(cuda_target(fn, "x", x, stream), xp, xm.rows, xm.cols, rounding, pp,
+                               sp);
+}
+
+void dequantize_mxfp4(const TensorView& packed, const TensorView& scales, const TensorView& out,
+                      Stream stream) {
+  constexpr const char* fn = "dequantize_mxfp4";
+  const Matrix pm = matrix_arg(fn, "packed", packed, DType::u8);
+  const std::int64_t cols = pm.cols * 2;
+  check_shape(fn, pm.rows, cols, formats::kMxfp8Block);
+  check_pointer(fn, pm.data, "packed", pm.rows, cols);
+  const Matrix sm =
+      follower_arg(fn, "scales", scales, DType::u8,
+                   with_last(packed.shape, cols / formats::kMxfp8Block), packed, "packed");
+  const Matrix om =
+      follower_arg(fn, "out", out, DType::f32, with_last(packed.shape, cols), packed, "packed");
+  const auto* pp = static_cast<const std::uint8_t*>(pm.data);
+  const auto* sp = static_cast<const std::uint8_t*>(sm.data);
+  auto* op = static_cast<float*>(om.data);
+  if (on_host(packed)) return dequantize_mxfp4(pp, sp, pm.rows, cols, op);
+  formats::dequantize_mxfp4_cuda(cuda_target(fn, "packed", packed, stream), pp, sp, pm.rows, cols,
+                                 op);
 }
 
 }  // namespace epmoe

@@ -1,5 +1,5 @@
-// The CPU executor's layer: one rank's forward() on its own thread, running docs/design.md §3 with the
-// shared protocol code over host windows, and the experts with the reference's row math.
+// The CPU executor's layer: one rank's forward() on its own thread, running docs/design.md §3 with
+// the shared protocol code over host windows, and the experts with the reference's row math.
 #pragma once
 
 #include <memory>

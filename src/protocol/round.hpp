@@ -115,11 +115,12 @@ class RoundSession {
   std::uint32_t round_;
 };
 
-// The collective reset() (docs/design.md §3 I3), bounded like every other wait. Two meetings, each an epoch
-// published into reset_inbox[rank] of every rank: after the first nobody is inside a round any
-// more, so each rank clears its own inboxes and abort word; after the second every inbox is clear
-// and round 1 may start. Epochs only grow (two per reset), so they are never cleared themselves. A
-// peer may already be one epoch ahead (it left the meeting first); that counts as arrived.
+// The collective reset() (docs/design.md §3 I3), bounded like every other wait. Two meetings, each
+// an epoch published into reset_inbox[rank] of every rank: after the first nobody is inside a round
+// any more, so each rank clears its own inboxes and abort word; after the second every inbox is
+// clear and round 1 may start. Epochs only grow (two per reset), so they are never cleared
+// themselves. A peer may already be one epoch ahead (it left the meeting first); that counts as
+// arrived.
 template <class Peers>
 class ResetSession {
  public:

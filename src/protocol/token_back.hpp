@@ -1,6 +1,7 @@
-// Token back (docs/design.md §3 steps 5 and 7): how an expert result reaches its token's home rank, and
-// how the home rank turns what arrived into y. Written once for both executors: the CPU executor
-// calls these from its rank's thread, the CUDA kernels from fc2's epilogue and from combine.
+// Token back (docs/design.md §3 steps 5 and 7): how an expert result reaches its token's home rank,
+// and how the home rank turns what arrived into y. Written once for both executors: the CPU
+// executor calls these from its rank's thread, the CUDA kernels from fc2's epilogue and from
+// combine.
 //
 //   combine buffer of a rank (the last region of its window, workspace.hpp)
 //     staged:           bf16 [max_tokens, top_k, hidden]  row [token, slot] written by the owner

@@ -1,6 +1,7 @@
-// Bounded waits (docs/design.md §3 I3, I4). Every wait has a deadline, watches the local abort word, and
-// rejects a peer that is not exactly zero or one round behind. The platform supplies the clock
-// and the backoff: %globaltimer + __nanosleep on the GPU, steady_clock + yield/sleep on the CPU.
+// Bounded waits (docs/design.md §3 I3, I4). Every wait has a deadline, watches the local abort
+// word, and rejects a peer that is not exactly zero or one round behind. The platform supplies the
+// clock and the backoff: %globaltimer + __nanosleep on the GPU, steady_clock + yield/sleep on the
+// CPU.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// One token's row as it crosses to an expert owner (docs/design.md §4 dispatch): the token is sent once
-// per destination rank and carries every (top-k slot, local expert, weight) it has there.
+// One token's row as it crosses to an expert owner (docs/design.md §4 dispatch): the token is sent
+// once per destination rank and carries every (top-k slot, local expert, weight) it has there.
 //
 //   WireRowHeader                16 B   source token, number of entries, NVFP4 row scale, round
 //   WireEntry[top_k]              8 B each, padded to 16 B

@@ -14,9 +14,9 @@
 //     staged:           bf16 [max_tokens_per_rank, top_k, hidden]  FC2 rows sent home
 //     in_kernel_reduce: f32  [max_tokens_per_rank, hidden]         weighted sum, added remotely
 //
-// The receive rows are double-buffered by round parity (docs/design.md §3 I2). The combine buffer needs no
-// second copy: a peer writes round r+1 results only after this rank published its round r+1
-// count, which it does only after it finished reading round r's results (docs/protocol.md).
+// The receive rows are double-buffered by round parity (docs/design.md §3 I2). The combine buffer
+// needs no second copy: a peer writes round r+1 results only after this rank published its round
+// r+1 count, which it does only after it finished reading round r's results (docs/protocol.md).
 #pragma once
 
 #include <cstddef>

@@ -89,6 +89,62 @@ __global__ void nvfp4_cuda_reference_kernel(const float* x, std::int64_t nblocks
   }
 }
 
+// One thread per fp8_block128 block of one [rows, cols] matrix: a 1 x 128 run (rows_per_block 1)
+// or a 128 x 128 tile (rows_per_block 128), each step a CUDA conversion.
+__global__ void fp8_block128_cuda_reference_kernel(const float* x, std::int64_t rows,
+                                                   std::int64_t cols, std::int64_t rows_per_block,
+                                                   std::uint8_t* elements, float* scales) {
+  const std::int64_t per_row = (cols + 127) / 128;
+  const std::int64_t nblocks = (rows + rows_per_block - 1) / rows_per_block * per_row;
+  for (std::int64_t b = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; b < nblocks;
+       b += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t r0 = b / per_row * rows_per_block, c0 = b % per_row * 128;
+    const std::int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
+    const std::int64_t c1 = c0 + 128 < cols ? c0 + 128 : cols;
+    float amax = 0.0f;
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(x[r * cols + c]));
+    const float scale = amax / 448.0f;
+    scales[b] = scale;
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const float v = x[r * cols + c];
+        // NOTES: a zero scale scales by 0, as NVFP4's zero block scale does.
+        elements[r * cols + c] =
+            __nv_cvt_float_to_fp8(scale == 0.0f ? v * 0.0f : v / scale, __NV_SATFINITE, __NV_E4M3);
+      }
+  }
+}
+
+// One thread per MXFP4 block of 32; `library_scales` only where CUDA's E8M0 conversion of
+// amax / 6 would see an fp32 subnormal (rceil).
+__global__ void mxfp4_cuda_reference_kernel(const float* x, std::int64_t nblocks, bool rceil,
+                                            const std::uint8_t* library_scales,
+                                            std::uint8_t* packed, std::uint8_t* scales) {
+  for (std::int64_t b = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; b < nblocks;
+       b += std::int64_t{gridDim.x} * blockDim.x) {
+    const float* xb = x + b * kMxfp8Block;
+    float amax = 0.0f;
+    for (int i = 0; i < kMxfp8Block; ++i) amax = fmaxf(amax, fabsf(xb[i]));
+    int code;
+    if (!rceil) {
+      code = static_cast<int>(__nv_cvt_float_to_e8m0(amax, __NV_SATFINITE, cudaRoundZero)) - 2;
+      code = code < 0 ? 0 : code;
+    } else if (amax / 6.0f >= 1.17549435e-38f) {
+      code = __nv_cvt_float_to_e8m0(amax / 6.0f, __NV_SATFINITE, cudaRoundPosInf);
+    } else {
+      code = library_scales[b];
+    }
+    scales[b] = static_cast<std::uint8_t>(code);
+    for (int i = 0; i < kMxfp8Block; i += 2) {
+      const double2 q = make_double2(ldexp(static_cast<double>(xb[i]), 127 - code),
+                                     ldexp(static_cast<double>(xb[i + 1]), 127 - code));
+      packed[b * (kMxfp8Block / 2) + i / 2] =
+          __nv_cvt_double2_to_fp4x2(q, __NV_E2M1, cudaRoundNearest);
+    }
+  }
+}
+
 Disagreements run_every_float(void (*kernel)(DeviceCount*)) {
   check(cudaSetDevice(0), "cudaSetDevice");
   DeviceCount* d = nullptr;
@@ -155,6 +211,57 @@ void nvfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_
   }
   check(cudaFree(dx), "cudaFree");
   check(cudaFree(s_enc), "cudaFree");
+}
+
+void fp8_block128_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                            Fp8Blocks blocks, Fp8Block128Bytes* library, Fp8Block128Bytes* cuda) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const std::int64_t rows_per_block = blocks == Fp8Blocks::row_1x128 ? 1 : 128;
+  const auto n_scales =
+      static_cast<std::size_t>((rows + rows_per_block - 1) / rows_per_block * ((cols + 127) / 128));
+  float* dx = device_alloc<float>(n);
+  std::uint8_t* elements[2] = {device_alloc<std::uint8_t>(n), device_alloc<std::uint8_t>(n)};
+  float* scales[2] = {device_alloc<float>(n_scales), device_alloc<float>(n_scales)};
+  check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  quantize_fp8_block128_cuda({"quantize_fp8_block128", "x", 0, nullptr}, dx, 1, rows, cols, blocks,
+                             elements[0], scales[0]);
+  fp8_block128_cuda_reference_kernel<<<kBlocks, kThreads>>>(dx, rows, cols, rows_per_block,
+                                                            elements[1], scales[1]);
+  check(cudaGetLastError(), "launch");
+  Fp8Block128Bytes* out[2] = {library, cuda};
+  for (int k = 0; k < 2; ++k) {
+    out[k]->elements = to_host(elements[k], n);
+    out[k]->scales = to_host(scales[k], n_scales);
+    check(cudaFree(elements[k]), "cudaFree");
+    check(cudaFree(scales[k]), "cudaFree");
+  }
+  check(cudaFree(dx), "cudaFree");
+}
+
+void mxfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                     ScaleRounding rounding, Mxfp4Bytes* library, Mxfp4Bytes* cuda) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const auto n = static_cast<std::size_t>(rows * cols);
+  const std::int64_t nblocks = rows * cols / kMxfp8Block;
+  float* dx = device_alloc<float>(n);
+  std::uint8_t* packed[2] = {device_alloc<std::uint8_t>(n / 2), device_alloc<std::uint8_t>(n / 2)};
+  std::uint8_t* scales[2] = {device_alloc<std::uint8_t>(n / kMxfp8Block),
+                             device_alloc<std::uint8_t>(n / kMxfp8Block)};
+  check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  quantize_mxfp4_cuda({"quantize_mxfp4", "x", 0, nullptr}, dx, rows, cols, rounding, packed[0],
+                      scales[0]);
+  mxfp4_cuda_reference_kernel<<<kBlocks, kThreads>>>(dx, nblocks, rounding == ScaleRounding::rceil,
+                                                     scales[0], packed[1], scales[1]);
+  check(cudaGetLastError(), "launch");
+  Mxfp4Bytes* out[2] = {library, cuda};
+  for (int k = 0; k < 2; ++k) {
+    out[k]->packed = to_host(packed[k], n / 2);
+    out[k]->scales = to_host(scales[k], n / kMxfp8Block);
+    check(cudaFree(packed[k]), "cudaFree");
+    check(cudaFree(scales[k]), "cudaFree");
+  }
+  check(cudaFree(dx), "cudaFree");
 }
 
 }  // namespace epmoe::test

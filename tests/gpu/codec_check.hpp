@@ -37,4 +37,28 @@ struct Nvfp4Bytes {
 void nvfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
                      Nvfp4ScaleGroup group, Nvfp4Bytes* library, Nvfp4Bytes* cuda);
 
+struct Fp8Block128Bytes {
+  std::vector<std::uint8_t> elements;  // [rows, cols]
+  std::vector<float> scales;           // [ceil(rows/128) or rows, ceil(cols/128)]
+};
+
+// x: one [rows, cols] matrix of finite floats in host memory, quantized on device 0 twice:
+// `library` by epmoe's CUDA codec (quantize_fp8_block128_cuda), `cuda` by a kernel, one thread per
+// block, that runs the documented steps with cuda_fp8.h's conversion (scale = amax / 448, element
+// = e4m3(x / scale), or e4m3(x * 0) when the scale is 0).
+void fp8_block128_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                            Fp8Blocks blocks, Fp8Block128Bytes* library, Fp8Block128Bytes* cuda);
+
+struct Mxfp4Bytes {
+  std::vector<std::uint8_t> packed;  // [rows, cols / 2]
+  std::vector<std::uint8_t> scales;  // [rows, cols / 32]
+};
+
+// x: [rows, cols] finite floats, quantized on device 0 twice: `library` by quantize_mxfp4_cuda,
+// `cuda` by a kernel using cuda_fp8.h / cuda_fp4.h: scale code max(0, e8m0_round_down(amax) - 2)
+// (ocp_floor) or e8m0_round_up(amax / 6) (rceil, where amax / 6 is an fp32 normal; library's code
+// below that), elements __nv_cvt_double2_to_fp4x2 of x * 2^(127 - code) on `cuda`'s own codes.
+void mxfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
+                     ScaleRounding rounding, Mxfp4Bytes* library, Mxfp4Bytes* cuda);
+
 }  // namespace epmoe::test

@@ -1,6 +1,7 @@
 // The codecs on the device against the device conversions of cuda_fp4.h / cuda_fp8.h, over the
 // input classes tests/formats_test.cpp checks on the host: every fp32 bit pattern for the scalar
-// encoders, and support/nvfp4_inputs.hpp's matrix through epmoe's CUDA NVFP4 codec.
+// encoders, and support/nvfp4_inputs.hpp's matrix through epmoe's CUDA NVFP4, fp8_block128 and
+// MXFP4 codecs.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -49,6 +50,68 @@ TEST(GpuCodec, Nvfp4CudaCodecMatchesCudaConversionsOnEveryInputClass) {
     for (std::size_t i = 0; i < library.packed.size(); ++i) {
       ASSERT_EQ(library.packed[i], cuda.packed[i]) << to_string(group) << ": byte " << i << " (x "
                                                    << x[2 * i] << ", " << x[2 * i + 1] << ")";
+      negative_zeros += (library.packed[i] & 0xf) == 0x8;
+    }
+    EXPECT_GT(negative_zeros, 100) << "the signed-zero class is there";
+  }
+}
+
+// fp8_block128 on the device: bit for bit the host codec, and every byte CUDA's conversion of the
+// documented steps, for 1 x 128 runs and 128 x 128 tiles (support/nvfp4_inputs.hpp's rows, which
+// include all-zero blocks with -0, ties, fp32 subnormals and FLT_MAX), plus a gpt-oss-like
+// matrix whose last tile row and column are partial.
+TEST(GpuCodec, Fp8Block128CudaCodecMatchesHostAndCudaConversions) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  std::int64_t rows = 0;
+  const std::vector<float> classes = test::nvfp4_input_matrix(&rows);
+  std::vector<float> partial(200 * 2880);
+  for (std::size_t i = 0; i < partial.size(); ++i)
+    partial[i] = classes[i % classes.size()] * (i % 7 == 0 ? -1.0f : 1.0f);
+  const struct {
+    const std::vector<float>* x;
+    std::int64_t rows, cols;
+  } inputs[] = {{&classes, rows, test::kNvfp4InputCols}, {&partial, 200, 2880}};
+  for (const auto& in : inputs) {
+    for (Fp8Blocks blocks : {Fp8Blocks::row_1x128, Fp8Blocks::tile_128x128}) {
+      test::Fp8Block128Bytes library, cuda;
+      test::fp8_block128_on_device(*in.x, in.rows, in.cols, blocks, &library, &cuda);
+      std::vector<std::uint8_t> host_elements(library.elements.size());
+      std::vector<float> host_scales(library.scales.size());
+      quantize_fp8_block128(in.x->data(), in.rows, in.cols, blocks, host_elements.data(),
+                            host_scales.data());
+      ASSERT_EQ(library.elements, host_elements) << to_string(blocks) << " cols " << in.cols;
+      ASSERT_EQ(library.elements, cuda.elements) << to_string(blocks) << " cols " << in.cols;
+      for (std::size_t i = 0; i < host_scales.size(); ++i) {
+        ASSERT_EQ(formats::float_bits(library.scales[i]), formats::float_bits(host_scales[i]))
+            << to_string(blocks) << " scale " << i;
+        ASSERT_EQ(formats::float_bits(library.scales[i]), formats::float_bits(cuda.scales[i]))
+            << to_string(blocks) << " scale " << i;
+      }
+    }
+  }
+}
+
+// MXFP4 on the device: bit for bit the host codec, and CUDA's E8M0 / E2M1 conversions, both
+// roundings, on the same input classes (signed zeros, ties, every magnitude).
+TEST(GpuCodec, Mxfp4CudaCodecMatchesHostAndCudaConversions) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  std::int64_t rows = 0;
+  const std::vector<float> x = test::nvfp4_input_matrix(&rows);
+  const std::int64_t cols = test::kNvfp4InputCols;
+  for (ScaleRounding rounding : {ScaleRounding::rceil, ScaleRounding::ocp_floor}) {
+    test::Mxfp4Bytes library, cuda;
+    test::mxfp4_on_device(x, rows, cols, rounding, &library, &cuda);
+    std::vector<std::uint8_t> host_packed(library.packed.size()),
+        host_scales(library.scales.size());
+    quantize_mxfp4(x.data(), rows, cols, host_packed.data(), host_scales.data(), rounding);
+    ASSERT_EQ(library.scales, host_scales) << to_string(rounding);
+    ASSERT_EQ(library.packed, host_packed) << to_string(rounding);
+    ASSERT_EQ(library.scales, cuda.scales) << to_string(rounding);
+    int negative_zeros = 0;
+    for (std::size_t i = 0; i < library.packed.size(); ++i) {
+      ASSERT_EQ(library.packed[i], cuda.packed[i])
+          << to_string(rounding) << ": byte " << i << " (x " << x[2 * i] << ", " << x[2 * i + 1]
+          << ")";
       negative_zeros += (library.packed[i] & 0xf) == 0x8;
     }
     EXPECT_GT(negative_zeros, 100) << "the signed-zero class is there";

@@ -75,6 +75,21 @@ def raises(code, message, call):
      "(per_row)"),
     (lambda: epmoe.dequantize_nvfp4(*nvfp4_out(), out=Cuda((4, 32))),
      "dequantize_nvfp4: out has shape [4, 32], expected [4, 64]"),
+    (lambda: epmoe.quantize_fp8_block128(Cuda((4, 200)), out=(Cuda((4, 200), "uint8"),
+                                                              Cuda((4, 2), "uint8"))),
+     "quantize_fp8_block128: scales has dtype u8, expected f32"),
+    (lambda: epmoe.quantize_fp8_block128(Cuda((2, 300, 200)), out=(Cuda((2, 300, 200), "uint8"),
+                                                                   Cuda((2, 300, 2)))),
+     "quantize_fp8_block128: scales has shape [2, 300, 2], expected [2, 3, 2]"),
+    (lambda: epmoe.dequantize_fp8_block128(Cuda((4, 200), "uint8"), np.zeros((4, 2), np.float32),
+                                           out=Cuda((4, 200))),
+     "dequantize_fp8_block128: scales is on cpu, expected cuda:0 (where elements is)"),
+    (lambda: epmoe.quantize_mxfp4(Cuda((4, 64)), out=(Cuda((4, 64), "uint8"),
+                                                      Cuda((4, 2), "uint8"))),
+     "quantize_mxfp4: packed has shape [4, 64], expected [4, 32]"),
+    (lambda: epmoe.dequantize_mxfp4(Cuda((4, 32), "uint8"), Cuda((4, 2), "uint8"),
+                                    out=Cuda((4, 64), device=1)),
+     "dequantize_mxfp4: out is on cuda:1, expected cuda:0 (where packed is)"),
 ])
 def test_device_arguments_are_checked_and_named(call, message):
     raises("invalid_argument", message, call)
@@ -117,6 +132,14 @@ def test_forward_exports_cuda_arrays_for_its_stream():
     lambda: epmoe.quantize_nvfp4(Cuda((4, 64)), "per_row", out=nvfp4_out(n_scales=4)),
     lambda: epmoe.quantize_nvfp4(Cuda((4, 64)), tensor_scale=2.0, out=nvfp4_out()),
     lambda: epmoe.dequantize_nvfp4(*nvfp4_out(), out=Cuda((4, 64))),
+    lambda: epmoe.quantize_fp8_block128(Cuda((4, 64)), out=(Cuda((4, 64), "uint8"),
+                                                            Cuda((1, 1)))),
+    lambda: epmoe.dequantize_fp8_block128(Cuda((4, 64), "uint8"), Cuda((4, 1)), "row_1x128",
+                                          out=Cuda((4, 64))),
+    lambda: epmoe.quantize_mxfp4(Cuda((4, 64)), out=(Cuda((4, 32), "uint8"),
+                                                     Cuda((4, 2), "uint8"))),
+    lambda: epmoe.dequantize_mxfp4(Cuda((4, 32), "uint8"), Cuda((4, 2), "uint8"),
+                                   out=Cuda((4, 64))),
 ])
 def test_no_gpu_is_reported_not_crashed(call):
     if epmoe.cuda_available:

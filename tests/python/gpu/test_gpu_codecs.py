@@ -1,5 +1,5 @@
-"""The format codecs on the GPU (epmoe.quantize_mxfp8 & co. given CUDA tensors) against the host
-codec, bit for bit:
+"""The format codecs on the GPU (epmoe.quantize_mxfp8, _nvfp4, _fp8_block128, _mxfp4 and their
+decoders, given CUDA tensors) against the host codec, bit for bit:
 
     pytest tests/python/gpu/test_gpu_codecs.py      (run_torchrun.sh runs it in its first pass)
 
@@ -111,6 +111,12 @@ def all_codecs(x):
             out[f"nvfp4_{group}"] = (p, s, t, epmoe.dequantize_nvfp4(p, s, t))
         p, s, t = epmoe.quantize_nvfp4(x, tensor_scale=1234.5)
         out["nvfp4_static"] = (p, s, t, epmoe.dequantize_nvfp4(p, s, t))
+        for blocks in ("tile_128x128", "row_1x128"):
+            e, s = epmoe.quantize_fp8_block128(x, blocks)
+            out[f"fp8_block128_{blocks}"] = (e, s, epmoe.dequantize_fp8_block128(e, s, blocks))
+        for rounding in ("rceil", "ocp_floor"):
+            p, s = epmoe.quantize_mxfp4(x, rounding)
+            out[f"mxfp4_{rounding}"] = (p, s, epmoe.dequantize_mxfp4(p, s))
     return out
 
 
@@ -128,6 +134,16 @@ def check_all(outputs, x_host, what=""):
         want = (p, s, t, epmoe.dequantize_nvfp4(p, s, t))
         for i, (g, w) in enumerate(zip(outputs[name], want)):
             same_bits(g, w, f"{what} {name} output {i}")
+    for blocks in ("tile_128x128", "row_1x128"):
+        e, s = epmoe.quantize_fp8_block128(x_host, blocks)
+        want = (e, s, epmoe.dequantize_fp8_block128(e, s, blocks))
+        for i, (g, w) in enumerate(zip(outputs[f"fp8_block128_{blocks}"], want)):
+            same_bits(g, w, f"{what} fp8_block128 {blocks} output {i}")
+    for rounding in ("rceil", "ocp_floor"):
+        p, s = epmoe.quantize_mxfp4(x_host, rounding)
+        want = (p, s, epmoe.dequantize_mxfp4(p, s))
+        for i, (g, w) in enumerate(zip(outputs[f"mxfp4_{rounding}"], want)):
+            same_bits(g, w, f"{what} mxfp4 {rounding} output {i}")
 
 
 # ---- bit-exact against the host codec ----
@@ -176,6 +192,46 @@ def test_nvfp4_zero_block_scales_keep_each_elements_sign():
         y = host(y)[:, :16]
         assert (y == 0).all(), group
         np.testing.assert_array_equal(np.signbit(y), np.signbit(x_host[:, :16]))
+
+
+def test_fp8_block128_partial_tiles_and_stacked_experts_bit_exact():
+    """gpt-oss-like shapes (2880 is not a multiple of 128; 200 rows leave a 72-row last tile),
+    3 experts stacked, each tiled on its own; more tiles than one launch's CTAs."""
+    for shape in ((3, 200, 2880), (1, 9000, 640)):
+        x_host = np.random.default_rng(shape[1]).standard_normal(shape).astype(np.float32)
+        x_host[1 % shape[0]] *= 1e4
+        x = torch.from_numpy(x_host).to(dev())
+        with no_host_sync():
+            got = {b: epmoe.quantize_fp8_block128(x, b) for b in ("tile_128x128", "row_1x128")}
+            dec = {b: epmoe.dequantize_fp8_block128(*got[b]) for b in got}
+        torch.cuda.synchronize()
+        for b, (e, s) in got.items():
+            want = epmoe.quantize_fp8_block128(x_host, b)
+            same_bits(e, want[0], f"{shape} {b} elements")
+            same_bits(s, want[1], f"{shape} {b} scales")
+            same_bits(dec[b], epmoe.dequantize_fp8_block128(*want), f"{shape} {b} decode")
+
+
+def test_fp8_block128_and_mxfp4_decoders_on_every_code():
+    """Checkpoint bytes as they come: every E4M3 code with scales of any sign and magnitude (NaN,
+    Inf, 0 and subnormals included), every E2M1 pair with every E8M0 code."""
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 256, (300, 256), dtype=np.uint8)
+    codes[0] = np.arange(256, dtype=np.uint8)
+    scales = rng.standard_normal((3, 2)).astype(np.float32)
+    scales[0] = [np.nan, np.inf]
+    scales[1] = [0.0, 1e-42]
+    got = epmoe.dequantize_fp8_block128(torch.from_numpy(codes).to(dev()),
+                                        torch.from_numpy(scales).to(dev()), "tile_128x128")
+    packed = rng.integers(0, 256, (256, 128), dtype=np.uint8)
+    packed[:, 0] = np.arange(256, dtype=np.uint8)
+    e8m0 = np.resize(np.arange(256, dtype=np.uint8), (256, 8))
+    got4 = epmoe.dequantize_mxfp4(torch.from_numpy(packed).to(dev()),
+                                  torch.from_numpy(e8m0).to(dev()))
+    torch.cuda.synchronize()
+    same_bits(got, epmoe.dequantize_fp8_block128(codes, scales, "tile_128x128"),
+              "fp8_block128 decode")
+    same_bits(got4, epmoe.dequantize_mxfp4(packed, e8m0), "mxfp4 decode")
 
 
 def test_grid_stride_loops_bit_exact():
