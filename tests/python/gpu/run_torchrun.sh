@@ -42,14 +42,14 @@ timeout 300 "$python" -m pytest -q -rs -p no:cacheprovider tests/python/gpu 2>&1
   tee "$out/pytest_threads.log" | tail -30
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
-echo "== torchrun --nproc-per-node=2 -m pytest tests/python/gpu (a process per GPU)"
-timeout 300 "$python" -m torch.distributed.run --standalone --nproc-per-node=2 \
+echo "== torchrun --nproc-per-node=${ngpu} -m pytest tests/python/gpu (a process per GPU)"
+timeout 300 "$python" -m torch.distributed.run --standalone --nproc-per-node="$ngpu" \
   -m pytest -q -rs -p no:cacheprovider tests/python/gpu >"$out/pytest_torchrun.log" 2>&1
 [ $? -eq 0 ] || rc=1
 grep -E "passed|failed|error|FAILED|ERROR|SKIPPED|Error" "$out/pytest_torchrun.log" | head -60
 
 echo "== torchrun examples/torch_ep_layer.py"
-timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node=2 \
+timeout 180 "$python" -m torch.distributed.run --standalone --nproc-per-node="$ngpu" \
   examples/torch_ep_layer.py --experts 16 --layers 2 --precision mxfp8 --max-tokens 32 --graph \
   >"$out/example.log" 2>&1
 [ $? -eq 0 ] || rc=1
