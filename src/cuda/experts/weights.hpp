@@ -1,9 +1,7 @@
 // Weight preparation on the device, shared by the backends (docs/design.md §4.1, §6): the caller's
 // tensors reach the GPU as they are (raw bf16 or f32; a host tensor is copied up in slices of
-// whole experts), then kernels encode them into the resident layout every backend reads
-// (resident.hpp): the layer's format, with the same codec.hpp block encoders the host uses.
-// Nothing here runs on the host per weight, so creating a large layer costs the copy and a few
-// kernels.
+// whole experts), then a backend's kernels turn them into its own layout. Nothing here runs on
+// the host per weight, so creating a large layer costs the copy and a few kernels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,9 +9,6 @@
 #include <cstdint>
 #include <functional>
 
-#include "cuda/experts/backend.hpp"
-#include "cuda/experts/resident.hpp"
-#include "epmoe/layer.hpp"
 #include "epmoe/tensor.hpp"
 
 namespace epmoe::cuda::experts {
@@ -39,20 +34,5 @@ void for_each_device_slice(const TensorView& t, cudaStream_t stream,
 // of `raw` as fp32 bits, exactly formats::nvfp4_group_amax of the whole matrix (max is
 // order-free, and bits of non-negative floats order like the floats).
 void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
-
-// Slices of the resident weights of `problem` from `cursor` (w13 elements, scales, s_enc, then
-// w2's), in code order; a cursor without a base only measures.
-ResidentWeights slice_resident_weights(ScratchCursor& cursor, const ExpertProblem& problem);
-
-// This rank's experts (`local`, validated, on the host or this GPU) into `out`, queued on
-// `stream`: the weight quantization point of docs/design.md §6 (point 2). Synchronises `stream`
-// before it returns (it frees its temporaries).
-void prepare_resident_weights(const ExpertWeights& local, const ResidentWeights& out,
-                              ScaleRounding rounding, cudaStream_t stream);
-
-// For tests: every element of `m` through the tiles' decoders (resident.hpp), on `stream`:
-// values [experts, rows, cols] fp32 (decode_values) or codes (decode_codes) as bf16 codes.
-void launch_decode_values(const ResidentMatrices& m, float* values, cudaStream_t stream);
-void launch_decode_codes(const ResidentMatrices& m, std::uint16_t* codes, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts

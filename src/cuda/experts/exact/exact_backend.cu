@@ -2,16 +2,32 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/exact/f64_tile.cuh"
-#include "cuda/experts/weights.hpp"
+#include "cuda/experts/weights.cuh"
 
 namespace epmoe::cuda::experts::exact {
 namespace {
 
-// The resident weights (weights.hpp), then the scratch, each its own allocation in code order
-// (`base` nullptr: sizes only).
-ResidentWeights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+// Weights as values: decode(encode(w)) in fp32, in the caller's [expert][row][col] order.
+struct StoreValues {
+  float* out;
+  std::int64_t matrix_size;
+  __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
+                             float /*s_enc*/) const {
+    auto* dst = reinterpret_cast<float4*>(out + expert * matrix_size + at);  // 128 B aligned
+#pragma unroll
+    for (int i = 0; i < kWeightBlock / 4; ++i)
+      dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+  }
+};
+
+// Slices of the weight allocation and of the scratch, in code order (`base` nullptr: sizes only).
+Weights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+  const auto experts = static_cast<std::size_t>(e.local_experts);
+  const auto matrix = static_cast<std::size_t>(e.hidden * e.intermediate);
   ScratchCursor cursor{base};
-  const ResidentWeights w = slice_resident_weights(cursor, e);
+  Weights w{};
+  w.w13 = cursor.take<float>(experts * 2 * matrix);
+  w.w2 = cursor.take<float>(experts * matrix);
   *bytes = cursor.used;
   return w;
 }
@@ -44,9 +60,9 @@ ExactBackend::ExactBackend(const LayerConfig& config, int device)
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   weights_ = slice_weights(weight_memory_, problem_, &weight_bytes_);
   h_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  fc1_ = exact::fc1_shape(problem_.precision, device);
+  fc1_ = exact::fc1_shape(device);
   quantize_h_ = exact::quantize_h_shape(problem_, device);
-  fc2_ = exact::fc2_shape(problem_.precision, device);
+  fc2_ = exact::fc2_shape(device);
 }
 
 ExactBackend::~ExactBackend() {
@@ -55,7 +71,11 @@ ExactBackend::~ExactBackend() {
 }
 
 void ExactBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
-  prepare_resident_weights(local, weights_, problem_.rounding, stream);
+  const std::int64_t h = problem_.hidden, i = problem_.intermediate;
+  emulate_weights(local.w13, problem_.precision, problem_.rounding,
+                  StoreValues{weights_.w13, 2 * i * h}, stream);
+  emulate_weights(local.w2, problem_.precision, problem_.rounding, StoreValues{weights_.w2, h * i},
+                  stream);
 }
 
 void ExactBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {

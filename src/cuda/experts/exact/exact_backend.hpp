@@ -1,7 +1,7 @@
 // The exact backend (LayerOptions::expert_math = exact; docs/design.md §4.1): float64 sums of
 // exact fp32 products on the CUDA cores (f64_tile.cuh), the oracle-grade path: with staged
-// combine the layer is bit-exact against the reference. Weights are held in the layer's format
-// (resident.hpp) and decoded to fp32 decode(encode(w)) in the tile, one k slab at a time.
+// combine the layer is bit-exact against the reference. Weights are held as fp32
+// decode(encode(w)), 4 bytes each whatever the precision.
 #pragma once
 
 #include <string>
@@ -29,7 +29,7 @@ class ExactBackend final : public ExpertBackend {
   void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
-  const ResidentWeights& weights() const { return weights_; }
+  const Weights& weights() const { return weights_; }
 
  private:
   Params params(const ExpertStep& step) const { return Params{step, problem_, weights_, h_}; }
@@ -38,7 +38,7 @@ class ExactBackend final : public ExpertBackend {
   std::uint8_t* weight_memory_ = nullptr;
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t weight_bytes_ = 0, scratch_bytes_ = 0;
-  ResidentWeights weights_{};
+  Weights weights_{};
   float* h_ = nullptr;
   KernelShape fc1_, quantize_h_, fc2_;
 };

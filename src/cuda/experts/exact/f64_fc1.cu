@@ -12,7 +12,6 @@ namespace {
 
 inline constexpr int kColumnsPerTile = kTileCols / 2;  // intermediate columns (gate + up each)
 
-template <Precision P>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in the staged x
@@ -36,14 +35,17 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
       return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
     };
 
-    // Weight rows 0-63: gate rows j0...; 64-127: the up rows of the same columns.
-    const WeightTile w13 = weight_tile<P>(p.weights.w13, chunk.expert, j0, inter + j0);
+    const float* w13 = p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
     const WarpRole role = warp_role(chunk.rows);
     Accumulators acc;
-    tile_gemm<P>(
-        *reinterpret_cast<TileSmem<P>*>(smem), role, chunk.rows, hidden,
-        [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; }, w13,
-        weight_s_enc<P>(p.weights.w13, chunk.expert), acc);
+    tile_gemm(
+        *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, hidden,
+        [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+        [&](int c) {
+          const std::int64_t row = c < kColumnsPerTile ? j0 + c : inter + j0 + c - kColumnsPerTile;
+          return w13 + row * hidden;
+        },
+        acc);
 
     // Epilogue (k group 0 of each row group): SwiGLU of the float-rounded gate and up.
     if (role.k_group != 0) continue;
@@ -60,33 +62,12 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(Precision precision, int device) {
-  switch (precision) {
-    case Precision::bf16:
-      return occupancy_shape(f64_fc1_kernel<Precision::bf16>, kTileSmemBytes<Precision::bf16>,
-                             device);
-    case Precision::mxfp8:
-      return occupancy_shape(f64_fc1_kernel<Precision::mxfp8>, kTileSmemBytes<Precision::mxfp8>,
-                             device);
-    case Precision::nvfp4:
-      break;
-  }
-  return occupancy_shape(f64_fc1_kernel<Precision::nvfp4>, kTileSmemBytes<Precision::nvfp4>,
-                         device);
+KernelShape fc1_shape(int device) {
+  return occupancy_shape(f64_fc1_kernel, kTileSmemBytes, device);
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  switch (p.problem.precision) {
-    case Precision::bf16:
-      f64_fc1_kernel<Precision::bf16><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::mxfp8:
-      f64_fc1_kernel<Precision::mxfp8><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::nvfp4:
-      f64_fc1_kernel<Precision::nvfp4><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-  }
+  f64_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

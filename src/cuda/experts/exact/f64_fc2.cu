@@ -10,7 +10,6 @@
 namespace epmoe::cuda::experts::exact {
 namespace {
 
-template <Precision P>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kTileRows];
@@ -29,16 +28,16 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
         home_of[threadIdx.x] =
             home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
       __syncthreads();
-      // Weight rows c0 ... c0 + 127 in two groups of 64; past the hidden size (gpt-oss: 2880,
-      // a multiple of 64) the second group repeats the first and is never stored.
-      const WeightTile w2 =
-          weight_tile<P>(p.weights.w2, chunk.expert, c0, c0 + 64 < hidden ? c0 + 64 : c0);
+      // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
+      const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+
+      const float* w2 = p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
       const WarpRole role = warp_role(chunk.rows);
       Accumulators acc;
-      tile_gemm<P>(
-          *reinterpret_cast<TileSmem<P>*>(smem), role, chunk.rows, inter,
-          [&](int r) { return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter); }, w2,
-          weight_s_enc<P>(p.weights.w2, chunk.expert), acc);
+      tile_gemm(
+          *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, inter,
+          [&](int r) { return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
+          [&](int c) { return w2 + w_row(c) * inter; }, acc);
 
       // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
       // warp's stores to a row are contiguous.
@@ -58,33 +57,12 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc2_shape(Precision precision, int device) {
-  switch (precision) {
-    case Precision::bf16:
-      return occupancy_shape(f64_fc2_kernel<Precision::bf16>, kTileSmemBytes<Precision::bf16>,
-                             device);
-    case Precision::mxfp8:
-      return occupancy_shape(f64_fc2_kernel<Precision::mxfp8>, kTileSmemBytes<Precision::mxfp8>,
-                             device);
-    case Precision::nvfp4:
-      break;
-  }
-  return occupancy_shape(f64_fc2_kernel<Precision::nvfp4>, kTileSmemBytes<Precision::nvfp4>,
-                         device);
+KernelShape fc2_shape(int device) {
+  return occupancy_shape(f64_fc2_kernel, kTileSmemBytes, device);
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  switch (p.problem.precision) {
-    case Precision::bf16:
-      f64_fc2_kernel<Precision::bf16><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::mxfp8:
-      f64_fc2_kernel<Precision::mxfp8><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::nvfp4:
-      f64_fc2_kernel<Precision::nvfp4><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-  }
+  f64_fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,20 +4,25 @@
 #include <cuda_runtime.h>
 
 #include "cuda/experts/inputs.hpp"
-#include "cuda/experts/resident.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::exact {
 
+// Its prepared weights: decode(encode(w)) of every matrix, in fp32 (docs/design.md §6).
+struct Weights {
+  float* w13;  // [E_local, 2I, H] gate rows then up rows
+  float* w2;   // [E_local, H, I]
+};
+
 struct Params {
   ExpertStep step;
   ExpertProblem problem;
-  ResidentWeights weights;  // in the layer's format (resident.hpp), decoded in the tile
+  Weights weights;
   float* h;  // [max_pairs, I] SwiGLU output per pair, FC2's input quantization point in place
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.
-KernelShape fc1_shape(Precision precision, int device);
+KernelShape fc1_shape(int device);
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2's input quantization point, one h row at a time, in place.
@@ -25,7 +30,7 @@ KernelShape quantize_h_shape(const ExpertProblem& problem, int device);
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2 per (expert, chunk, tile of 128 hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(Precision precision, int device);
+KernelShape fc2_shape(int device);
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::exact

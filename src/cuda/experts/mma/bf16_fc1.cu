@@ -3,7 +3,7 @@
 // rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
 // row j0 + c / 2 for odd c, read in place from w13's [gate rows; up rows] layout), so one thread's
 // C fragment holds both and SwiGLU needs no exchange.
-// Two CTAs per SM (at most 110 KB of shared memory each), so at most 128 registers.
+// Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 #include "cuda/experts/mma/params.hpp"
 #include "math/activation.hpp"
@@ -13,7 +13,6 @@ namespace {
 
 inline constexpr int kColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
 
-template <Precision P>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kRows];  // the chunk's rows in the staged x16 / x_scale
@@ -37,16 +36,16 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
       return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
     };
 
-    // Raw rows 0-63: gate rows j0...; 64-127: the up rows of the same columns, interleaved.
-    const WeightTile w13 = weight_tile<P>(p.weights.w13, chunk.expert, j0, inter + j0);
-    const float w_scale = weight_s_enc<P>(p.weights.w13, chunk.expert);
+    const std::uint16_t* w13 =
+        p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
     Accumulators acc;
-    tile_mma<P, true>(
-        *reinterpret_cast<Smem<P>*>(smem), chunk.rows, hidden,
-        [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; }, w13,
-        w_scale, acc);
+    tile_mma(
+        *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
+        [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+        [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
     // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
     const WarpTile tile = warp_tile();
+    const float w_scale = p.weights.w13_scale[chunk.expert];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -68,31 +67,12 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(Precision precision, int device) {
-  switch (precision) {
-    case Precision::bf16:
-      return occupancy_shape(bf16_fc1_kernel<Precision::bf16>, kSmemBytes<Precision::bf16>, device);
-    case Precision::mxfp8:
-      return occupancy_shape(bf16_fc1_kernel<Precision::mxfp8>, kSmemBytes<Precision::mxfp8>,
-                             device);
-    case Precision::nvfp4:
-      break;
-  }
-  return occupancy_shape(bf16_fc1_kernel<Precision::nvfp4>, kSmemBytes<Precision::nvfp4>, device);
+KernelShape fc1_shape(int device) {
+  return occupancy_shape(bf16_fc1_kernel, kSmemBytes, device);
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  switch (p.problem.precision) {
-    case Precision::bf16:
-      bf16_fc1_kernel<Precision::bf16><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::mxfp8:
-      bf16_fc1_kernel<Precision::mxfp8><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::nvfp4:
-      bf16_fc1_kernel<Precision::nvfp4><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-  }
+  bf16_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

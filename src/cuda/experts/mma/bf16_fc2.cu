@@ -3,14 +3,13 @@
 // one expert, tile of 128 hidden columns), tile fastest; the last tile of a hidden size that is
 // not a multiple of 128 (gpt-oss: 2880) computes clamped columns it never stores. fc2_round
 // closes the step: the last CTA tells every rank this rank's experts are done.
-// Two CTAs per SM (at most 110 KB of shared memory each), so at most 128 registers.
+// Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 #include "cuda/experts/mma/params.hpp"
 
 namespace epmoe::cuda::experts::mma {
 namespace {
 
-template <Precision P>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kRows];
@@ -29,17 +28,18 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
         home_of[threadIdx.x] =
             home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
       __syncthreads();
-      // Weight rows c0 ... c0 + 127 in two groups of 64; past the hidden size (gpt-oss: 2880, a
-      // multiple of 64) the second group repeats the first and is never stored.
-      const WeightTile w2 =
-          weight_tile<P>(p.weights.w2, chunk.expert, c0, c0 + 64 < hidden ? c0 + 64 : c0);
-      const float w_scale = weight_s_enc<P>(p.weights.w2, chunk.expert);
+      // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
+      const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+
+      const std::uint16_t* w2 =
+          p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
       Accumulators acc;
-      tile_mma<P, false>(
-          *reinterpret_cast<Smem<P>*>(smem), chunk.rows, inter,
+      tile_mma(
+          *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
           [&](int r) { return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
-          w2, w_scale, acc);
+          [&](int c) { return w2 + w_row(c) * inter; }, acc);
       const WarpTile tile = warp_tile();
+      const float w_scale = p.weights.w2_scale[chunk.expert];
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -64,31 +64,12 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc2_shape(Precision precision, int device) {
-  switch (precision) {
-    case Precision::bf16:
-      return occupancy_shape(bf16_fc2_kernel<Precision::bf16>, kSmemBytes<Precision::bf16>, device);
-    case Precision::mxfp8:
-      return occupancy_shape(bf16_fc2_kernel<Precision::mxfp8>, kSmemBytes<Precision::mxfp8>,
-                             device);
-    case Precision::nvfp4:
-      break;
-  }
-  return occupancy_shape(bf16_fc2_kernel<Precision::nvfp4>, kSmemBytes<Precision::nvfp4>, device);
+KernelShape fc2_shape(int device) {
+  return occupancy_shape(bf16_fc2_kernel, kSmemBytes, device);
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  switch (p.problem.precision) {
-    case Precision::bf16:
-      bf16_fc2_kernel<Precision::bf16><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::mxfp8:
-      bf16_fc2_kernel<Precision::mxfp8><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-    case Precision::nvfp4:
-      bf16_fc2_kernel<Precision::nvfp4><<<s.grid, kThreads, s.smem, stream>>>(p);
-      break;
-  }
+  bf16_fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -2,15 +2,38 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
-#include "cuda/experts/weights.hpp"
+#include "cuda/experts/weights.cuh"
 
 namespace epmoe::cuda::experts::mma {
 namespace {
 
-// The resident weights (weights.hpp), in code order (`base` nullptr: sizes only).
-ResidentWeights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+// Weights as exact bf16 codes, value * s_enc of the matrix (math::bf16_codes on the host), in the
+// caller's [expert][row][col] order (FC1's tile reads gate and up rows in place), and the scale.
+// A NaN value keeps its own payload, as the host's NaN * scale does (a GPU product would return
+// the canonical NaN instead).
+struct StoreCodes {
+  std::uint16_t* out;
+  float* scale;  // [E_local]
+  std::int64_t matrix_size;
+  __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
+                             float s_enc) const {
+    std::uint16_t* dst = out + expert * matrix_size + at;
+#pragma unroll
+    for (int i = 0; i < kWeightBlock; ++i)
+      dst[i] = formats::float_to_bf16(isnan(v[i]) ? v[i] : v[i] * s_enc);
+    if (at == 0) scale[expert] = s_enc;
+  }
+};
+
+Weights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+  const auto experts = static_cast<std::size_t>(e.local_experts);
+  const auto matrix = static_cast<std::size_t>(e.hidden * e.intermediate);
   ScratchCursor cursor{base};
-  const ResidentWeights w = slice_resident_weights(cursor, e);
+  Weights w{};
+  w.w13 = cursor.take<std::uint16_t>(experts * 2 * matrix);
+  w.w2 = cursor.take<std::uint16_t>(experts * matrix);
+  w.w13_scale = cursor.take<float>(experts);
+  w.w2_scale = cursor.take<float>(experts);
   *bytes = cursor.used;
   return w;
 }
@@ -54,9 +77,9 @@ MmaBackend::MmaBackend(const LayerConfig& config, int device) : problem_(expert_
   h_ = s.h;
   h16_ = s.h16;
   h_scale_ = s.h_scale;
-  fc1_ = mma::fc1_shape(problem_.precision, device);
+  fc1_ = mma::fc1_shape(device);
   quantize_h_ = mma::quantize_h_shape(problem_, device);
-  fc2_ = mma::fc2_shape(problem_.precision, device);
+  fc2_ = mma::fc2_shape(device);
 }
 
 MmaBackend::~MmaBackend() {
@@ -65,7 +88,11 @@ MmaBackend::~MmaBackend() {
 }
 
 void MmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
-  prepare_resident_weights(local, weights_, problem_.rounding, stream);
+  const std::int64_t h = problem_.hidden, i = problem_.intermediate;
+  emulate_weights(local.w13, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
+  emulate_weights(local.w2, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
 }
 
 void MmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {

@@ -1,7 +1,7 @@
 // The bf16 tensor-core backend (LayerOptions::expert_math = tensor_core; docs/design.md §4.1):
 // bf16 mma.sync with fp32 accumulation (bf16_mma_tile.cuh) on exact bf16 codes of the rows and
-// weights, agreeing with the reference to accumulation-order noise. Weights are held in the layer's
-// format (resident.hpp) and decoded to those bf16 codes in the tile, one k slab at a time.
+// weights, agreeing with the reference to accumulation-order noise. Weights are held as bf16 codes
+// plus one fp32 scale per matrix, 2 bytes each whatever the precision.
 #pragma once
 
 #include <string>
@@ -29,7 +29,7 @@ class MmaBackend final : public ExpertBackend {
   void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
-  const ResidentWeights& weights() const { return weights_; }
+  const Weights& weights() const { return weights_; }
 
  private:
   Params params(const ExpertStep& step) const {
@@ -40,7 +40,7 @@ class MmaBackend final : public ExpertBackend {
   std::uint8_t* weight_memory_ = nullptr;
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t weight_bytes_ = 0, scratch_bytes_ = 0;
-  ResidentWeights weights_{};
+  Weights weights_{};
   float* h_ = nullptr;
   std::uint16_t* h16_ = nullptr;
   float* h_scale_ = nullptr;

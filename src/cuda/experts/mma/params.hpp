@@ -4,22 +4,30 @@
 #include <cuda_runtime.h>
 
 #include "cuda/experts/inputs.hpp"
-#include "cuda/experts/resident.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::mma {
 
+// Its prepared weights: every matrix as exact bf16 codes, value = code / scale, with one fp32
+// scale per matrix (NVFP4's s_enc; 1 for the other precisions) (docs/design.md §6).
+struct Weights {
+  std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows
+  std::uint16_t* w2;   // [E_local, H, I]
+  float* w13_scale;    // [E_local]
+  float* w2_scale;     // [E_local]
+};
+
 struct Params {
   ExpertStep step;
   ExpertProblem problem;
-  ResidentWeights weights;  // in the layer's format (resident.hpp), decoded in the tile
-  float* h;                 // [max_pairs, I] SwiGLU output per pair, quantized in place
-  std::uint16_t* h16;       // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
-  float* h_scale;           // [max_pairs]
+  Weights weights;
+  float* h;            // [max_pairs, I] SwiGLU output per pair, quantized in place
+  std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
+  float* h_scale;      // [max_pairs]
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.
-KernelShape fc1_shape(Precision precision, int device);
+KernelShape fc1_shape(int device);
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2's input quantization point, one h row at a time, in place, and its bf16 codes.
@@ -27,7 +35,7 @@ KernelShape quantize_h_shape(const ExpertProblem& problem, int device);
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2 per (expert, chunk, tile of 128 hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(Precision precision, int device);
+KernelShape fc2_shape(int device);
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::mma

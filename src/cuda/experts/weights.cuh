@@ -1,0 +1,100 @@
+// The weight quantization point on the device (docs/design.md §6 point 2), for a backend's weight
+// preparation: every block of 32 weights along a matrix row becomes decode(encode(w)) in the
+// layer's precision, bit for bit what math::emulate_weight_matrix computes on the host (the same
+// codec.hpp functions, block by block; f32 input is quantized as it is, bf16 input decoded
+// first): bf16 rounding; MXFP8 blocks of 32 with the layer's scale rounding; NVFP4 blocks of 16
+// with one s_enc per matrix from the matrix's amax (launch_matrix_amax). The backend's Store then
+// writes the 32 values in its own layout.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/experts/weights.hpp"
+#include "epmoe/config.hpp"
+#include "formats/codec.hpp"
+
+namespace epmoe::cuda::experts {
+
+inline constexpr int kWeightBlock = 32;  // one thread's weights: an MXFP8 block, two NVFP4 blocks
+static_assert(kWeightBlock == formats::kMxfp8Block && kWeightBlock == 2 * formats::kNvfp4Block &&
+                  kShapeAlignment % kWeightBlock == 0,
+              "a thread's block never straddles a matrix row (H and I are multiples of 64)");
+
+// Store: __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[32],
+// float s_enc) const, with `expert` this rank's local expert, `at` the first element's index in
+// its matrix, and s_enc the matrix's NVFP4 encode scale (1 for the other precisions).
+template <class Store>
+__global__ void __launch_bounds__(256)
+    emulate_weight_blocks_kernel(RawMatrices raw, std::int64_t first_expert, Precision precision,
+                                 ScaleRounding rounding, const std::uint32_t* amax_bits,
+                                 Store store) {
+  using namespace formats;
+  const std::int64_t per_matrix = raw.rows * raw.cols / kWeightBlock;
+  const std::int64_t blocks = raw.experts * per_matrix;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < blocks; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t e = b / per_matrix;
+    const std::int64_t at = (b % per_matrix) * kWeightBlock;
+    const std::int64_t first = b * kWeightBlock;
+    float v[kWeightBlock];
+    for (int i = 0; i < kWeightBlock; ++i)
+      v[i] = raw.dtype == DType::f32
+                 ? static_cast<const float*>(raw.data)[first + i]
+                 : bf16_to_float(static_cast<const std::uint16_t*>(raw.data)[first + i]);
+    float s_enc = 1.0f;
+    switch (precision) {
+      case Precision::bf16:
+        for (int i = 0; i < kWeightBlock; ++i) v[i] = round_to_bf16(v[i]);
+        break;
+      case Precision::mxfp8: {
+        std::uint8_t elements[kMxfp8Block], scale;
+        mxfp8_encode_block(v, kMxfp8Block, rounding, elements, &scale);
+        mxfp8_decode_block(elements, scale, kMxfp8Block, v);
+        break;
+      }
+      case Precision::nvfp4: {
+        s_enc = nvfp4_tensor_scale(bits_float(amax_bits[e]));
+        for (int half = 0; half < 2; ++half) {
+          std::uint8_t packed[kNvfp4Block / 2], scale;
+          float* block = v + half * kNvfp4Block;
+          nvfp4_encode_block(block, kNvfp4Block, s_enc, packed, &scale);
+          nvfp4_decode_block(packed, scale, s_enc, kNvfp4Block, block);
+        }
+        break;
+      }
+    }
+    store(first_expert + e, at, v, s_enc);
+  }
+}
+
+// One FC of this rank's experts (`t`: [E_local, rows, cols], validated, on the host or this GPU)
+// through the weight quantization point into `store`, queued on `stream`. Synchronises `stream`
+// before it returns (it frees its temporaries).
+template <class Store>
+void emulate_weights(const TensorView& t, Precision precision, ScaleRounding rounding, Store store,
+                     cudaStream_t stream) {
+  std::uint32_t* amax_bits = nullptr;  // NVFP4: [E_local]
+  if (precision == Precision::nvfp4) {
+    EPMOE_CUDA_CHECK(
+        cudaMalloc(&amax_bits, std::max<std::size_t>(1, t.dim(0)) * sizeof(std::uint32_t)));
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(
+        amax_bits, 0, static_cast<std::size_t>(t.dim(0)) * sizeof(std::uint32_t), stream));
+  }
+  for_each_device_slice(t, stream, [&](const RawMatrices& raw, std::int64_t first) {
+    if (amax_bits != nullptr) launch_matrix_amax(raw, amax_bits + first, stream);
+    const std::int64_t blocks = raw.experts * raw.rows * raw.cols / kWeightBlock;
+    const auto grid =
+        static_cast<unsigned>(std::clamp<std::int64_t>((blocks + 255) / 256, 1, 65536));
+    emulate_weight_blocks_kernel<<<grid, 256, 0, stream>>>(
+        raw, first, precision, rounding, amax_bits == nullptr ? nullptr : amax_bits + first, store);
+    EPMOE_CUDA_CHECK(cudaGetLastError());
+  });
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (amax_bits != nullptr) EPMOE_CUDA_CHECK(cudaFree(amax_bits));
+}
+
+}  // namespace epmoe::cuda::experts
