@@ -281,7 +281,8 @@ struct Point {
   int warmup = 0;
   std::vector<double> latency_ms;  // per timed round: the slowest rank
   double p50 = kNaN, p90 = kNaN, min = kNaN;
-  Traffic traffic;  // mean over the timed rounds
+  Traffic traffic;                 // mean over the timed rounds
+  std::size_t resident_bytes = 0;  // Layer::resident_weight_bytes() of rank 0 (every rank alike)
   double floor_ms = kNaN;
   std::string bound;
 };
@@ -729,7 +730,11 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
     }
     if (check != "pass") st.any_failure = true;
   }
-  for (Point* p : points) p->check = check;
+  const std::size_t resident_bytes = cluster->layer(0).resident_weight_bytes();
+  for (Point* p : points) {
+    p->check = check;
+    p->resident_bytes = resident_bytes;
+  }
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s, check %s\n", what.c_str(), prep_s,
                check.c_str());
 
@@ -852,9 +857,9 @@ std::string json_str(const std::string& s) {
 }
 
 void print_table(const std::vector<Point>& points) {
-  std::printf("\n%-22s %2s %-5s %-16s %-11s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %s\n", "model",
-              "W", "prec", "combine", "math", "T", "p50 ms", "p90 ms", "wt GB", "TB/s", "TFLOPS",
-              "NVL MB", "floor ms", "bound", "x floor", "check");
+  std::printf("\n%-22s %2s %-5s %-16s %-11s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s %s\n",
+              "model", "W", "prec", "combine", "math", "T", "p50 ms", "p90 ms", "wt GB", "TB/s",
+              "TFLOPS", "NVL MB", "floor ms", "bound", "x floor", "res GB", "check");
   for (const Point& p : points) {
     std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
                 to_string(p.precision), to_string(p.combine), to_string(p.math),
@@ -866,12 +871,13 @@ void print_table(const std::vector<Point>& points) {
     const double sec = p.p50 * 1e-3;
     const double tbps = p.traffic.weight_bytes / p.world / sec / 1e12;
     const double tflops = p.traffic.flops / p.world / sec / 1e12;
-    std::printf("%9s %9s %8s %6s %7s %8s %9s %-5s %7s %s%s%s\n", fmt(p.p50).c_str(),
+    std::printf("%9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s %s%s%s\n", fmt(p.p50).c_str(),
                 fmt(p.p90).c_str(), fmt(p.traffic.weight_bytes / 1e9, "%.3f").c_str(),
                 fmt(tbps, "%.2f").c_str(), fmt(tflops, "%.1f").c_str(),
                 fmt(p.traffic.nvlink_bytes / 1e6, "%.2f").c_str(), fmt(p.floor_ms).c_str(),
                 p.bound.empty() ? "-" : p.bound.c_str(), fmt(p.p50 / p.floor_ms, "%.1f").c_str(),
-                p.check.c_str(), p.note.empty() ? "" : "  ", p.note.c_str());
+                fmt(static_cast<double>(p.resident_bytes) / 1e9, "%.3f").c_str(), p.check.c_str(),
+                p.note.empty() ? "" : "  ", p.note.c_str());
   }
 }
 
@@ -910,6 +916,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
       << ", \"latency_ms_p50\": " << json_num(p.p50) << ", \"latency_ms_p90\": " << json_num(p.p90)
       << ", \"latency_ms_min\": " << json_num(p.min)
       << ", \"weight_bytes\": " << json_num(p.traffic.weight_bytes)
+      << ", \"resident_weight_bytes_per_rank\": "
+      << (p.resident_bytes > 0 ? std::to_string(p.resident_bytes) : std::string("null"))
       << ", \"flops\": " << json_num(p.traffic.flops)
       << ", \"pairs\": " << json_num(p.traffic.pairs)
       << ", \"nvlink_bytes\": " << json_num(p.traffic.nvlink_bytes)

@@ -1001,6 +1001,13 @@ NB_MODULE(_epmoe, m) {
       .def_prop_ro(
           "config", [](const LayerHandle& h) { return h.get("config").config(); },
           nb::rv_policy::copy)
+      .def_prop_ro(
+          "resident_weight_bytes",
+          [](const LayerHandle& h) {
+            return h.get("resident_weight_bytes").resident_weight_bytes();
+          },
+          "Bytes this rank holds for its prepared expert weights, scales included (the CUDA "
+          "executor keeps them in the layer's format; the CPU executor as fp32 values).")
       .def_prop_ro("next_round", [](LayerHandle& h) {
         Layer& layer = h.get("next_round");
         const Running running(h);

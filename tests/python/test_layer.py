@@ -223,3 +223,18 @@ def test_jax_bfloat16_through_dlpack():
     assert_within_bf16_ulps(y, NumpyLayer(problem).forward(b))
     with pytest.raises(epmoe.Error, match="forward: x has dtype f32, expected bf16"):
         layer.forward(x.astype(jnp.float32), ids, jnp.asarray(b.weights), out=out)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "nvfp4"])
+def test_resident_weight_bytes_of_the_cpu_executor_are_fp32_values_and_matrix_scales(precision):
+    """The CPU executor holds its experts as fp32 decode(encode(w)) and one scale per matrix."""
+    problem = make_problem(shape(), 2, seed=7)
+    layers = make_layers(problem, precision)
+    s = problem.shape
+    local = s.num_experts // 2
+    want = (local * 3 * s.intermediate * s.hidden + 2 * local) * 4
+    assert [layer.resident_weight_bytes for layer in layers] == [want, want]
+    layers[0].close()
+    layers[1].close()
+    with pytest.raises(epmoe.Error):
+        layers[0].resident_weight_bytes
