@@ -335,9 +335,9 @@ class Layer(_ext._Layer):
     own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
     [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32, on
     the host or on the communicator's device; the layer quantizes them to ``precision`` and keeps
-    its own copy, whose size in bytes is :attr:`resident_weight_bytes` (on the CUDA executor the
-    weights stay in their format: bf16 2 B, mxfp8 1 + 1/32 B, nvfp4 0.5 + 1/16 B per weight, plus
-    4 B per nvfp4 matrix; the CPU executor holds fp32 values and one scale per matrix).
+    its own copy, whose size in bytes is :attr:`resident_weight_bytes` (decoded today: the CUDA
+    executor holds fp32 values with ``expert_math="exact"`` and bf16 codes plus one fp32 scale per
+    matrix with ``"tensor_core"``; the CPU executor fp32 values and one scale per matrix).
 
     Teardown: :meth:`close` (or ``with epmoe.Layer(...) as layer:``, or dropping the last
     reference) destroys the layer. On the CUDA executor that is collective (NCCL window

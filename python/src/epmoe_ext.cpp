@@ -1006,8 +1006,8 @@ NB_MODULE(_epmoe, m) {
           [](const LayerHandle& h) {
             return h.get("resident_weight_bytes").resident_weight_bytes();
           },
-          "Bytes this rank holds for its prepared expert weights, scales included (the CUDA "
-          "executor keeps them in the layer's format; the CPU executor as fp32 values).")
+          "Bytes this rank holds for its prepared expert weights, scales included (decoded today: "
+          "fp32 values, or bf16 codes with tensor_core math on the CUDA executor).")
       .def_prop_ro("next_round", [](LayerHandle& h) {
         Layer& layer = h.get("next_round");
         const Running running(h);
