@@ -1,4 +1,4 @@
-// MXFP8, NVFP4, FP8 block-128 and MXFP4 quantization of fp32 matrices (DESIGN §6,
+// MXFP8, NVFP4, FP8 block-128 and MXFP4 quantization of fp32 matrices (docs/design.md §6,
 // docs/formats.md), on host memory (pointers) or on host or CUDA memory (TensorViews, at the end
 // of this file).
 //

@@ -1,5 +1,5 @@
-// MXFP8 / NVFP4 / BF16 codecs (DESIGN §6, docs/formats.md): one header of __host__ __device__ code,
-// used by the CUDA kernels, the CPU executor and the reference forward alike.
+// MXFP8 / NVFP4 / BF16 codecs (docs/design.md §6, docs/formats.md): one header of __host__
+// __device__ code, used by the CUDA kernels, the CPU executor and the reference forward alike.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // of 128 weight rows), computed with bf16 mma.sync (m16n8k16) and fp32 accumulation. Both
 // operands are bf16 code rows (route's x16, this backend's h16 and weights), exact; the caller
 // divides by the row and matrix scales in its epilogue. So the result differs from the reference
-// only by fp32 accumulation order and rounding — accumulation-order noise (DESIGN §6).
+// only by fp32 accumulation order and rounding — accumulation-order noise (docs/design.md §6).
 //
 // Each 64-deep slab is summed by the tensor cores into a fresh fragment and then added into the
 // fp32 accumulators with ordinary (round-to-nearest) adds, as DeepGEMM promotes its FP8 sums: a
