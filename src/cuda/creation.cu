@@ -1,5 +1,6 @@
 #include "cuda/creation.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_common.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -10,18 +11,9 @@ struct ControlPeers {
 };
 using Session = protocol::CreationSession<ControlPeers>;
 
-// The protocol's clock and backoff on the GPU (as DevicePlatform, device_common.cuh): creation is
-// not latency-bound, so the backoff goes up to 8 us.
-struct MeetingClock {
-  __host__ __device__ std::uint64_t now_ns() const {
-#if defined(__CUDA_ARCH__)
-    std::uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-#else
-    return 0;
-#endif
-  }
+// The round's clock (DevicePlatform, device_common.cuh) with a longer backoff: creation is not
+// latency-bound, so the pause goes up to 8 us.
+struct MeetingClock : DevicePlatform {
   __host__ __device__ void pause(std::uint32_t attempt) const {
 #if defined(__CUDA_ARCH__)
     __nanosleep(128u << (attempt < 24 ? attempt / 4 : 6));
