@@ -242,6 +242,7 @@ TEST(ReceivedCounts, CountAboveMaxTokensIsAViolationNamedAtOnceNotAReadPastTheBl
   EXPECT_EQ(h.peer, 1) << h.what;
   EXPECT_EQ(h.phase, Phase::dispatch_counts) << h.what;
   EXPECT_EQ(h.round, kRound) << h.what;
+  EXPECT_NE(h.what.find("breaks the wire rules"), std::string::npos) << h.what;
   // The sender is told too: rank 0's abort record is in its window, naming it.
   const std::uint64_t abort = protocol::load_acquire(
       reinterpret_cast<const std::uint64_t*>(rank1->windows[1] + layout.abort_word));

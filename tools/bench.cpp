@@ -34,6 +34,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "progress.hpp"
+#include "subcommands.hpp"
 
 #if defined(EPMOE_HAS_CUDA)
 #include <cublas_v2.h>
@@ -43,13 +44,6 @@
 #endif
 
 namespace epmoe::tools {
-
-// What main.cpp needs: the subcommand (to ask whether it was parsed) and how to run it.
-struct BenchCommand {
-  CLI::App* app = nullptr;
-  std::function<int()> run;
-};
-BenchCommand add_bench_command(CLI::App& parent);
 
 namespace {
 
@@ -1083,7 +1077,7 @@ int bench(const BenchOptions& o) {
 
 }  // namespace
 
-BenchCommand add_bench_command(CLI::App& parent) {
+Subcommand add_bench_command(CLI::App& parent) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = parent.add_subcommand(
       "bench",
@@ -1140,7 +1134,7 @@ BenchCommand add_bench_command(CLI::App& parent) {
   cmd->add_option("--matmul-tflops", o->matmul_tflops,
                   "use this bf16 matmul rate instead of measuring it");
   cmd->add_flag("--no-measure", o->no_measure, "measure no ceilings (floors only from the above)");
-  return BenchCommand{cmd, [o] { return bench(*o); }};
+  return Subcommand{cmd, [o] { return bench(*o); }};
 }
 
 }  // namespace epmoe::tools

@@ -1,4 +1,5 @@
-// epmoe: run a real model's MoE layer end to end (`run`), and more to come (bench, stress, tune).
+// epmoe: run a real model's MoE layer end to end (`run`), time it (`bench`), hammer it with idle
+// ranks and faults (`stress`).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -6,19 +7,7 @@
 
 #include "commands.hpp"
 #include "epmoe/errors.hpp"
-
-namespace epmoe::tools {  // tools/stress.cpp
-struct StressCommand {
-  CLI::App* app = nullptr;
-  std::function<int()> run;
-};
-StressCommand add_stress_command(CLI::App& parent);
-struct BenchCommand {  // tools/bench.cpp
-  CLI::App* app = nullptr;
-  std::function<int()> run;
-};
-BenchCommand add_bench_command(CLI::App& parent);
-}  // namespace epmoe::tools
+#include "subcommands.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"epmoe: expert-parallel MoE layer"};
@@ -53,8 +42,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--timeout-ms", run.timeout_ms, "bounded-wait timeout, 0 = forever")
       ->capture_default_str();
 
-  const epmoe::tools::StressCommand stress = epmoe::tools::add_stress_command(app);
-  const epmoe::tools::BenchCommand bench = epmoe::tools::add_bench_command(app);
+  const epmoe::tools::Subcommand stress = epmoe::tools::add_stress_command(app);
+  const epmoe::tools::Subcommand bench = epmoe::tools::add_bench_command(app);
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -20,16 +20,9 @@
 #include "stress/options.hpp"
 #include "stress/supervisor.hpp"
 #include "stress/threads.hpp"
+#include "subcommands.hpp"
 
 namespace epmoe::tools {
-
-// What main.cpp needs: the subcommand (to ask whether it was parsed) and how to run it.
-struct StressCommand {
-  CLI::App* app = nullptr;
-  std::function<int()> run;
-};
-StressCommand add_stress_command(CLI::App& parent);
-
 namespace stress {
 namespace {
 
@@ -73,14 +66,14 @@ int run(const Options& o) {
 }  // namespace
 }  // namespace stress
 
-StressCommand add_stress_command(CLI::App& parent) {
+Subcommand add_stress_command(CLI::App& parent) {
   auto o = std::make_shared<stress::Options>();
   CLI::App* cmd = parent.add_subcommand(
       "stress",
       "hammer a layer on the CPU or CUDA executor: ranks at their own pace, long runs of T == 0, "
       "mixed routing, optional faults; sampled rounds checked against the emulating reference");
   stress::add_options(*cmd, *o);
-  return StressCommand{cmd, [o] { return stress::run(*o); }};
+  return Subcommand{cmd, [o] { return stress::run(*o); }};
 }
 
 }  // namespace epmoe::tools

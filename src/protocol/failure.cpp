@@ -68,6 +68,14 @@ std::string describe_failure(const Health& h, std::uint32_t timeout_ms) {
       return me + ": round " + std::to_string(h.round) + " aborted: rank " +
              std::to_string(h.reporter) + " gave up waiting for rank " + peer + where;
     case ErrorCode::protocol_violation:
+      // A peer in this very round broke a wire rule (a count above max_tokens_per_rank, or a row
+      // whose header or entries fail the checks of protocol::received_row_valid); otherwise it
+      // is more than one round away (I4).
+      if (h.observed == h.expected)
+        return me + where + ": rank " + peer +
+               " sent a count or a row that breaks the wire rules (a count above "
+               "max_tokens_per_rank, or a row naming a token, slot or expert that cannot exist) "
+               "(protocol violation)";
       return me + where + ": rank " + peer + " is at round " + std::to_string(h.observed) +
              ", more than one round away from " + std::to_string(h.expected) +
              " (protocol violation)";

@@ -1,0 +1,19 @@
+// The subcommands of `epmoe` that live in their own files (bench.cpp, stress.cpp), as main.cpp
+// sees them: the CLI11 subcommand (to ask whether it was parsed) and how to run it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace epmoe::tools {
+
+struct Subcommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+Subcommand add_bench_command(CLI::App& parent);   // tools/bench.cpp
+Subcommand add_stress_command(CLI::App& parent);  // tools/stress.cpp
+
+}  // namespace epmoe::tools
