@@ -20,6 +20,7 @@
 #include "harness/rank_threads.hpp"
 #include "host/host_platform.hpp"
 #include "protocol/creation.hpp"
+#include "support/layer_creation.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -27,6 +28,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
+using test::Creation;
+using test::seconds_since;
 using test::within_seconds;
 
 constexpr std::uint32_t kTimeoutMs = 300;
@@ -40,30 +43,9 @@ LayerOptions options(std::uint32_t timeout_ms = kTimeoutMs) {
   return o;
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-struct Creation {
-  std::unique_ptr<Layer> layer;
-  std::optional<Error> error;
-  double seconds = 0.0;
-};
-
 Creation create(Communicator& comm, const reference::LayerWeights& weights,
                 std::uint32_t timeout_ms = kTimeoutMs) {
-  Creation c;
-  const int rank = comm.rank(), world = comm.world();
-  const auto start = Clock::now();
-  try {
-    c.layer = std::make_unique<Layer>(
-        comm, make_config(kShape, Precision::bf16, rank, world, options(timeout_ms)),
-        local_weight_views(weights, kShape, rank, world));
-  } catch (const Error& e) {
-    c.error = e;
-  }
-  c.seconds = seconds_since(start);
-  return c;
+  return test::create_layer(comm, kShape, weights, timeout_ms);
 }
 
 // One round of `rank`; returns the elements that differ from the reference.

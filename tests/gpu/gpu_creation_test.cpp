@@ -28,6 +28,7 @@
 #include "harness/device_batch.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "support/layer_creation.hpp"
 #include "support/watchdog.hpp"
 
 extern char** environ;
@@ -37,6 +38,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
+using test::Creation;
+using test::seconds_since;
 using test::within_seconds;
 
 const LayerShape kShape{256, 128, 8, 4, 32};
@@ -45,36 +48,15 @@ constexpr std::uint32_t kRelaxedMs = 10'000;    // where it must not: the defaul
 constexpr std::uint32_t kCommTimeoutMs = 5'000;
 constexpr double kSlackSeconds = 2.0;  // beyond a timeout: thread start-up, NCCL's own threads
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 LayerOptions options(std::uint32_t timeout_ms = kLayerTimeoutMs) {
   LayerOptions o;
   o.timeout_ms = timeout_ms;
   return o;
 }
 
-struct Creation {
-  std::unique_ptr<Layer> layer;
-  std::optional<Error> error;
-  double seconds = 0.0;
-};
-
 Creation create(Communicator& comm, const reference::LayerWeights& weights,
                 std::uint32_t timeout_ms = kLayerTimeoutMs) {
-  Creation c;
-  const int rank = comm.rank(), world = comm.world();
-  const auto start = Clock::now();
-  try {
-    c.layer = std::make_unique<Layer>(
-        comm, make_config(kShape, Precision::bf16, rank, world, options(timeout_ms)),
-        local_weight_views(weights, kShape, rank, world));
-  } catch (const Error& e) {
-    c.error = e;
-  }
-  c.seconds = seconds_since(start);
-  return c;
+  return test::create_layer(comm, kShape, weights, timeout_ms);
 }
 
 // One round of `rank` on its GPU; the layer's health and the reference check are its outcome.
