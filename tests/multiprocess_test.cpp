@@ -20,6 +20,7 @@
 #include "epmoe/testing.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
+#include "support/process_exit.hpp"
 
 namespace epmoe {
 namespace {
@@ -162,19 +163,7 @@ pid_t spawn(Fn&& fn) {
   return pid;
 }
 
-// Waits for `pid` until `deadline`; -1 when it had to be killed (a hang).
-int wait_exit(pid_t pid, Clock::time_point deadline) {
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-}
+using test::wait_exit;
 
 TEST(MultiProcess, KilledRankProcessIsNamedAndARestartedOneRejoinsAfterReset) {
   if (!testing::fault_injection_available()) GTEST_SKIP() << "built without fault switches";

@@ -29,6 +29,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "support/layer_creation.hpp"
+#include "support/process_exit.hpp"
 #include "support/watchdog.hpp"
 
 extern char** environ;
@@ -230,19 +231,7 @@ pid_t spawn_rank1(const std::string& role, const UniqueId& id, int pipe_write) {
   return rc == 0 ? pid : -1;
 }
 
-// Waits for `pid` until `deadline`; -1 when it had to be killed.
-int wait_exit(pid_t pid, Clock::time_point deadline) {
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-}
+using test::wait_exit;
 
 // Rank 1 as a process of its own. "die": joins the communicator, tells the parent, and stalls on
 // its way into the layer's creation (standing in for a creation that hangs before it reached the
