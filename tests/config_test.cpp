@@ -39,6 +39,9 @@ std::string shape_rejection(LayerShape shape, int world = 4) {
   return rejection([&] { make_config(shape, Precision::bf16, 0, world); });
 }
 
+constexpr Precision kAllPrecisions[] = {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
+                                        Precision::fp8_block128, Precision::mxfp4};
+
 std::string options_rejection(const LayerOptions& options) {
   return rejection([&] { make_config(kQwen, Precision::bf16, 0, 4, options); });
 }
@@ -53,10 +56,24 @@ std::string knobs_rejection(const Knobs& knobs) {
 TEST(MakeConfig, AcceptsEveryRealModelAtEveryWorldAndPrecision) {
   for (const ModelShape& model : known_models()) {
     for (int world : {1, 2, 4, 8}) {
-      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+      for (Precision p : kAllPrecisions) {
         EXPECT_NO_THROW(make_config(model.layer_shape(8192), p, world - 1, world)) << model.name;
       }
     }
+  }
+}
+
+// fp8_block128 takes partial 128-blocks (1 x 128 activation runs, 128 x 128 weight tiles) at a
+// matrix's edge, and mxfp4's blocks of 32 divide every multiple of 64: neither adds a shape rule.
+TEST(MakeConfig, CheckpointPrecisionsAddNoShapeRuleBeyondMultiplesOf64) {
+  for (Precision p : {Precision::fp8_block128, Precision::mxfp4}) {
+    EXPECT_NO_THROW(make_config({64, 64, 1, 1, 1}, p, 0, 1)) << to_string(p);  // one partial block
+    EXPECT_NO_THROW(make_config({2880, 2880, 32, 4, 64}, p, 0, 4)) << "gpt-oss: 22 x 128 + 64";
+    EXPECT_NO_THROW(make_config({7168, 2048, 256, 8, 64}, p, 0, 8)) << "DeepSeek-V3: whole blocks";
+    EXPECT_EQ(rejection([&] {
+                make_config({2880 + 32, 2880, 32, 4, 64}, p, 0, 4);
+              }),
+              "hidden=2912: must be a multiple of 64");
   }
 }
 
@@ -103,7 +120,7 @@ TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
 }
 
 TEST(MakeConfig, KnobsAreTheDefaultTableEntryOfEachBucketUnderDefaultOptions) {
-  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+  for (Precision p : kAllPrecisions) {
     const LayerConfig c = make_config(kQwen, p, 0, 8);
     for (int b = 0; b < kNumTokenBuckets; ++b) {
       const auto bucket = static_cast<TokenBucket>(b);
@@ -240,7 +257,7 @@ TEST(MakeConfigRejects, TimeoutAboveOneHour) {
 
 TEST(MakeConfigRejects, EnumValuesOutsideTheirNames) {
   EXPECT_EQ(rejection([] { make_config(kQwen, static_cast<Precision>(7), 0, 4); }),
-            "precision=7: must be bf16, mxfp8 or nvfp4");
+            "precision=7: must be bf16, mxfp8, nvfp4, fp8_block128 or mxfp4");
   LayerOptions o;
   o.combine = static_cast<Combine>(5);
   EXPECT_EQ(options_rejection(o), "combine=5: must be staged or in_kernel_reduce");
@@ -452,7 +469,7 @@ TEST(KnobsFor, PicksTheBucketOfEachLaunchNotOfMaxTokens) {
 // ---- names -------------------------------------------------------------------------------------
 
 TEST(ConfigNames, ToStringAndParseRoundTrip) {
-  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+  for (Precision p : kAllPrecisions) {
     EXPECT_EQ(parse_precision(to_string(p)), p);
   }
   for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) {
@@ -471,13 +488,15 @@ TEST(ConfigNames, ToStringAndParseRoundTrip) {
   EXPECT_STREQ(to_string(TokenBucket::decode), "decode");
   EXPECT_STREQ(to_string(TokenBucket::prefill), "prefill");
   EXPECT_STREQ(to_string(static_cast<Precision>(9)), "unknown");
+  EXPECT_STREQ(to_string(Precision::fp8_block128), "fp8_block128");
+  EXPECT_STREQ(to_string(Precision::mxfp4), "mxfp4");
 }
 
 TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
   EXPECT_EQ(rejection([] { parse_precision("fp16"); }),
-            "precision=fp16: must be one of bf16, mxfp8, nvfp4");
+            "precision=fp16: must be one of bf16, mxfp8, nvfp4, fp8_block128, mxfp4");
   EXPECT_EQ(rejection([] { parse_precision("BF16", "--precision"); }),
-            "--precision=BF16: must be one of bf16, mxfp8, nvfp4");
+            "--precision=BF16: must be one of bf16, mxfp8, nvfp4, fp8_block128, mxfp4");
   EXPECT_EQ(rejection([] { parse_combine("reduce"); }),
             "combine=reduce: must be one of staged, in_kernel_reduce");
   EXPECT_EQ(rejection([] { parse_expert_math("tf32"); }),

@@ -22,9 +22,10 @@ using harness::Routing;
 using reference::Batch;
 using ::testing::HasSubstr;
 
-LayerShape small_shape(std::int64_t experts) {
-  return LayerShape{.hidden = 64,
-                    .intermediate = 64,
+LayerShape small_shape(std::int64_t experts, std::int64_t hidden = 64,
+                       std::int64_t intermediate = 64) {
+  return LayerShape{.hidden = hidden,
+                    .intermediate = intermediate,
                     .num_experts = experts,
                     .top_k = 3,
                     .max_tokens_per_rank = 12};
@@ -51,13 +52,14 @@ struct Scenario {
   Combine combine;
   int world;
   std::int64_t experts;
+  std::int64_t hidden = 64;  // H = I; 192 gives fp8_block128 a whole and a partial 128-block
 };
 
 class ProtocolMatchesReference : public ::testing::TestWithParam<Scenario> {};
 
 TEST_P(ProtocolMatchesReference, EveryRoundOfEveryRankAtItsOwnPace) {
   const Scenario sc = GetParam();
-  const LayerShape shape = small_shape(sc.experts);
+  const LayerShape shape = small_shape(sc.experts, sc.hidden, sc.hidden);
   LayerOptions options;
   options.combine = sc.combine;
   options.timeout_ms = 5'000;
@@ -95,11 +97,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Scenario{Precision::bf16, Combine::in_kernel_reduce, 2, 8},
                       Scenario{Precision::mxfp8, Combine::in_kernel_reduce, 4, 8},
                       Scenario{Precision::nvfp4, Combine::in_kernel_reduce, 3, 6},
-                      Scenario{Precision::mxfp8, Combine::staged, 8, 16}),
+                      Scenario{Precision::mxfp8, Combine::staged, 8, 16},
+                      Scenario{Precision::fp8_block128, Combine::staged, 2, 8, 192},
+                      Scenario{Precision::fp8_block128, Combine::in_kernel_reduce, 3, 6, 192},
+                      Scenario{Precision::fp8_block128, Combine::staged, 4, 8},
+                      Scenario{Precision::mxfp4, Combine::staged, 2, 8, 192},
+                      Scenario{Precision::mxfp4, Combine::in_kernel_reduce, 4, 8}),
     [](const auto& param_info) {
       return std::string(to_string(param_info.param.precision)) + "_" +
              to_string(param_info.param.combine) + "_world" +
-             std::to_string(param_info.param.world);
+             std::to_string(param_info.param.world) +
+             (param_info.param.hidden == 64 ? "" : "_H" + std::to_string(param_info.param.hidden));
     });
 
 TEST(HostExecutor, HundredsOfRoundsWithIdleRanksAndRandomDelays) {

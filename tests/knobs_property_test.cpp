@@ -20,7 +20,8 @@
 namespace epmoe {
 namespace {
 
-constexpr Precision kPrecisions[] = {Precision::bf16, Precision::mxfp8, Precision::nvfp4};
+constexpr Precision kPrecisions[] = {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
+                                     Precision::fp8_block128, Precision::mxfp4};
 constexpr int kWorlds[] = {1, 2, 4, 8};
 constexpr TokenBucket kBuckets[] = {TokenBucket::decode, TokenBucket::small, TokenBucket::medium,
                                     TokenBucket::prefill};

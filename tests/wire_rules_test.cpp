@@ -49,6 +49,32 @@ TEST(ReceivedRowValid, RejectsAnEntryNamingASlotOrExpertThatCannotExist) {
   }
 }
 
+// The payload of one row of each precision (wire.hpp), and the row stays a multiple of 16 bytes
+// (dispatch copies it with 16-byte stores) with its payload 16-byte aligned.
+TEST(WireRowBytes, PayloadOfEachPrecisionIsItsDocumentedSize) {
+  EXPECT_EQ(wire_payload_bytes(Precision::bf16, 7168), 2u * 7168);
+  EXPECT_EQ(wire_payload_bytes(Precision::mxfp8, 7168), 7168u + 224);
+  EXPECT_EQ(wire_payload_bytes(Precision::nvfp4, 7168), 3584u + 448);
+  // fp8_block128: E4M3 elements, then one fp32 scale per 1 x 128 run (the last one may be 64).
+  EXPECT_EQ(wire_payload_bytes(Precision::fp8_block128, 7168), 7168u + 4 * 56);
+  EXPECT_EQ(wire_payload_bytes(Precision::fp8_block128, 2880), 2880u + 4 * 23);
+  EXPECT_EQ(wire_payload_bytes(Precision::fp8_block128, 64), 64u + 4);
+  // mxfp4: the activations are MXFP8.
+  EXPECT_EQ(activation_format(Precision::mxfp4), Precision::mxfp8);
+  for (std::int64_t h : {64, 2880, 7168})
+    EXPECT_EQ(wire_payload_bytes(Precision::mxfp4, h), wire_payload_bytes(Precision::mxfp8, h));
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::fp8_block128})
+    EXPECT_EQ(activation_format(p), p);
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::fp8_block128,
+                      Precision::mxfp4})
+    for (std::int64_t h : {64, 192, 2880, 7168})
+      for (std::int64_t k : {1, 8, 16}) {
+        EXPECT_EQ(wire_row_bytes(p, h, k) % 16, 0u) << to_string(p) << " H=" << h;
+        EXPECT_EQ(wire_payload_offset(k) % 16, 0u);
+        EXPECT_GE(wire_row_bytes(p, h, k), wire_payload_offset(k) + wire_payload_bytes(p, h));
+      }
+}
+
 // A combine buffer of 2 tokens x 3 slots x 4 columns (staged) or 2 tokens x 4 columns.
 struct Buffer {
   explicit Buffer(Combine mode)

@@ -179,6 +179,10 @@ double weight_bytes_per_param(Precision p) {
       return 1.0 + 1.0 / 32;  // E4M3 + one E8M0 per 32
     case Precision::nvfp4:
       return 0.5 + 1.0 / 16;  // E2M1 + one E4M3 per 16 (the fp32 tensor scale is noise)
+    case Precision::fp8_block128:
+      return 1.0 + 4.0 / (128 * 128);  // E4M3 + one fp32 per 128 x 128 tile
+    case Precision::mxfp4:
+      return 0.5 + 1.0 / 32;  // E2M1 + one E8M0 per 32
   }
   return 0.0;
 }
@@ -1098,7 +1102,8 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "comma list of T (tokens per rank)")
       ->capture_default_str();
-  cmd->add_option("--precisions", o->precisions, "comma list of bf16, mxfp8, nvfp4")
+  cmd->add_option("--precisions", o->precisions,
+                  "comma list of bf16, mxfp8, nvfp4, fp8_block128, mxfp4")
       ->capture_default_str();
   cmd->add_option("--combines", o->combines, "comma list of staged, in_kernel_reduce")
       ->capture_default_str();

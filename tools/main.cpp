@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
                    "override the number of experts (0 = the model's); the CPU executor holds "
                    "every expert in host memory")
       ->capture_default_str();
-  run_cmd->add_option("--precision", run.precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
+  run_cmd->add_option("--precision", run.precision, "bf16 | mxfp8 | nvfp4 | fp8_block128 | mxfp4")
+      ->capture_default_str();
   run_cmd->add_option("--combine", run.combine, "staged | in_kernel_reduce")->capture_default_str();
   run_cmd
       ->add_option("--math", run.math,

@@ -36,6 +36,10 @@ double exact_error_bound(Precision p) {
       return 0.10;
     case Precision::nvfp4:
       return 0.35;
+    case Precision::fp8_block128:
+      return 0.10;
+    case Precision::mxfp4:
+      return 0.35;
   }
   return 0.0;
 }

@@ -33,10 +33,16 @@ inline constexpr std::int64_t kMaxTokensPerRank = std::int64_t{1} << 20;
 inline constexpr int kMaxWorld = 64;                       // ranks of one NVLink domain
 inline constexpr std::uint32_t kMaxTimeoutMs = 3'600'000;  // one hour; 0 = wait forever
 
-enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4 };  // weights, wire and GEMM inputs
+// The layer's number format: of its weights, its wire rows and its GEMM inputs (docs/formats.md has
+// the table of what each one puts where).
+//   bf16, mxfp8, nvfp4: weights and activations alike.
+//   fp8_block128 (DeepSeek-V3/R1 checkpoints): E4M3 + fp32 scales; weights in 128 x 128 tiles along
+//     (rows, K), activations (wire rows, FC2's input) in 1 x 128 runs along K; edge blocks partial.
+//   mxfp4 (gpt-oss checkpoints): weights MXFP4 (E2M1 + E8M0 per 32 along K); activations MXFP8.
+enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4, fp8_block128, mxfp4 };
 enum class Combine : std::uint8_t { staged, in_kernel_reduce };
 enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };
-enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 E8M0 scale rule
+enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 / MXFP4 E8M0 scale rule
 enum class ExpertMath : std::uint8_t { exact, tensor_core };   // how the expert GEMMs sum
 
 const char* to_string(Precision p);
@@ -55,6 +61,8 @@ struct LayerOptions {
   bool deterministic = false;         // requires Combine::staged
   std::uint32_t timeout_ms = 10'000;  // every cross-rank wait; 0 = wait forever
   float swiglu_limit = 0.0f;          // clamp of gpt-oss style SwiGLU; 0 = no clamp
+  // Every E8M0 scale the layer makes: MXFP8 weights and activations, MXFP4 weights (and an mxfp4
+  // layer's MXFP8 activations).
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
   // exact: float64 sums of exact products (bit-exact vs the emulating reference with staged
   // combine); tensor_core: bf16 tensor cores with fp32 accumulation on the CUDA executor, agreeing

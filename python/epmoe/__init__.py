@@ -108,11 +108,16 @@ class _Named(str, enum.Enum):
 
 
 class Precision(_Named):
-    """Weights, wire and GEMM inputs. Anywhere a Precision is taken, its name works too."""
+    """Weights, wire and GEMM inputs. Anywhere a Precision is taken, its name works too.
+
+    ``fp8_block128`` (DeepSeek-V3/R1): E4M3 with fp32 scales, weights in 128 x 128 tiles, activations
+    in 1 x 128 runs. ``mxfp4`` (gpt-oss): MXFP4 weights, MXFP8 activations (docs/formats.md)."""
 
     bf16 = "bf16"
     mxfp8 = "mxfp8"
     nvfp4 = "nvfp4"
+    fp8_block128 = "fp8_block128"
+    mxfp4 = "mxfp4"
 
 
 class Combine(_Named):

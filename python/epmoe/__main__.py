@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         help="override the number of experts (0 = the model's); the CPU executor holds every "
         "expert in host memory",
     )
-    run.add_argument("--precision", default="bf16", help="bf16 | mxfp8 | nvfp4")
+    run.add_argument("--precision", default="bf16", help="bf16 | mxfp8 | nvfp4 | fp8_block128 | mxfp4")
     run.add_argument("--combine", default="staged", help="staged | in_kernel_reduce")
     run.add_argument(
         "--math",

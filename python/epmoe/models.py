@@ -60,9 +60,10 @@ __all__ = [
 SUPPORTED_MODELS = ("qwen3_moe", "mixtral", "deepseek_v3")
 
 _FP8_WHAT = ("FP8 checkpoints (float8_e4m3 weights with 128x128 block scales, "
-             "'weight_scale_inv') are not supported yet: epmoe has no fp8_block128 weight format "
-             "(docs/design.md §6, planned). Load the bf16 weights (dequantize the checkpoint to "
-             "bf16 first) and let epmoe quantize them (precision bf16, mxfp8 or nvfp4)")
+             "'weight_scale_inv') are not supported yet: the adapters do not read a checkpoint's "
+             "own scales (docs/design.md §6, planned). Load the bf16 weights (dequantize the "
+             "checkpoint to bf16 first) and let epmoe quantize them (precision bf16, mxfp8, nvfp4, "
+             "or fp8_block128, DeepSeek's own 128x128 / 1x128 blocks)")
 _GPT_OSS_WHAT = ("gpt-oss is not supported yet: its experts need C++ work epmoe does not have: "
                  "MXFP4 resident weights (mxfp4, planned in docs/design.md §6), expert biases "
                  "(gate_up_proj_bias, down_proj_bias), and its activation "

@@ -42,8 +42,11 @@ void check_dim(const char* field, std::int64_t value, std::int64_t max) {
 }
 
 void check_shape(const LayerShape& s, int world) {
-  // NOTES: multiples of 64 cover MXFP8 blocks of 32, NVFP4 blocks of 16, the 64-wide k tile and
-  // 16-byte vector stores of a row in every precision.
+  // NOTES: multiples of 64 cover MXFP8 / MXFP4 blocks of 32, NVFP4 blocks of 16, the 64-wide k
+  // tile and 16-byte vector stores of a row in every precision. fp8_block128 needs no more: its
+  // 128 x 128 weight tiles (along rows, K) and 1 x 128 activation runs (along K) may be partial at
+  // a matrix's edge (gpt-oss's 2880 = 22 x 128 + 64), and its fp32 scales follow H (or I) E4M3
+  // bytes, a multiple of 64, so they stay 4-byte (16-byte) aligned on the wire.
   check_dim("hidden", s.hidden, kMaxHidden);
   check_dim("intermediate", s.intermediate, kMaxIntermediate);
   if (s.num_experts < 1) reject("num_experts", s.num_experts, "must be >= 1");
@@ -121,6 +124,10 @@ const char* to_string(Precision p) {
       return "mxfp8";
     case Precision::nvfp4:
       return "nvfp4";
+    case Precision::fp8_block128:
+      return "fp8_block128";
+    case Precision::mxfp4:
+      return "mxfp4";
   }
   return "unknown";
 }
@@ -180,10 +187,11 @@ const char* to_string(TokenBucket b) {
 }
 
 Precision parse_precision(const std::string& name, const char* what) {
-  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::fp8_block128,
+                      Precision::mxfp4}) {
     if (name == to_string(p)) return p;
   }
-  reject(what, name, "must be one of bf16, mxfp8, nvfp4");
+  reject(what, name, "must be one of bf16, mxfp8, nvfp4, fp8_block128, mxfp4");
 }
 
 Combine parse_combine(const std::string& name, const char* what) {
@@ -250,8 +258,10 @@ LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, 
     reject("rank", rank, "must be in [0, world=" + std::to_string(world) + ")");
   }
   if (precision != Precision::bf16 && precision != Precision::mxfp8 &&
-      precision != Precision::nvfp4) {
-    reject("precision", static_cast<std::int64_t>(precision), "must be bf16, mxfp8 or nvfp4");
+      precision != Precision::nvfp4 && precision != Precision::fp8_block128 &&
+      precision != Precision::mxfp4) {
+    reject("precision", static_cast<std::int64_t>(precision),
+           "must be bf16, mxfp8, nvfp4, fp8_block128 or mxfp4");
   }
   check_shape(shape, world);
   check_options(options);

@@ -23,6 +23,8 @@ namespace {
 //   bf16:  64 × 2 B                              = 128
 //   mxfp8: 64 × 1 B + one E8M0 scale per 32      =  66
 //   nvfp4: 64 × 0.5 B + one E4M3 scale per 16    =  36
+//   fp8_block128: 64 × 1 B + one fp32 per 128     =  66 (the activation side; weights' are fewer)
+//   mxfp4: 64 × 0.5 B + one E8M0 scale per 32     =  34 (weights; activations are MXFP8, 66)
 constexpr std::int64_t k_tile_row_bytes(Precision precision) {
   switch (precision) {
     case Precision::bf16:
@@ -31,6 +33,10 @@ constexpr std::int64_t k_tile_row_bytes(Precision precision) {
       return kKTile + kKTile / 32;
     case Precision::nvfp4:
       return kKTile / 2 + kKTile / 16;
+    case Precision::fp8_block128:
+      return kKTile + 4 * kKTile / 128;
+    case Precision::mxfp4:
+      return kKTile / 2 + kKTile / 32;
   }
   return kKTile * 2;  // unreachable for valid enums; the widest is the safe answer
 }
@@ -52,6 +58,8 @@ static_assert(footprint(Precision::bf16, 128, 256, 2) <= kMaxSharedMemoryBytes,
               "largest tiles at min_stages must fit shared memory");
 static_assert(footprint(Precision::mxfp8, 128, 256, 2) <= kMaxSharedMemoryBytes);
 static_assert(footprint(Precision::nvfp4, 128, 256, 2) <= kMaxSharedMemoryBytes);
+static_assert(footprint(Precision::fp8_block128, 128, 256, 2) <= kMaxSharedMemoryBytes);
+static_assert(footprint(Precision::mxfp4, 128, 256, 2) <= kMaxSharedMemoryBytes);
 
 template <std::size_t N>
 bool contains(const std::array<std::int32_t, N>& values, std::int32_t v) {
@@ -102,6 +110,10 @@ std::int64_t bytes_per_element_x2(Precision precision) {  // ×2 so that nvfp4 s
     case Precision::mxfp8:
       return 2;
     case Precision::nvfp4:
+      return 1;
+    case Precision::fp8_block128:
+      return 2;
+    case Precision::mxfp4:
       return 1;
   }
   return 4;

@@ -43,6 +43,39 @@ std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std:
       }
       break;
     }
+    case Precision::fp8_block128: {
+      // 128 x 128 tiles along (rows, cols): a tile's amax covers its rows too, so the matrix is
+      // encoded tile by tile, then decoded row by row against its tile row's scales.
+      constexpr std::int64_t kB = formats::kFp8Block128;
+      const std::int64_t tile_cols = formats::fp8_block128_scale_count(cols);
+      std::vector<std::uint8_t> elements(out.size());
+      std::vector<float> scales(static_cast<std::size_t>(tile_cols));
+      for (std::int64_t r0 = 0; r0 < rows; r0 += kB) {
+        const int tile_rows = static_cast<int>(std::min(kB, rows - r0));
+        for (std::int64_t j = 0; j < tile_cols; ++j) {
+          const std::size_t at =
+              static_cast<std::size_t>(r0) * c + static_cast<std::size_t>(j * kB);
+          formats::fp8_block128_encode_tile(
+              w + at, tile_rows, static_cast<int>(std::min(kB, cols - j * kB)), cols,
+              elements.data() + at, scales.data() + static_cast<std::size_t>(j));
+        }
+        for (std::int64_t r = r0; r < r0 + tile_rows; ++r) {
+          const std::size_t at = static_cast<std::size_t>(r) * c;
+          formats::fp8_block128_decode_row(elements.data() + at, scales.data(), cols,
+                                           out.data() + at);
+        }
+      }
+      break;
+    }
+    case Precision::mxfp4: {
+      std::vector<std::uint8_t> packed(static_cast<std::size_t>(formats::mxfp4_packed_bytes(cols)));
+      std::vector<std::uint8_t> scales(static_cast<std::size_t>(formats::mxfp4_scale_count(cols)));
+      for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+        formats::mxfp4_encode_row(w + r * c, cols, rounding, packed.data(), scales.data());
+        formats::mxfp4_decode_row(packed.data(), scales.data(), cols, out.data() + r * c);
+      }
+      break;
+    }
   }
   return out;
 }

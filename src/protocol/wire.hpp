@@ -5,6 +5,10 @@
 //   WireEntry[top_k]              8 B each, padded to 16 B
 //   payload                       bf16: 2H B | mxfp8: H B elements + H/32 B E8M0 scales
 //                                 nvfp4: H/2 B packed E2M1 + H/16 B E4M3 block scales
+//                                 fp8_block128: H B E4M3 + ceil(H/128) fp32 scales (1 x 128 runs;
+//                                   at offset H, a multiple of 64, so 4-byte aligned)
+//                                 mxfp4: the MXFP8 payload (an mxfp4 layer's activations are
+//                                   MXFP8: activation_format)
 //                                 padded to 16 B
 #pragma once
 
@@ -35,15 +39,27 @@ EPMOE_HD constexpr std::size_t align16(std::size_t n) {
   return (n + 15) / 16 * 16;
 }
 
+// The format of a layer's activations (its wire rows and FC2's input): the layer's precision, but
+// for mxfp4, whose weights are MXFP4 and whose activations are MXFP8 (docs/formats.md says why).
+EPMOE_HD constexpr Precision activation_format(Precision p) {
+  return p == Precision::mxfp4 ? Precision::mxfp8 : p;
+}
+
+// Bytes of one activation row of `hidden` values in the layer precision `p` (its
+// activation_format).
 EPMOE_HD constexpr std::size_t wire_payload_bytes(Precision p, std::int64_t hidden) {
   const auto h = static_cast<std::size_t>(hidden);
-  switch (p) {
+  switch (activation_format(p)) {
     case Precision::bf16:
       return 2 * h;
     case Precision::mxfp8:
       return h + h / formats::kMxfp8Block;
     case Precision::nvfp4:
       return h / 2 + h / formats::kNvfp4Block;
+    case Precision::fp8_block128:
+      return static_cast<std::size_t>(formats::fp8_block128_row_bytes(hidden));
+    case Precision::mxfp4:  // activation_format: never an activation format
+      break;
   }
   return 0;
 }

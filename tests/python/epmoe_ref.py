@@ -143,10 +143,13 @@ def emulate_activation(rows: np.ndarray, precision: str, rounding: str = "rceil"
         return rows
     if precision == "bf16":
         return round_bf16(rows)
-    if precision == "mxfp8":
+    if precision in ("mxfp8", "mxfp4"):  # an mxfp4 layer's activations are MXFP8
         return epmoe.dequantize_mxfp8(*epmoe.quantize_mxfp8(rows, rounding))
     if precision == "nvfp4":
         return epmoe.dequantize_nvfp4(*epmoe.quantize_nvfp4(rows, "per_row"))
+    if precision == "fp8_block128":  # one fp32 scale per 1 x 128 run of a row
+        return epmoe.dequantize_fp8_block128(*epmoe.quantize_fp8_block128(rows, "row_1x128"),
+                                             "row_1x128")
     raise ValueError(precision)
 
 
@@ -159,6 +162,11 @@ def emulate_weights(w: np.ndarray, precision: str, rounding: str = "rceil") -> n
         return epmoe.dequantize_mxfp8(*epmoe.quantize_mxfp8(w, rounding))
     if precision == "nvfp4":  # one fp32 scale per expert matrix
         return np.stack([epmoe.dequantize_nvfp4(*epmoe.quantize_nvfp4(m, "per_tensor")) for m in w])
+    if precision == "fp8_block128":  # one fp32 scale per 128 x 128 tile of each expert matrix
+        return np.stack([epmoe.dequantize_fp8_block128(
+            *epmoe.quantize_fp8_block128(m, "tile_128x128"), "tile_128x128") for m in w])
+    if precision == "mxfp4":
+        return epmoe.dequantize_mxfp4(*epmoe.quantize_mxfp4(w, rounding))
     raise ValueError(precision)
 
 

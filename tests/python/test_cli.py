@@ -48,7 +48,7 @@ def test_run_with_tensor_core_math_checks_with_the_tensor_core_rule():
 def test_run_errors_exit_2_with_the_library_message():
     p = run("run", "--precision", "fp8")
     assert p.returncode == 2
-    assert "epmoe: error (invalid_argument): precision=fp8: must be one of bf16, mxfp8, nvfp4" in p.stderr
+    assert "epmoe: error (invalid_argument): precision=fp8: must be one of bf16, mxfp8, nvfp4, fp8_block128, mxfp4" in p.stderr
     p = run("run", "--model", "llama")
     assert p.returncode == 2 and "qwen3-30b-a3b" in p.stderr
 

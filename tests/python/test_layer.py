@@ -27,7 +27,7 @@ TOKENS = {
     4: [[5, 0, 0, 3], [0, 0, 0, 0], [1, 16, 0, 0], [0, 2, 9, 4], [0, 0, 0, 1]],
 }
 # rel-L2 against the unquantized float64 forward that each precision stays under (as `epmoe run`).
-EXACT_BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35}
+EXACT_BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35, "fp8_block128": 0.10, "mxfp4": 0.35}
 
 
 def shape(**overrides):
@@ -66,9 +66,21 @@ def test_bf16_forward_matches_numpy_model_with_idle_ranks(world):
     run_rounds(world, "bf16")
 
 
-@pytest.mark.parametrize("precision", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("precision", ["mxfp8", "nvfp4", "fp8_block128", "mxfp4"])
 def test_quantized_forward_matches_numpy_model(precision):
     run_rounds(2, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp8_block128", "mxfp4"])
+def test_checkpoint_precisions_with_in_kernel_reduce_match_numpy_model(precision):
+    run_rounds(4, precision, combine="in_kernel_reduce")
+
+
+def test_precision_enum_names_the_checkpoint_formats():
+    assert epmoe.Precision("fp8_block128") is epmoe.Precision.fp8_block128
+    assert str(epmoe.Precision.mxfp4) == "mxfp4"
+    config = epmoe.make_config(shape(), epmoe.Precision.fp8_block128, 0, 2)
+    assert "precision=fp8_block128" in config.describe()
 
 
 def test_in_kernel_reduce_matches_fp32_sum_within_one_ulp():
@@ -225,7 +237,7 @@ def test_jax_bfloat16_through_dlpack():
         layer.forward(x.astype(jnp.float32), ids, jnp.asarray(b.weights), out=out)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "nvfp4", "fp8_block128", "mxfp4"])
 def test_resident_weight_bytes_of_the_cpu_executor_are_fp32_values_and_matrix_scales(precision):
     """The CPU executor holds its experts as fp32 decode(encode(w)) and one scale per matrix."""
     problem = make_problem(shape(), 2, seed=7)

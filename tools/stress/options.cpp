@@ -51,7 +51,8 @@ void add_layer_options(CLI::App& cmd, Options& o) {
                  "expert-parallel ranks (threads, or processes with --processes)")
       ->capture_default_str();
   cmd.add_option("--rounds", o.rounds, "rounds every rank runs")->capture_default_str();
-  cmd.add_option("--precision", o.precision, "bf16 | mxfp8 | nvfp4")->capture_default_str();
+  cmd.add_option("--precision", o.precision, "bf16 | mxfp8 | nvfp4 | fp8_block128 | mxfp4")
+      ->capture_default_str();
   cmd.add_option("--combine", o.combine, "staged | in_kernel_reduce")->capture_default_str();
   cmd.add_option("--math", o.math,
                  "expert math: exact | tensor_core (CUDA executor; the CPU executor always "
