@@ -1,6 +1,7 @@
 // One activation row encoded into / decoded from its wire payload by a whole CTA: each thread
-// takes whole blocks of the format (32 for MXFP8, 16 for NVFP4), so the bytes are exactly those of
-// the serial protocol/wire_codec.hpp the CPU executor and the reference use.
+// takes whole blocks of the format (32 for MXFP8, 16 for NVFP4, a 1 x 128 run for fp8_block128),
+// so the bytes are exactly those of the serial protocol/wire_codec.hpp the CPU executor and the
+// reference use. The layer's precision picks its activation_format (mxfp4 layers: MXFP8).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,7 @@ __device__ inline float encode_row_block(const float* x, std::int64_t n, Precisi
                                          ScaleRounding rounding, std::uint8_t* payload,
                                          float* scratch) {
   using namespace formats;
-  switch (precision) {
+  switch (protocol::activation_format(precision)) {
     case Precision::bf16: {
       auto* out = reinterpret_cast<std::uint16_t*>(payload);
       for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = float_to_bf16(x[i]);
@@ -35,6 +36,19 @@ __device__ inline float encode_row_block(const float* x, std::int64_t n, Precisi
                            payload + n / 2 + b);
       return s_enc;
     }
+    case Precision::fp8_block128: {
+      // NOTES: n is a multiple of 64, so the last run is 64 or 128 long and the fp32 scales after
+      // the n E4M3 bytes are 4-byte aligned (the payload itself is 16-byte aligned).
+      auto* scales = reinterpret_cast<float*>(payload + n);
+      for (std::int64_t b = threadIdx.x; b * kFp8Block128 < n; b += blockDim.x) {
+        const std::int64_t off = b * kFp8Block128;
+        const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
+        fp8_block128_encode_block(x + off, len, payload + off, scales + b);
+      }
+      return 1.0f;
+    }
+    case Precision::mxfp4:  // activation_format: never an activation format
+      break;
   }
   return 1.0f;
 }
@@ -42,7 +56,7 @@ __device__ inline float encode_row_block(const float* x, std::int64_t n, Precisi
 __device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_t n,
                                         Precision precision, float row_scale, float* out) {
   using namespace formats;
-  switch (precision) {
+  switch (protocol::activation_format(precision)) {
     case Precision::bf16: {
       const auto* in = reinterpret_cast<const std::uint16_t*>(payload);
       for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = bf16_to_float(in[i]);
@@ -57,6 +71,17 @@ __device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_
       for (std::int64_t b = threadIdx.x; b * kNvfp4Block < n; b += blockDim.x)
         nvfp4_decode_block(payload + b * (kNvfp4Block / 2), payload[n / 2 + b], row_scale,
                            kNvfp4Block, out + b * kNvfp4Block);
+      return;
+    case Precision::fp8_block128: {
+      const auto* scales = reinterpret_cast<const float*>(payload + n);
+      for (std::int64_t b = threadIdx.x; b * kFp8Block128 < n; b += blockDim.x) {
+        const std::int64_t off = b * kFp8Block128;
+        const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
+        fp8_block128_decode_block(payload + off, scales[b], len, out + off);
+      }
+      return;
+    }
+    case Precision::mxfp4:  // activation_format: never an activation format
       return;
   }
 }
@@ -75,8 +100,9 @@ __device__ inline float quantize_row_block(float* x, std::int64_t n, Precision p
 
 // A decoded row as a tensor-core operand: bf16(x * scale), exact because x * scale is the row's
 // code value (NVFP4: e2m1 * block scale, at most 6 significant bits, off by at most two fp32
-// roundings; MXFP8 and bf16: scale 1, already bf16 values). Every thread of the CTA calls it after
-// the row is complete in `x`.
+// roundings; MXFP8 (mxfp8 and mxfp4 layers) and bf16: scale 1, already bf16 values). Not exact
+// for fp8_block128 (e4m3 * an fp32 scale), which the tensor-core backend rejects. Every thread of
+// the CTA calls it after the row is complete in `x`.
 __device__ inline void to_bf16_codes(const float* x, std::int64_t n, float scale,
                                      std::uint16_t* out) {
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)

@@ -93,9 +93,12 @@ std::vector<Scenario> all_scenarios() {
   std::vector<Scenario> out;
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
     for (int world : {1, 2, 4, 8})  // 4 and 8 skip, visibly, on machines with fewer GPUs
-      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4})
+      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
+                          Precision::fp8_block128, Precision::mxfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
-          out.push_back({p, c, world, m});
+          // fp8_block128 has no tensor-core backend yet (GpuWeights.TensorCoreRejects...).
+          if (!(p == Precision::fp8_block128 && m == ExpertMath::tensor_core))
+            out.push_back({p, c, world, m});
   return out;
 }
 
@@ -191,10 +194,13 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
       .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
   const auto weights = harness::make_random_weights(shape, 21);
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
-    for (Precision precision : {Precision::bf16, Precision::mxfp8, Precision::nvfp4}) {
+    for (Precision precision : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
+                                Precision::fp8_block128, Precision::mxfp4}) {
+      if (precision == Precision::fp8_block128 && math == ExpertMath::tensor_core) continue;
       LayerOptions options;
       options.expert_math = math;
       options.timeout_ms = 20'000;
+      // fp8_block128: a whole and a 64-wide 128-run per row, tiles 128 and 64 high.
       Cluster cluster(shape, precision, options, world, weights, Backend::cuda_nccl);
       within_seconds(300, "H = 192", [&] {
         run_on_rank_threads(world, [&](int rank) {
@@ -491,36 +497,50 @@ std::string first_difference(const std::vector<T>& got, const std::vector<T>& wa
   return "";
 }
 
+// fp8_block128's 128 x 128 tiles need more than one per matrix, and partial ones: w13 [384, 192]
+// is 3 x 2 tiles (the second 64 wide), w2 [192, 192] 2 x 2 (the second row and column 64).
+const LayerShape kTiledWeightShape{
+    .hidden = 192, .intermediate = 192, .num_experts = 5, .top_k = 2, .max_tokens_per_rank = 8};
+
 TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBackend) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  const std::int64_t E = kWeightShape.num_experts, H = kWeightShape.hidden,
-                     I = kWeightShape.intermediate;
-  const std::vector<float> w13_f32 = special_weights(E, 2 * I * H, false);
-  const std::vector<float> w2_f32 = special_weights(E, H * I, true);
-  std::vector<std::uint16_t> w13_bf16(w13_f32.size()), w2_bf16(w2_f32.size());
-  for (std::size_t i = 0; i < w13_f32.size(); ++i) w13_bf16[i] = formats::float_to_bf16(w13_f32[i]);
-  for (std::size_t i = 0; i < w2_f32.size(); ++i) w2_bf16[i] = formats::float_to_bf16(w2_f32[i]);
 
   struct Case {
     Precision precision;
     ScaleRounding rounding;
+    LayerShape shape = kWeightShape;
   };
   for (const Case c :
        {Case{Precision::bf16, ScaleRounding::rceil}, Case{Precision::mxfp8, ScaleRounding::rceil},
         Case{Precision::mxfp8, ScaleRounding::ocp_floor},
-        Case{Precision::nvfp4, ScaleRounding::rceil}})
+        Case{Precision::nvfp4, ScaleRounding::rceil},
+        Case{Precision::fp8_block128, ScaleRounding::rceil},
+        Case{Precision::fp8_block128, ScaleRounding::rceil, kTiledWeightShape},
+        Case{Precision::mxfp4, ScaleRounding::rceil},
+        Case{Precision::mxfp4, ScaleRounding::ocp_floor}}) {
+    const std::int64_t E = c.shape.num_experts, H = c.shape.hidden, I = c.shape.intermediate;
+    const std::vector<float> w13_f32 = special_weights(E, 2 * I * H, false);
+    const std::vector<float> w2_f32 = special_weights(E, H * I, true);
+    std::vector<std::uint16_t> w13_bf16(w13_f32.size()), w2_bf16(w2_f32.size());
+    for (std::size_t i = 0; i < w13_f32.size(); ++i)
+      w13_bf16[i] = formats::float_to_bf16(w13_f32[i]);
+    for (std::size_t i = 0; i < w2_f32.size(); ++i) w2_bf16[i] = formats::float_to_bf16(w2_f32[i]);
     for (const DType dtype : {DType::bf16, DType::f32})
       for (const bool on_gpu : {false, true})
         for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
           const std::string where = std::string(to_string(c.precision)) + "/" +
-                                    to_string(c.rounding) + " " + to_string(dtype) + " on " +
-                                    (on_gpu ? "cuda:0" : "cpu") + ", " + to_string(math);
+                                    to_string(c.rounding) + " H=" + std::to_string(H) + " " +
+                                    to_string(dtype) + " on " + (on_gpu ? "cuda:0" : "cpu") + ", " +
+                                    to_string(math);
           SCOPED_TRACE(where);
           LayerOptions options;
           options.mxfp8_scale_rounding = c.rounding;
           options.expert_math = math;
-          const LayerConfig config = make_config(kWeightShape, c.precision, 0, 1, options);
+          const LayerConfig config = make_config(c.shape, c.precision, 0, 1, options);
+          if (c.precision == Precision::fp8_block128 && math == ExpertMath::tensor_core) {
+            continue;  // no tensor-core backend (GpuWeights.TensorCoreRejectsFp8Block128...)
+          }
           const void* w13_host = dtype == DType::f32 ? static_cast<const void*>(w13_f32.data())
                                                      : static_cast<const void*>(w13_bf16.data());
           const void* w2_host = dtype == DType::f32 ? static_cast<const void*>(w2_f32.data())
@@ -577,6 +597,33 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
           cudaFree(w13_dev);
           cudaFree(w2_dev);
         }
+  }
+}
+
+// The bf16 tensor-core backend cannot hold fp8_block128 weights exactly (an fp32 scale per 128 x
+// 128 tile, not a power of two): the layer is refused with the reason, naming the field.
+TEST(GpuWeights, TensorCoreRejectsFp8Block128NamingThePrecision) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  LayerOptions options;
+  options.expert_math = ExpertMath::tensor_core;
+  const LayerConfig config = make_config(kWeightShape, Precision::fp8_block128, 0, 1, options);
+  try {
+    cuda::experts::make_expert_backend(config, 0);
+    ADD_FAILURE() << "tensor_core accepted fp8_block128";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("expert_math=tensor_core cannot run this layer: "
+                                               "precision=fp8_block128: its fp32 block scales"));
+  }
+  options.expert_math = ExpertMath::exact;  // and exact math takes it
+  EXPECT_NE(cuda::experts::make_expert_backend(
+                make_config(kWeightShape, Precision::fp8_block128, 0, 1, options), 0),
+            nullptr);
+  options.expert_math = ExpertMath::tensor_core;  // as does tensor_core with mxfp4
+  EXPECT_NE(cuda::experts::make_expert_backend(
+                make_config(kWeightShape, Precision::mxfp4, 0, 1, options), 0),
+            nullptr);
 }
 
 TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {

@@ -55,14 +55,16 @@ fi
 echo "== epmoe run on the GPUs"
 gpus=$(nvidia-smi -L | wc -l)
 run_rc=0
-for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do
+for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
   for c in ${EPMOE_GPU_RUN_COMBINES:-staged in_kernel_reduce}; do
     build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
       --precision $p --combine $c >"$out/run_${p}_${c}.log" 2>&1 || run_rc=1
     echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
   done
 done
-for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4}; do  # the tensor-core expert math
+# The tensor-core expert math (not fp8_block128: its block scales need the planned sm90 backend).
+for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 mxfp4}; do
+  [ "$p" = fp8_block128 ] && continue
   build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
     --precision $p --math tensor_core >"$out/run_${p}_tensor_core.log" 2>&1 || run_rc=1
   echo "qwen3-30b-a3b $p staged tensor_core: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_tensor_core.log" | cut -c1-4)"

@@ -36,6 +36,30 @@ __global__ void __launch_bounds__(kThreads)
   if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&amax_bits[e], m);
 }
 
+// CTA (tj, ti, e) reduces tile (ti, tj) of matrix e: 256 threads over its at most 128 x 128
+// values, one atomicMax per warp (the tile's slot is shared by its 8 warps only).
+__global__ void __launch_bounds__(kThreads)
+    tile_amax_kernel(RawMatrices raw, std::uint32_t* amax_bits) {
+  constexpr std::int64_t kB = formats::kFp8Block128;
+  const std::int64_t tj = blockIdx.x, ti = blockIdx.y, e = blockIdx.z;
+  const std::int64_t r0 = ti * kB, c0 = tj * kB;
+  const std::int64_t rows = raw.rows - r0 < kB ? raw.rows - r0 : kB;
+  const std::int64_t cols = raw.cols - c0 < kB ? raw.cols - c0 : kB;
+  const std::int64_t base = e * raw.rows * raw.cols;
+  std::uint32_t m = 0;
+  for (std::int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+    const std::int64_t at = base + (r0 + i / cols) * raw.cols + c0 + i % cols;
+    const float w = raw.dtype == DType::f32
+                        ? static_cast<const float*>(raw.data)[at]
+                        : formats::bf16_to_float(static_cast<const std::uint16_t*>(raw.data)[at]);
+    m = max_u32(m, formats::float_bits(w) & formats::kF32AbsMask);  // NaN and Inf kept
+  }
+  for (int offset = 16; offset > 0; offset /= 2)
+    m = max_u32(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const std::int64_t tile = (e * gridDim.y + ti) * gridDim.x + tj;
+  if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&amax_bits[tile], m);
+}
+
 }  // namespace
 
 void for_each_device_slice(const TensorView& t, cudaStream_t stream,
@@ -66,6 +90,19 @@ void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaSt
   if (raw.experts == 0) return;
   const dim3 grid(kPartsPerMatrix, static_cast<unsigned>(raw.experts));
   matrix_amax_kernel<<<grid, kThreads, 0, stream>>>(raw, amax_bits);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+std::int64_t fp8_block128_tiles(std::int64_t rows, std::int64_t cols) {
+  return formats::fp8_block128_scale_count(rows) * formats::fp8_block128_scale_count(cols);
+}
+
+void launch_tile_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream) {
+  if (raw.experts == 0) return;
+  const dim3 grid(static_cast<unsigned>(formats::fp8_block128_scale_count(raw.cols)),
+                  static_cast<unsigned>(formats::fp8_block128_scale_count(raw.rows)),
+                  static_cast<unsigned>(raw.experts));
+  tile_amax_kernel<<<grid, kThreads, 0, stream>>>(raw, amax_bits);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

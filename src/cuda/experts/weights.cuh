@@ -2,9 +2,10 @@
 // preparation: every block of 32 weights along a matrix row becomes decode(encode(w)) in the
 // layer's precision, bit for bit what math::emulate_weight_matrix computes on the host (the same
 // codec.hpp functions, block by block; f32 input is quantized as it is, bf16 input decoded
-// first): bf16 rounding; MXFP8 blocks of 32 with the layer's scale rounding; NVFP4 blocks of 16
-// with one s_enc per matrix from the matrix's amax (launch_matrix_amax). The backend's Store then
-// writes the 32 values in its own layout.
+// first): bf16 rounding; MXFP8 / MXFP4 blocks of 32 with the layer's scale rounding; NVFP4 blocks
+// of 16 with one s_enc per matrix from the matrix's amax (launch_matrix_amax); fp8_block128 with
+// one fp32 scale per 128 x 128 tile from the tile's amax (launch_tile_amax). The backend's Store
+// then writes the 32 values in its own layout.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,10 +24,15 @@ inline constexpr int kWeightBlock = 32;  // one thread's weights: an MXFP8 block
 static_assert(kWeightBlock == formats::kMxfp8Block && kWeightBlock == 2 * formats::kNvfp4Block &&
                   kShapeAlignment % kWeightBlock == 0,
               "a thread's block never straddles a matrix row (H and I are multiples of 64)");
+static_assert(
+    formats::kFp8Block128 % kWeightBlock == 0,
+    "a thread's block lies in one fp8_block128 tile (its first column is a multiple of 32)");
 
 // Store: __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[32],
 // float s_enc) const, with `expert` this rank's local expert, `at` the first element's index in
 // its matrix, and s_enc the matrix's NVFP4 encode scale (1 for the other precisions).
+// amax_bits: NVFP4 one per matrix, fp8_block128 fp8_block128_tiles(rows, cols) per matrix (tile
+// row-major), both of this slice's first matrix on; nullptr for the other precisions.
 template <class Store>
 __global__ void __launch_bounds__(256)
     emulate_weight_blocks_kernel(RawMatrices raw, std::int64_t first_expert, Precision precision,
@@ -66,6 +72,22 @@ __global__ void __launch_bounds__(256)
         }
         break;
       }
+      case Precision::fp8_block128: {
+        const std::int64_t tile_cols = fp8_block128_scale_count(raw.cols);
+        const std::int64_t tile = e * fp8_block128_scale_count(raw.rows) * tile_cols +
+                                  (at / raw.cols) / kFp8Block128 * tile_cols +
+                                  (at % raw.cols) / kFp8Block128;
+        const float scale = fp8_block128_scale(bits_float(amax_bits[tile]));
+        for (int i = 0; i < kWeightBlock; ++i)
+          v[i] = fp8_block128_decode_value(fp8_block128_encode_value(v[i], scale), scale);
+        break;
+      }
+      case Precision::mxfp4: {
+        std::uint8_t packed[kMxfp8Block / 2], scale;
+        mxfp4_encode_block(v, kMxfp8Block, rounding, packed, &scale);
+        mxfp4_decode_block(packed, scale, kMxfp8Block, v);
+        break;
+      }
     }
     store(first_expert + e, at, v, s_enc);
   }
@@ -77,20 +99,27 @@ __global__ void __launch_bounds__(256)
 template <class Store>
 void emulate_weights(const TensorView& t, Precision precision, ScaleRounding rounding, Store store,
                      cudaStream_t stream) {
-  std::uint32_t* amax_bits = nullptr;  // NVFP4: [E_local]
-  if (precision == Precision::nvfp4) {
+  // NVFP4: [E_local] matrix amax; fp8_block128: [E_local, tiles] tile amax.
+  const std::int64_t per_matrix = precision == Precision::nvfp4 ? 1
+                                  : precision == Precision::fp8_block128
+                                      ? fp8_block128_tiles(t.dim(1), t.dim(2))
+                                      : 0;
+  std::uint32_t* amax_bits = nullptr;
+  if (per_matrix > 0) {
+    const auto count = static_cast<std::size_t>(t.dim(0) * per_matrix);
     EPMOE_CUDA_CHECK(
-        cudaMalloc(&amax_bits, std::max<std::size_t>(1, t.dim(0)) * sizeof(std::uint32_t)));
-    EPMOE_CUDA_CHECK(cudaMemsetAsync(
-        amax_bits, 0, static_cast<std::size_t>(t.dim(0)) * sizeof(std::uint32_t), stream));
+        cudaMalloc(&amax_bits, std::max<std::size_t>(1, count) * sizeof(std::uint32_t)));
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, count * sizeof(std::uint32_t), stream));
   }
   for_each_device_slice(t, stream, [&](const RawMatrices& raw, std::int64_t first) {
-    if (amax_bits != nullptr) launch_matrix_amax(raw, amax_bits + first, stream);
+    std::uint32_t* slice_amax = amax_bits == nullptr ? nullptr : amax_bits + first * per_matrix;
+    if (precision == Precision::nvfp4) launch_matrix_amax(raw, slice_amax, stream);
+    if (precision == Precision::fp8_block128) launch_tile_amax(raw, slice_amax, stream);
     const std::int64_t blocks = raw.experts * raw.rows * raw.cols / kWeightBlock;
     const auto grid =
         static_cast<unsigned>(std::clamp<std::int64_t>((blocks + 255) / 256, 1, 65536));
-    emulate_weight_blocks_kernel<<<grid, 256, 0, stream>>>(
-        raw, first, precision, rounding, amax_bits == nullptr ? nullptr : amax_bits + first, store);
+    emulate_weight_blocks_kernel<<<grid, 256, 0, stream>>>(raw, first, precision, rounding,
+                                                           slice_amax, store);
     EPMOE_CUDA_CHECK(cudaGetLastError());
   });
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -35,4 +35,12 @@ void for_each_device_slice(const TensorView& t, cudaStream_t stream,
 // order-free, and bits of non-negative floats order like the floats).
 void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
 
+// fp8_block128's per-tile reduction: amax_bits[e * tiles + ti * tile_cols + tj] (zeroed before) =
+// the largest |w| as fp32 bits of the 128 x 128 tile (ti, tj) of matrix e of `raw`, NaN and Inf
+// included (a NaN's bits are above Inf's, so the tile's scale becomes NaN, as the host's
+// formats::fp8_block128_encode_tile gives), with tile_cols = ceil(cols / 128) and tiles =
+// ceil(rows / 128) * tile_cols; edge tiles cover what is there. Order-free, so bit-exact.
+std::int64_t fp8_block128_tiles(std::int64_t rows, std::int64_t cols);
+void launch_tile_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
+
 }  // namespace epmoe::cuda::experts

@@ -1,7 +1,8 @@
 // The bf16 tensor-core backend (LayerOptions::expert_math = tensor_core; docs/design.md §4.1):
 // bf16 mma.sync with fp32 accumulation (bf16_mma_tile.cuh) on exact bf16 codes of the rows and
 // weights, agreeing with the reference to accumulation-order noise. Weights are held as bf16 codes
-// plus one fp32 scale per matrix, 2 bytes each whatever the precision.
+// plus one fp32 scale per matrix, 2 bytes each whatever the precision (every precision but
+// fp8_block128, whose block scales are not exact in bf16: can_implement rejects it).
 #pragma once
 
 #include <string>
