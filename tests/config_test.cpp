@@ -100,6 +100,7 @@ TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
   o.swiglu_limit = 7.0f;
   o.mxfp8_scale_rounding = ScaleRounding::ocp_floor;
   o.expert_math = ExpertMath::tensor_core;
+  o.activation = Activation::swiglu_oai;
   const LayerConfig c = make_config(kQwen, Precision::mxfp8, 3, 8, o);
   EXPECT_EQ(c.shape().hidden, 2048);
   EXPECT_EQ(c.shape().intermediate, 768);
@@ -246,6 +247,42 @@ TEST(MakeConfigRejects, SwigluLimitNotFinite) {
   EXPECT_THAT(options_rejection(o), HasSubstr("swiglu_limit=nan: must be finite"));
   o.swiglu_limit = std::numeric_limits<float>::infinity();
   EXPECT_THAT(options_rejection(o), HasSubstr("swiglu_limit=inf: must be finite"));
+}
+
+TEST(MakeConfigRejects, SwigluOaiWithoutAClampNamesTheFix) {
+  LayerOptions o;
+  o.activation = Activation::swiglu_oai;
+  EXPECT_EQ(options_rejection(o),
+            "swiglu_limit=0: activation=swiglu_oai requires a clamp > 0 (gpt-oss uses 7)");
+  o.swiglu_limit = kSwigluOaiLimit;
+  EXPECT_NO_THROW(make_config(kQwen, Precision::bf16, 0, 4, o));
+}
+
+TEST(MakeConfigRejects, ActivationOutOfRange) {
+  LayerOptions o;
+  o.activation = static_cast<Activation>(7);
+  EXPECT_EQ(options_rejection(o), "activation=7: must be swiglu or swiglu_oai");
+}
+
+TEST(ParseActivation, ReadsEveryNameToStringPrintsAndRejectsOthers) {
+  for (Activation a : {Activation::swiglu, Activation::swiglu_oai})
+    EXPECT_EQ(parse_activation(to_string(a)), a);
+  try {
+    parse_activation("gelu");
+    ADD_FAILURE() << "gelu was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "activation=gelu: must be one of swiglu, swiglu_oai");
+  }
+}
+
+TEST(ConfigDescribe, NamesTheActivation) {
+  LayerOptions o;
+  EXPECT_THAT(make_config(kQwen, Precision::bf16, 0, 4, o).describe(),
+              HasSubstr(" activation=swiglu swiglu_limit=0 "));
+  o.activation = Activation::swiglu_oai;
+  o.swiglu_limit = 7.0f;
+  EXPECT_THAT(make_config(kQwen, Precision::bf16, 0, 4, o).describe(),
+              HasSubstr(" activation=swiglu_oai swiglu_limit=7 "));
 }
 
 TEST(MakeConfigRejects, TimeoutAboveOneHour) {
@@ -525,6 +562,7 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
                             "combine=staged",
                             "deterministic=false",
                             "timeout_ms=10000",
+                            "activation=swiglu",
                             "swiglu_limit=0",
                             "mxfp8_scale_rounding=rceil",
                             "expert_math=exact",
@@ -592,6 +630,10 @@ TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
   option([](LayerOptions& o) { o.deterministic = true; });
   option([](LayerOptions& o) { o.timeout_ms = 10'001; });
   option([](LayerOptions& o) { o.swiglu_limit = 7.0f; });
+  option([](LayerOptions& o) {
+    o.activation = Activation::swiglu_oai;
+    o.swiglu_limit = 7.0f;
+  });
   option([](LayerOptions& o) { o.mxfp8_scale_rounding = ScaleRounding::ocp_floor; });
   option([](LayerOptions& o) { o.expert_math = ExpertMath::tensor_core; });
   auto knob = [&](auto edit) {
@@ -630,9 +672,10 @@ TEST(ConfigDescribe, HasAStableFormat) {
       "yet) stages=5 (not read yet) dispatch_warps=6 (not read yet) num_sms=100 (not read yet) "
       "megakernel=false (not read yet)}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/3 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/4 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
-            "timeout_ms=10000 swiglu_limit=7.5 mxfp8_scale_rounding=rceil expert_math=exact "
+            "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
+            "expert_math=exact "
             "knobs.decode=" +
                 knobs + " knobs.small=" + knobs + " knobs.medium=" + knobs +
                 " knobs.prefill=" + knobs);

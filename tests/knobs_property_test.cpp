@@ -72,6 +72,7 @@ std::vector<LayerOptions> every_caller_choice() {
           o.swiglu_limit = limits == 0 ? 0.0f : 7.0f;
           // Expert math varies with the limits so the walk does not double in length.
           o.expert_math = limits == 0 ? ExpertMath::exact : ExpertMath::tensor_core;
+          o.activation = limits == 0 ? Activation::swiglu : Activation::swiglu_oai;
           all.push_back(o);
         }
       }
@@ -96,8 +97,8 @@ bool same_caller_fields(const LayerConfig& a, const LayerConfig& b) {
          sa.max_tokens_per_rank == sb.max_tokens_per_rank && a.precision() == b.precision() &&
          a.rank() == b.rank() && a.world() == b.world() && oa.combine == ob.combine &&
          oa.deterministic == ob.deterministic && oa.timeout_ms == ob.timeout_ms &&
-         oa.swiglu_limit == ob.swiglu_limit && oa.mxfp8_scale_rounding == ob.mxfp8_scale_rounding &&
-         oa.expert_math == ob.expert_math;
+         oa.activation == ob.activation && oa.swiglu_limit == ob.swiglu_limit &&
+         oa.mxfp8_scale_rounding == ob.mxfp8_scale_rounding && oa.expert_math == ob.expert_math;
 }
 
 // The conflict rules every knob set a launch may see must satisfy; empty when all hold.

@@ -1,7 +1,8 @@
 // Layer configuration: shape, precision, caller options and tuned knobs (docs/design.md §5).
 //
 // A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
-// mode, determinism, timeouts, SwiGLU clamp, scale rounding, expert math) are caller-owned:
+// mode, determinism, timeouts, activation and its clamp, scale rounding, expert math) are
+// caller-owned:
 // with_knobs() adjusts any tuned knob that conflicts with them and never changes them. No executor
 // reads the knobs yet (see Knobs): they are reserved, validated and compared across ranks.
 #pragma once
@@ -44,23 +45,35 @@ enum class Combine : std::uint8_t { staged, in_kernel_reduce };
 enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };
 enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 / MXFP4 E8M0 scale rule
 enum class ExpertMath : std::uint8_t { exact, tensor_core };   // how the expert GEMMs sum
+// The expert activation between FC1 and FC2 (gate, up = FC1 output, + b13 when given):
+//   swiglu:      silu(gate) * up; swiglu_limit > 0 clamps gate <= limit, |up| <= limit first
+//   swiglu_oai:  gpt-oss: gate = min(gate, limit), up = clamp(up, -limit, limit),
+//                (up + 1) * gate * sigmoid(kSwigluOaiAlpha * gate); needs swiglu_limit > 0 (7)
+enum class Activation : std::uint8_t { swiglu, swiglu_oai };
+inline constexpr double kSwigluOaiAlpha = 1.702;  // gpt-oss's sigmoid scale (every size)
+inline constexpr float kSwigluOaiLimit = 7.0f;    // gpt-oss's clamp: pass it as swiglu_limit
 
 const char* to_string(Precision p);
 const char* to_string(Combine c);
 const char* to_string(TokenBack t);
 const char* to_string(ScaleRounding s);
 const char* to_string(ExpertMath m);
+const char* to_string(Activation a);
 // Parse a name printed by to_string; throws Error(invalid_argument) naming `what` otherwise.
 Precision parse_precision(const std::string& name, const char* what = "precision");
 Combine parse_combine(const std::string& name, const char* what = "combine");
 ExpertMath parse_expert_math(const std::string& name, const char* what = "expert_math");
+Activation parse_activation(const std::string& name, const char* what = "activation");
 
 // Caller-owned choices. Nothing here is ever changed by tuning.
 struct LayerOptions {
   Combine combine = Combine::staged;
   bool deterministic = false;         // requires Combine::staged
   std::uint32_t timeout_ms = 10'000;  // every cross-rank wait; 0 = wait forever
-  float swiglu_limit = 0.0f;          // clamp of gpt-oss style SwiGLU; 0 = no clamp
+  Activation activation = Activation::swiglu;
+  // The activation's clamp: swiglu, 0 = no clamp (the default); swiglu_oai, must be > 0 (gpt-oss
+  // uses kSwigluOaiLimit = 7; a config with 0 is rejected, never adjusted).
+  float swiglu_limit = 0.0f;
   // Every E8M0 scale the layer makes: MXFP8 weights and activations, MXFP4 weights (and an mxfp4
   // layer's MXFP8 activations).
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;

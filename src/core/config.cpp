@@ -85,8 +85,15 @@ void check_options(const LayerOptions& o) {
     reject("deterministic", "true",
            std::string("requires combine=staged, got ") + to_string(o.combine));
   }
+  if (o.activation != Activation::swiglu && o.activation != Activation::swiglu_oai) {
+    reject("activation", static_cast<std::int64_t>(o.activation), "must be swiglu or swiglu_oai");
+  }
   if (!std::isfinite(o.swiglu_limit) || o.swiglu_limit < 0.0f) {
     reject("swiglu_limit", float_text(o.swiglu_limit), "must be finite and >= 0 (0 = no clamp)");
+  }
+  if (o.activation == Activation::swiglu_oai && !(o.swiglu_limit > 0.0f)) {
+    reject("swiglu_limit", float_text(o.swiglu_limit),
+           "activation=swiglu_oai requires a clamp > 0 (gpt-oss uses 7)");
   }
   if (o.timeout_ms > kMaxTimeoutMs) {
     reject("timeout_ms", o.timeout_ms,
@@ -172,6 +179,16 @@ const char* to_string(ExpertMath m) {
   return "unknown";
 }
 
+const char* to_string(Activation a) {
+  switch (a) {
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::swiglu_oai:
+      return "swiglu_oai";
+  }
+  return "unknown";
+}
+
 const char* to_string(TokenBucket b) {
   switch (b) {
     case TokenBucket::decode:
@@ -208,6 +225,13 @@ ExpertMath parse_expert_math(const std::string& name, const char* what) {
   reject(what, name, "must be one of exact, tensor_core");
 }
 
+Activation parse_activation(const std::string& name, const char* what) {
+  for (Activation a : {Activation::swiglu, Activation::swiglu_oai}) {
+    if (name == to_string(a)) return a;
+  }
+  reject(what, name, "must be one of swiglu, swiglu_oai");
+}
+
 TokenBucket token_bucket(std::int64_t tokens) {
   if (tokens < 0) reject("tokens", tokens, "must be >= 0");
   if (tokens <= kDecodeMaxTokens) return TokenBucket::decode;
@@ -223,7 +247,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/3";
+  std::string s = "epmoe.config/4";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);
@@ -236,6 +260,8 @@ std::string LayerConfig::describe() const {
   s += to_string(options_.combine);
   s += options_.deterministic ? " deterministic=true" : " deterministic=false";
   s += " timeout_ms=" + std::to_string(options_.timeout_ms);
+  s += " activation=";
+  s += to_string(options_.activation);
   s += " swiglu_limit=" + float_text(options_.swiglu_limit);
   s += " mxfp8_scale_rounding=";
   s += to_string(options_.mxfp8_scale_rounding);
