@@ -16,10 +16,21 @@ namespace epmoe {
 
 // This rank's experts: w13 [E_local, 2I, H] (gate rows, then up rows) and w2 [E_local, H, I],
 // bf16 or f32, quantized by the layer to its precision. Expert e lives on rank e / E_local.
+// Optional biases (gpt-oss), never quantized, held in fp32: b13 [E_local, 2I] (gate biases, then
+// up biases, as w13's rows) added to FC1's output before the activation, and b2 [E_local, H] added
+// to FC2's output before it is sent home. bf16 or f32, on the host or the rank's GPU like the
+// weights; a default-constructed TensorView (no data, no shape) means none.
 struct ExpertWeights {
   TensorView w13;
   TensorView w2;
+  TensorView b13{};
+  TensorView b2{};
 };
+
+// Whether an optional tensor was given (anything but a default-constructed TensorView).
+inline bool given(const TensorView& t) {
+  return t.data != nullptr || !t.shape.empty();
+}
 
 class LayerImpl;
 

@@ -54,6 +54,7 @@ from ._epmoe import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Activation",
     "Combine",
     "Communicator",
     "Error",
@@ -138,6 +139,16 @@ class ExpertMath(_Named):
     tensor_core = "tensor_core"
 
 
+class Activation(_Named):
+    """The expert activation between FC1 (+ b13) and FC2: ``swiglu`` is ``silu(gate) * up``
+    (``swiglu_limit`` > 0 clamps gate <= limit and |up| <= limit first; default no clamp);
+    ``swiglu_oai`` is gpt-oss's ``(clamp(up, -l, l) + 1) * g * sigmoid(1.702 g)`` with
+    ``g = min(gate, l)``, ``l = swiglu_limit`` (default 7, must be > 0)."""
+
+    swiglu = "swiglu"
+    swiglu_oai = "swiglu_oai"
+
+
 class ScaleRounding(_Named):
     """MXFP8 / MXFP4 E8M0 scale rule: ``rceil`` (no element saturates) or ``ocp_floor`` (OCP MX
     v1.0)."""
@@ -177,15 +188,18 @@ def make_config(
     combine: NameOr = "staged",
     deterministic: bool = False,
     timeout_ms: int = 10_000,
-    swiglu_limit: float = 0.0,
+    swiglu_limit: Optional[float] = None,
     mxfp8_scale_rounding: NameOr = "rceil",
     expert_math: NameOr = "exact",
+    activation: NameOr = "swiglu",
 ) -> LayerConfig:
     """A validated :class:`LayerConfig`; raises :class:`Error` naming the field, value and rule.
 
-    ``timeout_ms`` bounds every cross-rank wait (0 = wait forever); ``swiglu_limit`` > 0 clamps the
-    SwiGLU as gpt-oss does; ``deterministic`` requires ``combine="staged"``; ``expert_math`` is an
-    :class:`ExpertMath` (``"tensor_core"`` is faster on the CUDA executor and not bit-exact).
+    ``timeout_ms`` bounds every cross-rank wait (0 = wait forever); ``activation`` is an
+    :class:`Activation` (``"swiglu_oai"`` for gpt-oss); ``swiglu_limit`` is its clamp, None for the
+    activation's default (``swiglu``: 0 = no clamp; ``swiglu_oai``: 7, and it must be > 0);
+    ``deterministic`` requires ``combine="staged"``; ``expert_math`` is an :class:`ExpertMath`
+    (``"tensor_core"`` is faster on the CUDA executor and not bit-exact).
     """
     return _ext.make_config(
         shape,
@@ -198,6 +212,7 @@ def make_config(
         swiglu_limit=swiglu_limit,
         mxfp8_scale_rounding=_name(mxfp8_scale_rounding),
         expert_math=_name(expert_math),
+        activation=_name(activation),
     )
 
 
@@ -334,12 +349,16 @@ def close_all(objects: Iterable[Any]) -> None:
 class Layer(_ext._Layer):
     """One rank's expert-parallel MoE layer.
 
-    ``Layer(comm, shape, precision, w13, w2, *, combine=..., deterministic=..., timeout_ms=...,
-    swiglu_limit=..., mxfp8_scale_rounding=..., expert_math=...)`` is collective: every rank of ``comm`` creates its
+    ``Layer(comm, shape, precision, w13, w2, b13=None, b2=None, *, combine=..., deterministic=...,
+    timeout_ms=..., swiglu_limit=..., mxfp8_scale_rounding=..., expert_math=..., activation=...)``
+    is collective: every rank of ``comm`` creates its
     layer with the same shape and options (a mismatch is reported on every rank), each from its
     own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
     [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32, on
-    the host or on the communicator's device; the layer quantizes them to ``precision`` and keeps
+    the host or on the communicator's device. The optional biases ``b13`` [E_local, 2I] (gate
+    biases, then up biases) and ``b2`` [E_local, H] (gpt-oss), bf16 or f32, are added in fp32 to
+    FC1's output before the activation and to FC2's output, never quantized; they count in
+    :attr:`resident_weight_bytes`. The layer quantizes the weights to ``precision`` and keeps
     its own copy, whose size in bytes is :attr:`resident_weight_bytes` (decoded today: the CUDA
     executor holds fp32 values with ``expert_math="exact"`` and bf16 codes plus one fp32 scale per
     matrix with ``"tensor_core"``; the CPU executor fp32 values and one scale per matrix).
@@ -357,13 +376,16 @@ class Layer(_ext._Layer):
         precision: NameOr,
         w13: Any,
         w2: Any,
+        b13: Any = None,
+        b2: Any = None,
         *,
         combine: NameOr = "staged",
         deterministic: bool = False,
         timeout_ms: int = 10_000,
-        swiglu_limit: float = 0.0,
+        swiglu_limit: Optional[float] = None,
         mxfp8_scale_rounding: NameOr = "rceil",
         expert_math: NameOr = "exact",
+        activation: NameOr = "swiglu",
     ) -> None:
         config = make_config(
             shape,
@@ -376,18 +398,31 @@ class Layer(_ext._Layer):
             swiglu_limit=swiglu_limit,
             mxfp8_scale_rounding=mxfp8_scale_rounding,
             expert_math=expert_math,
+            activation=activation,
         )
-        self._init(comm, config, w13, w2)
+        self._init(comm, config, w13, w2, b13, b2)
 
     @classmethod
-    def from_config(cls, comm: Communicator, config: LayerConfig, w13: Any, w2: Any) -> "Layer":
+    def from_config(
+        cls, comm: Communicator, config: LayerConfig, w13: Any, w2: Any, b13: Any = None, b2: Any = None
+    ) -> "Layer":
         """A layer from a config made with :func:`make_config` (collective, as the constructor)."""
         self = cls.__new__(cls)
-        self._init(comm, config, w13, w2)
+        self._init(comm, config, w13, w2, b13, b2)
         return self
 
-    def _init(self, comm: Communicator, config: LayerConfig, w13: Any, w2: Any) -> None:
-        _ext._Layer.__init__(self, comm, config, _tensor(w13), _tensor(w2))
+    def _init(
+        self, comm: Communicator, config: LayerConfig, w13: Any, w2: Any, b13: Any, b2: Any
+    ) -> None:
+        _ext._Layer.__init__(
+            self,
+            comm,
+            config,
+            _tensor(w13),
+            _tensor(w2),
+            None if b13 is None else _tensor(b13),
+            None if b2 is None else _tensor(b2),
+        )
         self._hidden = config.shape.hidden
 
     def forward(

@@ -517,15 +517,18 @@ std::uint32_t timeout_arg(std::int64_t timeout_ms) {
 
 LayerConfig make_config_py(const LayerShape& shape, const std::string& precision, int rank,
                            int world, const std::string& combine, bool deterministic,
-                           std::int64_t timeout_ms, float swiglu_limit,
-                           const std::string& mxfp8_scale_rounding,
-                           const std::string& expert_math) {
+                           std::int64_t timeout_ms, std::optional<float> swiglu_limit,
+                           const std::string& mxfp8_scale_rounding, const std::string& expert_math,
+                           const std::string& activation) {
   LayerOptions options;
   options.combine = parse_combine(combine);
   options.expert_math = parse_expert_math(expert_math);
+  options.activation = parse_activation(activation);
   options.deterministic = deterministic;
   options.timeout_ms = timeout_arg(timeout_ms);
-  options.swiglu_limit = swiglu_limit;
+  // None: the activation's default clamp (swiglu: none; swiglu_oai: gpt-oss's 7).
+  options.swiglu_limit =
+      swiglu_limit.value_or(options.activation == Activation::swiglu_oai ? kSwigluOaiLimit : 0.0f);
   options.mxfp8_scale_rounding = parse_rounding(mxfp8_scale_rounding, "mxfp8_scale_rounding");
   return make_config(shape, parse_precision(precision), rank, world, options);
 }
@@ -643,7 +646,7 @@ class Running {
 };
 
 void layer_init(LayerHandle* self, nb::handle comm_object, const LayerConfig& config,
-                nb::handle w13_obj, nb::handle w2_obj) {
+                nb::handle w13_obj, nb::handle w2_obj, nb::handle b13_obj, nb::handle b2_obj) {
   CommHandle* comm = nullptr;
   if (!nb::try_cast(comm_object, comm, false) || comm == nullptr)
     reject("Layer: comm is a " + python_type_name(comm_object) +
@@ -652,7 +655,13 @@ void layer_init(LayerHandle* self, nb::handle comm_object, const LayerConfig& co
   Communicator& c = comm->get("Layer");
   const Imported w13 = import_read("Layer", "weights.w13", w13_obj);
   const Imported w2 = import_read("Layer", "weights.w2", w2_obj);
-  const ExpertWeights weights{w13.view, w2.view};
+  // The optional biases: None = none (a default TensorView).
+  std::optional<Imported> b13, b2;
+  if (!b13_obj.is_none()) b13.emplace(import_read("Layer", "weights.b13", b13_obj));
+  if (!b2_obj.is_none()) b2.emplace(import_read("Layer", "weights.b2", b2_obj));
+  ExpertWeights weights{w13.view, w2.view};
+  if (b13) weights.b13 = b13->view;
+  if (b2) weights.b2 = b2->view;
   std::unique_ptr<Layer> layer;
   comm->open_layers += 1;  // the communicator cannot be closed while the layer is being created
   try {
@@ -805,6 +814,9 @@ NB_MODULE(_epmoe, m) {
                    [](const LayerConfig& c) { return std::string(to_string(c.options().combine)); })
       .def_prop_ro("deterministic", [](const LayerConfig& c) { return c.options().deterministic; })
       .def_prop_ro("timeout_ms", [](const LayerConfig& c) { return c.options().timeout_ms; })
+      .def_prop_ro(
+          "activation",
+          [](const LayerConfig& c) { return std::string(to_string(c.options().activation)); })
       .def_prop_ro("swiglu_limit", [](const LayerConfig& c) { return c.options().swiglu_limit; })
       .def_prop_ro("mxfp8_scale_rounding",
                    [](const LayerConfig& c) {
@@ -824,8 +836,8 @@ NB_MODULE(_epmoe, m) {
 
   m.def("make_config", &make_config_py, "shape"_a, "precision"_a = "bf16", "rank"_a = 0,
         "world"_a = 1, nb::kw_only(), "combine"_a = "staged", "deterministic"_a = false,
-        "timeout_ms"_a = 10'000, "swiglu_limit"_a = 0.0f, "mxfp8_scale_rounding"_a = "rceil",
-        "expert_math"_a = "exact",
+        "timeout_ms"_a = 10'000, "swiglu_limit"_a = nb::none(), "mxfp8_scale_rounding"_a = "rceil",
+        "expert_math"_a = "exact", "activation"_a = "swiglu",
         "Validates everything (raises epmoe.Error naming the field, its value and the rule).");
 
   nb::class_<ModelShape>(m, "ModelShape", "The MoE layer shape of a real model.")
@@ -981,7 +993,8 @@ NB_MODULE(_epmoe, m) {
           "rank"_a, "This rank's communicator (use it, and the layer, from this rank's thread).");
 
   nb::class_<LayerHandle>(m, "_Layer", "The C++ layer; use epmoe.Layer.")
-      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a, "w2"_a)
+      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a, "w2"_a, "b13"_a = nb::none(),
+           "b2"_a = nb::none())
       .def("_forward", &layer_forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "y"_a, "stream"_a = 0)
       .def("health", [](const LayerHandle& h) { return h.get("health").health(); })
       .def(

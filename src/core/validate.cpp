@@ -93,6 +93,12 @@ void validate_weights(const LayerConfig& config, const ExpertWeights& weights, D
                {e, 2 * s.intermediate, s.hidden}, device);
   check_tensor("Layer", "weights.w2", weights.w2, {DType::bf16, DType::f32},
                {e, s.hidden, s.intermediate}, device);
+  if (given(weights.b13))
+    check_tensor("Layer", "weights.b13", weights.b13, {DType::bf16, DType::f32},
+                 {e, 2 * s.intermediate}, device);
+  if (given(weights.b2))
+    check_tensor("Layer", "weights.b2", weights.b2, {DType::bf16, DType::f32}, {e, s.hidden},
+                 device);
 }
 
 }  // namespace epmoe

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
@@ -25,13 +26,19 @@ class CudaLayer final : public LayerImpl {
     const Device d = comm.device();
     // Weights: on this GPU or on the host, bf16 or f32; the expert backend prepares them on
     // this GPU (docs/design.md §4.1).
+    // So are the optional biases (their own names: they are not "the weights").
     for (const TensorView* t : {&weights.w13, &weights.w2})
       if (!(t->device == d) && t->device.kind != DeviceKind::cpu)
         throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
                                                      to_string(t->device) + ", expected cpu or " +
                                                      to_string(d));
+    for (const auto& [name, t] : {std::pair{"b13", &weights.b13}, std::pair{"b2", &weights.b2}})
+      if (given(*t) && !(t->device == d) && t->device.kind != DeviceKind::cpu)
+        throw Error(ErrorCode::invalid_argument, std::string("Layer: weights.") + name + " is on " +
+                                                     to_string(t->device) + ", expected cpu or " +
+                                                     to_string(d));
     ExpertWeights checked = weights;  // each on its own device (checked above); the rest here
-    checked.w13.device = checked.w2.device = Device{};
+    checked.w13.device = checked.w2.device = checked.b13.device = checked.b2.device = Device{};
     validate_weights(config, checked, Device{});
 
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -17,6 +17,11 @@ ExpertWeights local_weight_views(const reference::LayerWeights& weights, const L
                {e, 2 * inter, h});
   w.w2 = view(weights.w2.data() + first * static_cast<std::size_t>(h * inter), DType::bf16,
               {e, h, inter});
+  if (!weights.b13.empty())
+    w.b13 = view(weights.b13.data() + first * static_cast<std::size_t>(2 * inter), DType::f32,
+                 {e, 2 * inter});
+  if (!weights.b2.empty())
+    w.b2 = view(weights.b2.data() + first * static_cast<std::size_t>(h), DType::f32, {e, h});
   return w;
 }
 

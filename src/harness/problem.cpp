@@ -91,6 +91,19 @@ reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64
   return w;
 }
 
+void add_random_biases(reference::LayerWeights& weights, const LayerShape& shape,
+                       std::uint64_t seed) {
+  Rng rng(seed ^ 0xB1A5B1A5ull);
+  const auto e = static_cast<std::size_t>(shape.num_experts);
+  std::vector<std::uint16_t> b13, b2;
+  fill_uniform(b13, e * 2 * static_cast<std::size_t>(shape.intermediate), 1.0, rng);
+  fill_uniform(b2, e * static_cast<std::size_t>(shape.hidden), 0.5, rng);
+  weights.b13.resize(b13.size());
+  weights.b2.resize(b2.size());
+  for (std::size_t i = 0; i < b13.size(); ++i) weights.b13[i] = formats::bf16_to_float(b13[i]);
+  for (std::size_t i = 0; i < b2.size(); ++i) weights.b2[i] = formats::bf16_to_float(b2[i]);
+}
+
 RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
                           std::int64_t target, Rng& rng) {
   const auto k = static_cast<std::size_t>(shape.top_k);

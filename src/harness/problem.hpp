@@ -34,6 +34,11 @@ class Rng {
 // Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16.
 reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
 
+// Biases for `weights` (gpt-oss style): b13 ~ U(-1, 1), b2 ~ U(-0.5, 0.5), each a bf16 value held
+// in fp32 (so a layer given them as bf16 or as f32 computes the same).
+void add_random_biases(reference::LayerWeights& weights, const LayerShape& shape,
+                       std::uint64_t seed);
+
 // `n` values ~ U(-scale, scale) in bf16, filled by every core in chunks of 4 Mi values, each
 // chunk its own stream of `seed` (reproducible whatever the core count): the bench's full-size
 // layers hold billions of weights.

@@ -35,6 +35,7 @@ class HostLayer final : public LayerImpl {
       : LayerImpl(config), rank_(comm.rank()), layout_(protocol::make_workspace_layout(config)) {
     validate_weights(config, weights, Device{});
     experts_ = math::emulate_expert_weights(config, weights);
+    biases_ = math::load_expert_biases(weights);
     windows_ = comm.group().join_layer(rank_, layout_.total, config.describe(), timeout());
     // A restarted rank process: its next reset() must meet the survivors' pending one, whose
     // first epoch they already published into this window.
@@ -82,7 +83,7 @@ class HostLayer final : public LayerImpl {
   // holds them.
   std::size_t resident_weight_bytes() const override {
     return (experts_.w13.size() + experts_.w2.size() + experts_.w13_s_enc.size() +
-            experts_.w2_s_enc.size()) *
+            experts_.w2_s_enc.size() + biases_.b13.size() + biases_.b2.size()) *
            sizeof(float);
   }
 
@@ -213,7 +214,12 @@ class HostLayer final : public LayerImpl {
           const auto e = static_cast<std::size_t>(entry.local_expert);
           const math::ExpertMatrices expert{
               experts_.w13.data() + e * static_cast<std::size_t>(2 * s.intermediate * s.hidden),
-              experts_.w2.data() + e * static_cast<std::size_t>(s.hidden * s.intermediate)};
+              experts_.w2.data() + e * static_cast<std::size_t>(s.hidden * s.intermediate),
+              biases_.b13.empty()
+                  ? nullptr
+                  : biases_.b13.data() + e * static_cast<std::size_t>(2 * s.intermediate),
+              biases_.b2.empty() ? nullptr
+                                 : biases_.b2.data() + e * static_cast<std::size_t>(s.hidden)};
           math::expert_forward_row(x.data(), expert, s, config().precision(), config().options(),
                                    out.data(), scratch);
           send_home(protocol::home_slot(src, header, entry), out);
@@ -260,6 +266,7 @@ class HostLayer final : public LayerImpl {
   protocol::WorkspaceLayout layout_;
   std::shared_ptr<HostLayerWindows> windows_;
   math::EmulatedExperts experts_;  // quantization emulated
+  math::ExpertBiases biases_;      // fp32, empty when none
   std::uint32_t round_ = protocol::kFirstRound;
   std::uint32_t reset_epoch_ = 0;
   Health health_{};

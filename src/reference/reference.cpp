@@ -54,6 +54,17 @@ const ReferenceModel::Expert& ReferenceModel::expert(std::int64_t e) {
   return *slot;
 }
 
+const float* ReferenceModel::bias_b13(std::int64_t e) const {
+  return weights_.b13.empty()
+             ? nullptr
+             : weights_.b13.data() + static_cast<std::size_t>(e * 2 * shape_.intermediate);
+}
+
+const float* ReferenceModel::bias_b2(std::int64_t e) const {
+  return weights_.b2.empty() ? nullptr
+                             : weights_.b2.data() + static_cast<std::size_t>(e * shape_.hidden);
+}
+
 std::vector<std::uint16_t> ReferenceModel::forward(const Batch& batch) {
   const auto h = static_cast<std::size_t>(shape_.hidden);
   const auto k = static_cast<std::size_t>(shape_.top_k);
@@ -69,8 +80,8 @@ std::vector<std::uint16_t> ReferenceModel::forward(const Batch& batch) {
       const std::int32_t e = batch.topk_ids[t * k + s];
       if (e < 0) continue;
       const Expert& ex = expert(e);
-      math::expert_forward_row(x.data(), math::ExpertMatrices{ex.w13.data(), ex.w2.data()}, shape_,
-                               precision_, options_, row.data(), scratch);
+      const math::ExpertMatrices m{ex.w13.data(), ex.w2.data(), bias_b13(e), bias_b2(e)};
+      math::expert_forward_row(x.data(), m, shape_, precision_, options_, row.data(), scratch);
       const float w = batch.topk_weights[t * k + s];
       const bool staged = options_.combine == Combine::staged;
       for (std::size_t i = 0; i < h; ++i)
@@ -94,18 +105,20 @@ std::vector<double> ReferenceModel::forward_exact(const Batch& batch) const {
       if (e < 0) continue;
       const std::uint16_t* w13 = weights_.w13.data() + static_cast<std::size_t>(e) * 2 * inter * h;
       const std::uint16_t* w2 = weights_.w2.data() + static_cast<std::size_t>(e) * h * inter;
+      const float* b13 = bias_b13(e);
+      const float* b2 = bias_b2(e);
       for (std::size_t j = 0; j < inter; ++j) {
-        double gate = 0.0, up = 0.0;
+        double gate = b13 ? b13[j] : 0.0, up = b13 ? b13[inter + j] : 0.0;
         for (std::size_t i = 0; i < h; ++i) {
           const double xi = formats::bf16_to_float(x[i]);
           gate += xi * formats::bf16_to_float(w13[j * h + i]);
           up += xi * formats::bf16_to_float(w13[(inter + j) * h + i]);
         }
-        act[j] = math::swiglu(gate, up, options_.swiglu_limit);
+        act[j] = math::activation(options_.activation, gate, up, options_.swiglu_limit);
       }
       const double w = batch.topk_weights[t * k + s];
       for (std::size_t n = 0; n < h; ++n) {
-        double acc = 0.0;
+        double acc = b2 ? b2[n] : 0.0;
         for (std::size_t j = 0; j < inter; ++j)
           acc += act[j] * formats::bf16_to_float(w2[n * inter + j]);
         y[t * h + n] += w * acc;

@@ -1,7 +1,8 @@
 // The oracle: a plain, obviously-correct forward of the whole layer for one rank's tokens.
 //
 // forward() emulates every quantization point of the precision (input rows on the wire, weights,
-// the SwiGLU intermediate) with float64 accumulation, and the combine of the chosen mode in its
+// the activation's output) with float64 accumulation, the biases added to each GEMM's float64 sum
+// (math::biased), and the combine of the chosen mode in its
 // fixed order: staged = each FC2 row rounded to bf16 (the wire), weighted sum in fp32 over slots
 // 0..K-1; in_kernel_reduce = fp32 weighted sum of the fp32 FC2 rows over slots 0..K-1.
 // forward_exact() is the unquantized float64 forward, for error reports.
@@ -17,10 +18,13 @@
 
 namespace epmoe::reference {
 
-// All experts of the layer in bf16 (the weights as a checkpoint gives them).
+// All experts of the layer in bf16 (the weights as a checkpoint gives them), and their optional
+// biases in fp32 (empty = none; a bf16 checkpoint's biases widen exactly).
 struct LayerWeights {
   std::vector<std::uint16_t> w13;  // [E, 2I, H]
   std::vector<std::uint16_t> w2;   // [E, H, I]
+  std::vector<float> b13;          // [E, 2I] gate biases then up biases, or empty
+  std::vector<float> b2;           // [E, H], or empty
 };
 
 // One rank's inputs for one round.
@@ -44,7 +48,9 @@ class ReferenceModel {
 
  private:
   struct Expert;
-  const Expert& expert(std::int64_t e);  // quantize-emulated on first use
+  const Expert& expert(std::int64_t e);         // quantize-emulated on first use
+  const float* bias_b13(std::int64_t e) const;  // nullptr without biases
+  const float* bias_b2(std::int64_t e) const;
 
   LayerShape shape_;
   Precision precision_;

@@ -72,12 +72,14 @@ struct ExpertProblem {
   std::int64_t hidden, intermediate, local_experts;
   Precision precision;     // of the weights and of FC2's input quantization point
   ScaleRounding rounding;  // MXFP8 block scales
-  float swiglu_limit;      // 0 = no clamp
+  Activation activation;   // math::activation, between FC1 (+ b13) and FC2
+  float swiglu_limit;      // the activation's clamp (0 = none, swiglu only)
 };
 inline ExpertProblem expert_problem(const LayerConfig& config) {
-  return ExpertProblem{
-      config.shape().hidden, config.shape().intermediate,           config.local_experts(),
-      config.precision(),    config.options().mxfp8_scale_rounding, config.options().swiglu_limit};
+  const LayerOptions& o = config.options();
+  return ExpertProblem{config.shape().hidden, config.shape().intermediate, config.local_experts(),
+                       config.precision(),    o.mxfp8_scale_rounding,      o.activation,
+                       o.swiglu_limit};
 }
 
 // Everything a backend's launches receive from the round.

@@ -76,6 +76,7 @@ void ExactBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
                   StoreValues{weights_.w13, 2 * i * h}, stream);
   emulate_weights(local.w2, problem_.precision, problem_.rounding, StoreValues{weights_.w2, h * i},
                   stream);
+  biases_.prepare(local, stream);
 }
 
 void ExactBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {

@@ -22,7 +22,7 @@ class ExactBackend final : public ExpertBackend {
   const char* name() const override { return "exact_f64"; }
   StagedRows staged_rows() const override { return StagedRows::fp32; }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
-  std::size_t weight_bytes() const override { return weight_bytes_; }
+  std::size_t weight_bytes() const override { return weight_bytes_ + biases_.bytes(); }
   std::size_t scratch_bytes() const override { return scratch_bytes_; }
   // FC1 + SwiGLU, then FC2's input quantization point.
   void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
@@ -32,13 +32,16 @@ class ExactBackend final : public ExpertBackend {
   const Weights& weights() const { return weights_; }
 
  private:
-  Params params(const ExpertStep& step) const { return Params{step, problem_, weights_, h_}; }
+  Params params(const ExpertStep& step) const {
+    return Params{step, problem_, weights_, biases_.biases(), h_};
+  }
 
   ExpertProblem problem_;
   std::uint8_t* weight_memory_ = nullptr;
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t weight_bytes_ = 0, scratch_bytes_ = 0;
   Weights weights_{};
+  DeviceBiases biases_;
   float* h_ = nullptr;
   KernelShape fc1_, quantize_h_, fc2_;
 };

@@ -2,10 +2,12 @@
 // of one expert, tile of 64 intermediate columns), tile fastest, so the CTAs running at once share
 // a chunk's x and an expert's weights in L2. A tile's 128 weight rows are 64 gate rows then the 64
 // up rows of the same columns, so lane l holds gate and up of columns l and l + 32 and SwiGLU
-// needs no exchange. h = float(swiglu(float(gate), float(up))), as the reference computes it.
+// needs no exchange. h = float(activation(biased(gate), biased(up))): each float64 sum plus its
+// b13 (when given) rounded once to fp32, as the reference computes it (math::biased).
 #include "cuda/experts/exact/f64_tile.cuh"
 #include "cuda/experts/exact/params.hpp"
 #include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
 
 namespace epmoe::cuda::experts::exact {
 namespace {
@@ -47,15 +49,23 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
         },
         acc);
 
-    // Epilogue (k group 0 of each row group): SwiGLU of the float-rounded gate and up.
+    // Epilogue (k group 0 of each row group): the activation of the float-rounded (biased) gate
+    // and up. b13 is indexed as w13's rows: gate j0 + column, up I + j0 + column.
     if (role.k_group != 0) continue;
+    const float* b13 = p.biases.b13 == nullptr
+                           ? nullptr
+                           : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int r = role.row_group * kRowsPerWarp + i;
       if (r >= chunk.rows) break;
-      for (int q = 0; q < kColsPerLane / 2; ++q)
-        h_of(r)[lane + 32 * q] = static_cast<float>(math::swiglu(static_cast<float>(acc[i][q]),
-                                                                 static_cast<float>(acc[i][q + 2]),
-                                                                 p.problem.swiglu_limit));
+      for (int q = 0; q < kColsPerLane / 2; ++q) {
+        const int column = lane + 32 * q;
+        const float gate = math::biased(acc[i][q], b13, column);
+        const float up =
+            math::biased(acc[i][q + 2], b13 == nullptr ? nullptr : b13 + inter, column);
+        h_of(r)[column] = static_cast<float>(
+            math::activation(p.problem.activation, gate, up, p.problem.swiglu_limit));
+      }
     }
   }
 }

@@ -1,11 +1,13 @@
 // The exact backend's FC2 (docs/design.md §4.1, §3 steps 5-6) over the quantized h rows, each
 // result sent home (send_home: staged, the bf16 row into the home rank's [token, slot] combine
-// row; in-kernel reduce, weight x row added into its fp32 accumulator). Work items are (chunk of
-// up to 64 rows of one expert, tile of 128 hidden columns), tile fastest; the last tile of a
-// hidden size that is not a multiple of 128 (gpt-oss: 2880) computes clamped columns it never
-// stores. fc2_round closes the step: the last CTA tells every rank this rank's experts are done.
+// row; in-kernel reduce, weight x row added into its fp32 accumulator), b2 added first. Work items
+// are (chunk of up to 64 rows of one expert, tile of 128 hidden columns), tile fastest; the last
+// tile of a hidden size that is not a multiple of 128 (gpt-oss: 2880) computes clamped columns it
+// never stores. fc2_round closes the step: the last CTA tells every rank this rank's experts are
+// done.
 #include "cuda/experts/exact/f64_tile.cuh"
 #include "cuda/experts/exact/params.hpp"
+#include "math/expert_row.hpp"  // math::biased
 
 namespace epmoe::cuda::experts::exact {
 namespace {
@@ -41,14 +43,18 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
 
       // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
       // warp's stores to a row are contiguous.
+      // Each result is the float64 sum plus b2 (when given), rounded once (math::biased).
       if (role.k_group != 0) continue;
+      const float* b2 = p.biases.b2 == nullptr
+                            ? nullptr
+                            : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
       for (int i = 0; i < kRowsPerWarp; ++i) {
         const int r = role.row_group * kRowsPerWarp + i;
         if (r >= chunk.rows) break;
         for (int q = 0; q < kColsPerLane; ++q) {
           const std::int64_t c = c0 + lane + 32 * q;
           if (c >= hidden) break;
-          send_home(p.step.home, home_of[r], c, static_cast<float>(acc[i][q]));
+          send_home(p.step.home, home_of[r], c, math::biased(acc[i][q], b2, c));
         }
       }
     }

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/experts/biases.hpp"
 #include "cuda/experts/inputs.hpp"
 #include "cuda/kernels.hpp"
 
@@ -18,7 +19,8 @@ struct Params {
   ExpertStep step;
   ExpertProblem problem;
   Weights weights;
-  float* h;  // [max_pairs, I] SwiGLU output per pair, FC2's input quantization point in place
+  Biases biases;  // fp32, never quantized; nullptr = none
+  float* h;       // [max_pairs, I] SwiGLU output per pair, FC2's input quantization point in place
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.

@@ -2,7 +2,7 @@
 // 64 rows of one expert, tile of 64 intermediate columns), tile fastest. The tile's 128 weight
 // rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
 // row j0 + c / 2 for odd c, read in place from w13's [gate rows; up rows] layout), so one thread's
-// C fragment holds both and SwiGLU needs no exchange.
+// C fragment holds both and the activation (after b13, when given) needs no exchange.
 // Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 #include "cuda/experts/mma/params.hpp"
@@ -46,6 +46,10 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
     // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
     const WarpTile tile = warp_tile();
     const float w_scale = p.weights.w13_scale[chunk.expert];
+    // b13 as w13's rows: gate j0 + column, up I + j0 + column; added in fp32 to the scaled sums.
+    const float* b13 = p.biases.b13 == nullptr
+                           ? nullptr
+                           : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -57,9 +61,14 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni) {
           const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
+          float gate = acc[mi][ni][2 * half] / x_scale / w_scale;
+          float up = acc[mi][ni][2 * half + 1] / x_scale / w_scale;
+          if (b13 != nullptr) {
+            gate += b13[column];
+            up += b13[inter + column];
+          }
           h_of(r)[column] = static_cast<float>(
-              math::swiglu(acc[mi][ni][2 * half] / x_scale / w_scale,
-                           acc[mi][ni][2 * half + 1] / x_scale / w_scale, p.problem.swiglu_limit));
+              math::activation(p.problem.activation, gate, up, p.problem.swiglu_limit));
         }
       }
   }

@@ -40,6 +40,10 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
           [&](int c) { return w2 + w_row(c) * inter; }, acc);
       const WarpTile tile = warp_tile();
       const float w_scale = p.weights.w2_scale[chunk.expert];
+      // b2 added in fp32 to each scaled sum before it goes home.
+      const float* b2 = p.biases.b2 == nullptr
+                            ? nullptr
+                            : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
@@ -53,9 +57,11 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
 #pragma unroll
             for (int v = 0; v < 2; ++v) {
               const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
-              if (c < hidden)
-                send_home(p.step.home, home_of[r], c,
-                          acc[mi][ni][2 * half + v] / h_scale / w_scale);
+              if (c < hidden) {
+                float out = acc[mi][ni][2 * half + v] / h_scale / w_scale;
+                if (b2 != nullptr) out += b2[c];
+                send_home(p.step.home, home_of[r], c, out);
+              }
             }
         }
     }

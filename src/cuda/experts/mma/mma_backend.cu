@@ -101,6 +101,7 @@ void MmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
                   StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
   emulate_weights(local.w2, problem_.precision, problem_.rounding,
                   StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+  biases_.prepare(local, stream);
 }
 
 void MmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/experts/biases.hpp"
 #include "cuda/experts/inputs.hpp"
 #include "cuda/kernels.hpp"
 
@@ -21,6 +22,7 @@ struct Params {
   ExpertStep step;
   ExpertProblem problem;
   Weights weights;
+  Biases biases;       // fp32, never quantized; nullptr = none
   float* h;            // [max_pairs, I] SwiGLU output per pair, quantized in place
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs]
