@@ -26,10 +26,11 @@ Lower level: :func:`expert_weights` / :func:`expert_weights_from_state_dict` (th
 ``w13, w2``), :func:`layer_shape`, :func:`route` (the block's own router) and :class:`Router`
 (the same router from a state dict).
 
-Not supported yet, refused with :class:`UnsupportedModel`: gpt-oss (MXFP4 weights, biases, its
-clamped ``(up + 1) * gate * sigmoid(1.702 gate)`` activation, interleaved gate/up) and FP8
-checkpoints (DeepSeek-V3/R1's float8_e4m3 weights with 128x128 ``weight_scale_inv`` blocks):
-both need C++ work that is not done yet (docs/design.md §6, "Planned").
+Not supported yet, refused with :class:`UnsupportedModel`: gpt-oss (its activation and biases are
+in epmoe, ``activation="swiglu_oai"``, ``b13``/``b2``; its MXFP4 weights and the adapter for its
+interleaved gate/up are not) and FP8 checkpoints (DeepSeek-V3/R1's float8_e4m3 weights with
+128x128 ``weight_scale_inv`` blocks): both need work that is not done yet (docs/design.md §6,
+"Planned").
 
 torch is imported when a function here is called, not when ``epmoe`` is imported.
 """
@@ -64,12 +65,12 @@ _FP8_WHAT = ("FP8 checkpoints (float8_e4m3 weights with 128x128 block scales, "
              "own scales (docs/design.md §6, planned). Load the bf16 weights (dequantize the "
              "checkpoint to bf16 first) and let epmoe quantize them (precision bf16, mxfp8, nvfp4, "
              "or fp8_block128, DeepSeek's own 128x128 / 1x128 blocks)")
-_GPT_OSS_WHAT = ("gpt-oss is not supported yet: its experts need C++ work epmoe does not have: "
-                 "MXFP4 resident weights (mxfp4, planned in docs/design.md §6), expert biases "
-                 "(gate_up_proj_bias, down_proj_bias), and its activation "
-                 "(up + 1) * gate * sigmoid(1.702 * gate) with gate and up clamped to 7 (epmoe's "
-                 "SwiGLU is silu(gate) * up; swiglu_limit clamps only), on interleaved gate/up "
-                 "columns of a transposed gate_up_proj [E, H, 2I]")
+_GPT_OSS_WHAT = ("gpt-oss is not supported by the adapters yet. epmoe computes its experts' math "
+                 "now (Layer(..., b13, b2, activation='swiglu_oai'): the biases gate_up_proj_bias "
+                 "and down_proj_bias, and (up + 1) * gate * sigmoid(1.702 * gate) with gate and up "
+                 "clamped to 7) and has an mxfp4 precision, but no adapter reads a checkpoint's "
+                 "MXFP4 blocks and scales as shipped or maps the interleaved gate/up columns of its "
+                 "transposed gate_up_proj [E, H, 2I] and its biases yet")
 
 
 class UnsupportedModel(ValueError):

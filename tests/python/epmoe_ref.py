@@ -179,15 +179,34 @@ def swiglu(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    """gpt-oss (transformers GptOssExperts._apply_gate): (clamp(up, -l, l) + 1) * g * sigmoid(1.702 g),
+    g = min(gate, l)."""
+    gate = np.minimum(gate.astype(np.float64), limit)
+    up = np.clip(up.astype(np.float64), -limit, limit)
+    return (up + 1.0) * (gate * (1.0 / (1.0 + np.exp(-(gate * 1.702)))))
+
+
+def activation(name: str, gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    return swiglu_oai(gate, up, limit) if name == "swiglu_oai" else swiglu(gate, up, limit)
+
+
 class NumpyLayer:
-    """The whole layer (every expert) for one rank's tokens."""
+    """The whole layer (every expert) for one rank's tokens. ``b13`` [E, 2I] and ``b2`` [E, H]
+    (float32, optional) are added to each GEMM's float64 sum before it is rounded to float32."""
 
     def __init__(self, problem: Problem, precision: str = "bf16", combine: str = "staged",
-                 swiglu_limit: float = 0.0):
+                 swiglu_limit: float = 0.0, activation: str = "swiglu",
+                 b13: Optional[np.ndarray] = None, b2: Optional[np.ndarray] = None):
         self.shape = problem.shape
         self.precision = precision
         self.combine = combine
         self.limit = swiglu_limit
+        self.activation = activation
+        e = problem.shape.num_experts
+        self.b13 = (np.zeros((e, 2 * problem.shape.intermediate)) if b13 is None
+                    else b13.astype(np.float64))
+        self.b2 = np.zeros((e, problem.shape.hidden)) if b2 is None else b2.astype(np.float64)
         w13 = bf16_bits_to_f32(problem.w13_bits)
         w2 = bf16_bits_to_f32(problem.w2_bits)
         self.w13_exact = w13.astype(np.float64)
@@ -198,10 +217,10 @@ class NumpyLayer:
     def _expert_rows(self, x: np.ndarray, e: int) -> np.ndarray:
         """x [n, H] (already wire-quantized) through expert e: fp32 FC2 rows [n, H]."""
         inter = self.shape.intermediate
-        fc1 = (x.astype(np.float64) @ self.w13[e].T).astype(np.float32)
-        act = swiglu(fc1[:, :inter], fc1[:, inter:], self.limit).astype(np.float32)
-        act = emulate_activation(act, self.precision)
-        return (act.astype(np.float64) @ self.w2[e].T).astype(np.float32)
+        fc1 = (x.astype(np.float64) @ self.w13[e].T + self.b13[e]).astype(np.float32)
+        act = activation(self.activation, fc1[:, :inter], fc1[:, inter:], self.limit)
+        act = emulate_activation(act.astype(np.float32), self.precision)
+        return (act.astype(np.float64) @ self.w2[e].T + self.b2[e]).astype(np.float32)
 
     def forward(self, batch: Batch) -> np.ndarray:
         """y [T, H] as bf16 bits."""
@@ -230,9 +249,9 @@ class NumpyLayer:
                 e = int(batch.ids[tok, s])
                 if e < 0:
                     continue
-                fc1 = self.w13_exact[e] @ x[tok]
-                act = swiglu(fc1[:inter], fc1[inter:], self.limit)
-                y[tok] += float(batch.weights[tok, s]) * (self.w2_exact[e] @ act)
+                fc1 = self.w13_exact[e] @ x[tok] + self.b13[e]
+                act = activation(self.activation, fc1[:inter], fc1[inter:], self.limit)
+                y[tok] += float(batch.weights[tok, s]) * (self.w2_exact[e] @ act + self.b2[e])
         return y
 
 
@@ -249,6 +268,11 @@ def make_layers(problem: Problem, precision: str = "bf16", group: Optional[epmoe
 
     def create(rank: int) -> epmoe.Layer:
         w13, w2 = problem.local(rank)
-        return epmoe.Layer(group.communicator(rank), problem.shape, precision, w13, w2, **options)
+        local = dict(options)
+        e = problem.shape.num_experts // problem.world
+        for name in ("b13", "b2"):  # whole-layer biases: this rank's experts
+            if local.get(name) is not None:
+                local[name] = local[name][rank * e:(rank + 1) * e]
+        return epmoe.Layer(group.communicator(rank), problem.shape, precision, w13, w2, **local)
 
     return raise_first(run_ranks(problem.world, create))

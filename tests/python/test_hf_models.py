@@ -196,7 +196,7 @@ def test_gpt_oss_is_refused_naming_what_is_missing():
                  lambda: models.expert_weights(GptOssMLP(config))):
         with pytest.raises(models.UnsupportedModel, match="gpt-oss") as e:
             call()
-        for what in ("MXFP4", "biases", "1.702", "interleaved"):
+        for what in ("MXFP4", "swiglu_oai", "b13", "interleaved"):
             assert what in str(e.value)
 
 

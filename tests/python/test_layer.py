@@ -10,6 +10,7 @@ from epmoe_ref import (
     NumpyLayer,
     assert_within_bf16_ulps,
     bf16_bits_to_f32,
+    f32_to_bf16_bits,
     make_batch,
     make_layers,
     make_problem,
@@ -34,11 +35,15 @@ def shape(**overrides):
     return epmoe.LayerShape(**{**SHAPE, **overrides})
 
 
-def run_rounds(world, precision="bf16", combine="staged", swiglu_limit=0.0, ids_dtype=np.int32):
+def run_rounds(world, precision="bf16", combine="staged", swiglu_limit=0.0, ids_dtype=np.int32,
+               activation="swiglu", biases=None):
     problem = make_problem(shape(), world, seed=11 * world)
+    b13, b2 = biases if biases is not None else (None, None)
     layers = make_layers(problem, precision, combine=combine, swiglu_limit=swiglu_limit,
-                         timeout_ms=20_000)
-    model = NumpyLayer(problem, precision, combine, swiglu_limit)
+                         timeout_ms=20_000, activation=activation, b13=b13, b2=b2)
+    as_f32 = (lambda b: None if b is None else (bf16_bits_to_f32(b) if b.dtype == np.uint16 else b))
+    model = NumpyLayer(problem, precision, combine, swiglu_limit, activation, as_f32(b13),
+                       as_f32(b2))
     for r, tokens in enumerate(TOKENS[world]):
         batches = [make_batch(problem.shape, tokens[rank], seed=1000 * r + rank)
                    for rank in range(world)]
@@ -89,6 +94,57 @@ def test_in_kernel_reduce_matches_fp32_sum_within_one_ulp():
 
 def test_swiglu_clamp_and_int64_ids():
     run_rounds(2, "bf16", swiglu_limit=0.5, ids_dtype=np.int64)
+
+
+def random_biases(seed=5, bf16_bits=False):
+    rng = np.random.default_rng(seed)
+    e, h, i = SHAPE["num_experts"], SHAPE["hidden"], SHAPE["intermediate"]
+    b13 = f32_to_bf16_bits(rng.uniform(-1, 1, (e, 2 * i)).astype(np.float32))
+    b2 = f32_to_bf16_bits(rng.uniform(-0.5, 0.5, (e, h)).astype(np.float32))
+    return (b13, b2) if bf16_bits else (bf16_bits_to_f32(b13), bf16_bits_to_f32(b2))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("combine", ["staged", "in_kernel_reduce"])
+def test_swiglu_oai_with_biases_matches_the_numpy_model(precision, combine):
+    run_rounds(2, precision, combine, swiglu_limit=0.75, activation="swiglu_oai",
+               biases=random_biases(bf16_bits=precision == "mxfp8"))
+
+
+def test_swiglu_oai_and_biases_change_the_output():
+    problem = make_problem(shape(), 1, seed=3)
+    batch = make_batch(problem.shape, 6, seed=4)
+    b13, b2 = random_biases()
+
+    def y(**options):
+        layer = make_layers(problem, "bf16", **options)[0]
+        return layer.forward(batch.x, batch.ids, batch.weights)
+
+    base = y(activation="swiglu_oai", b13=b13, b2=b2)
+    assert not np.array_equal(base, y(activation="swiglu", swiglu_limit=7.0, b13=b13, b2=b2))
+    assert not np.array_equal(base, y(activation="swiglu_oai"))
+    assert not np.array_equal(base, y(activation="swiglu_oai", b13=b13))
+
+
+def test_swiglu_oai_defaults_its_clamp_to_7_and_refuses_0():
+    config = epmoe.make_config(shape(), activation="swiglu_oai")
+    assert (config.activation, config.swiglu_limit) == ("swiglu_oai", 7.0)
+    assert "activation=swiglu_oai swiglu_limit=7" in config.describe()
+    assert epmoe.make_config(shape()).swiglu_limit == 0.0
+    assert epmoe.make_config(shape(), activation=epmoe.Activation.swiglu).activation == "swiglu"
+    with pytest.raises(epmoe.Error, match="swiglu_limit=0: activation=swiglu_oai requires a clamp"):
+        epmoe.make_config(shape(), activation="swiglu_oai", swiglu_limit=0.0)
+    with pytest.raises(epmoe.Error, match="activation=gelu: must be one of swiglu, swiglu_oai"):
+        epmoe.make_config(shape(), activation="gelu")
+
+
+def test_bad_bias_is_named():
+    problem = make_problem(shape(), 1, seed=3)
+    b13, b2 = random_biases()
+    with pytest.raises(epmoe.Error, match=r"Layer: weights.b13 has shape \[8, 64\], expected"):
+        make_layers(problem, "bf16", b13=b13[:, :64])
+    with pytest.raises(epmoe.Error, match="Layer: weights.b2 has dtype f64, expected bf16 or f32"):
+        make_layers(problem, "bf16", b2=b2.astype(np.float64))
 
 
 def test_bf16_inputs_of_every_kind_give_the_same_bits():
