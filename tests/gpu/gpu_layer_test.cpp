@@ -110,6 +110,61 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMatchesReference, ::testing::ValuesIn(all_scena
                                   to_string(param_info.param.math);
                          });
 
+// gpt-oss's expert (swiglu_oai, b13 and b2) on both backends, world 1 and 2, both combines, every
+// precision: H = 192 puts b2's last columns in FC2's clamped tile; a small clamp (0.75) clamps
+// many gate and up values. Exact + staged stays bit-exact (the bias rule is math::biased).
+class GpuSwigluOaiWithBiases : public ::testing::TestWithParam<Scenario> {};
+
+TEST_P(GpuSwigluOaiWithBiases, MatchesTheReference) {
+  const Scenario sc = GetParam();
+  if (gpus() < sc.world) GTEST_SKIP() << "needs " << sc.world << " GPUs";
+  const LayerShape shape{
+      .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
+  auto weights = harness::make_random_weights(shape, 31);
+  harness::add_random_biases(weights, shape, 32);
+  LayerOptions options;
+  options.combine = sc.combine;
+  options.expert_math = sc.math;
+  options.activation = Activation::swiglu_oai;
+  options.swiglu_limit = 0.75f;
+  options.timeout_ms = 20'000;
+  Cluster cluster(shape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
+  within_seconds(300, "swiglu_oai rounds", [&] {
+    run_on_rank_threads(sc.world, [&](int rank) {
+      for (const std::int64_t t : {std::int64_t{96}, std::int64_t{0}, std::int64_t{5}}) {
+        const Batch b = harness::make_random_batch(shape, sc.world, t, Routing::uniform, 0,
+                                                   90 + static_cast<std::uint64_t>(rank));
+        const auto ref = cluster.reference(0).forward(b);
+        const auto y = cluster.forward(rank, b);
+        const reference::OutputCheck check = reference::check_output(y, ref, sc.combine, sc.math);
+        EXPECT_TRUE(check.pass) << "rank " << rank << " T=" << t << " (" << check.rule
+                                << "): " << check.stats.mismatches
+                                << " elements outside, max_abs=" << check.stats.max_abs
+                                << " rel_l2=" << check.stats.rel_l2;
+      }
+    });
+  });
+  for (int r = 0; r < sc.world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
+}
+
+std::vector<Scenario> oai_scenarios() {
+  std::vector<Scenario> out;
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
+    for (int world : {1, 2})
+      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4})
+        for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
+          out.push_back({p, c, world, m});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuSwigluOaiWithBiases, ::testing::ValuesIn(oai_scenarios()),
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param.precision)) + "_" +
+                                  to_string(param_info.param.combine) + "_world" +
+                                  std::to_string(param_info.param.world) + "_" +
+                                  to_string(param_info.param.math);
+                         });
+
 TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
   const int world = std::min(gpus(), 8);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
@@ -624,6 +679,57 @@ TEST(GpuWeights, TensorCoreRejectsFp8Block128NamingThePrecision) {
   EXPECT_NE(cuda::experts::make_expert_backend(
                 make_config(kWeightShape, Precision::mxfp4, 0, 1, options), 0),
             nullptr);
+}
+
+// Biases on the device in bf16 (widened by a kernel) give the same bits as host f32 biases (copied
+// up), and count in resident_weight_bytes.
+TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  auto weights = harness::make_random_weights(kShape, 41);
+  harness::add_random_biases(weights, kShape, 42);
+  std::vector<std::uint16_t> b13(weights.b13.size()), b2(weights.b2.size());
+  for (std::size_t i = 0; i < b13.size(); ++i) b13[i] = formats::float_to_bf16(weights.b13[i]);
+  for (std::size_t i = 0; i < b2.size(); ++i) b2[i] = formats::float_to_bf16(weights.b2[i]);
+  void *b13_dev = nullptr, *b2_dev = nullptr;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b13_dev, b13.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b2_dev, b2.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b13_dev, b13.data(), b13.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(b2_dev, b2.data(), b2.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
+    LayerOptions options;
+    options.expert_math = math;
+    options.activation = Activation::swiglu_oai;
+    options.swiglu_limit = kSwigluOaiLimit;
+    const std::vector<int> devices{0};
+    auto comms = make_nccl_communicators(devices);
+    const LayerConfig config = make_config(kShape, Precision::mxfp8, 0, 1, options);
+    const ExpertWeights host = local_weight_views(weights, kShape, 0, 1);
+    ExpertWeights device = host;
+    device.b13 = view(b13_dev, DType::bf16, {kShape.num_experts, 2 * kShape.intermediate},
+                      comms[0]->device());
+    device.b2 = view(b2_dev, DType::bf16, {kShape.num_experts, kShape.hidden}, comms[0]->device());
+    const Batch b = harness::make_random_batch(kShape, 1, 64, Routing::uniform, 0, 43);
+    std::vector<std::uint16_t> y_host, y_device;
+    {
+      Layer layer(*comms[0], config, host);
+      harness::DeviceBatch staging(0, kShape);
+      y_host = staging.forward(layer, b);
+      const std::size_t biases = (b13.size() + b2.size()) * sizeof(float);
+      const std::size_t params =
+          static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
+      const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;
+      EXPECT_GE(layer.resident_weight_bytes(), params * per_weight + biases) << to_string(math);
+    }
+    {
+      Layer layer(*comms[0], config, device);
+      harness::DeviceBatch staging(0, kShape);
+      y_device = staging.forward(layer, b);
+    }
+    EXPECT_EQ(y_host, y_device) << to_string(math);
+  }
+  cudaFree(b13_dev);
+  cudaFree(b2_dev);
 }
 
 TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {

@@ -60,7 +60,7 @@ ExactBackend::ExactBackend(const LayerConfig& config, int device)
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   weights_ = slice_weights(weight_memory_, problem_, &weight_bytes_);
   h_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  fc1_ = exact::fc1_shape(device);
+  fc1_ = exact::fc1_shape(problem_, device);
   quantize_h_ = exact::quantize_h_shape(problem_, device);
   fc2_ = exact::fc2_shape(device);
 }

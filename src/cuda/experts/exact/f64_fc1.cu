@@ -14,6 +14,8 @@ namespace {
 
 inline constexpr int kColumnsPerTile = kTileCols / 2;  // intermediate columns (gate + up each)
 
+// The activation is a template argument: each kernel holds one activation's code (registers).
+template <Activation kActivation>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in the staged x
@@ -63,8 +65,8 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
         const float gate = math::biased(acc[i][q], b13, column);
         const float up =
             math::biased(acc[i][q + 2], b13 == nullptr ? nullptr : b13 + inter, column);
-        h_of(r)[column] = static_cast<float>(
-            math::activation(p.problem.activation, gate, up, p.problem.swiglu_limit));
+        h_of(r)[column] =
+            static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
       }
     }
   }
@@ -72,12 +74,17 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(int device) {
-  return occupancy_shape(f64_fc1_kernel, kTileSmemBytes, device);
+KernelShape fc1_shape(const ExpertProblem& problem, int device) {
+  return problem.activation == Activation::swiglu_oai
+             ? occupancy_shape(f64_fc1_kernel<Activation::swiglu_oai>, kTileSmemBytes, device)
+             : occupancy_shape(f64_fc1_kernel<Activation::swiglu>, kTileSmemBytes, device);
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  f64_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  if (p.problem.activation == Activation::swiglu_oai)
+    f64_fc1_kernel<Activation::swiglu_oai><<<s.grid, kThreads, s.smem, stream>>>(p);
+  else
+    f64_fc1_kernel<Activation::swiglu><<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -24,7 +24,7 @@ struct Params {
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.
-KernelShape fc1_shape(int device);
+KernelShape fc1_shape(const ExpertProblem& problem, int device);
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2's input quantization point, one h row at a time, in place.

@@ -13,6 +13,8 @@ namespace {
 
 inline constexpr int kColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
 
+// The activation is a template argument: each kernel holds one activation's code (registers).
+template <Activation kActivation>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kRows];  // the chunk's rows in the staged x16 / x_scale
@@ -67,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
             gate += b13[column];
             up += b13[inter + column];
           }
-          h_of(r)[column] = static_cast<float>(
-              math::activation(p.problem.activation, gate, up, p.problem.swiglu_limit));
+          h_of(r)[column] =
+              static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
         }
       }
   }
@@ -76,12 +78,17 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(int device) {
-  return occupancy_shape(bf16_fc1_kernel, kSmemBytes, device);
+KernelShape fc1_shape(const ExpertProblem& problem, int device) {
+  return problem.activation == Activation::swiglu_oai
+             ? occupancy_shape(bf16_fc1_kernel<Activation::swiglu_oai>, kSmemBytes, device)
+             : occupancy_shape(bf16_fc1_kernel<Activation::swiglu>, kSmemBytes, device);
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  bf16_fc1_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  if (p.problem.activation == Activation::swiglu_oai)
+    bf16_fc1_kernel<Activation::swiglu_oai><<<s.grid, kThreads, s.smem, stream>>>(p);
+  else
+    bf16_fc1_kernel<Activation::swiglu><<<s.grid, kThreads, s.smem, stream>>>(p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

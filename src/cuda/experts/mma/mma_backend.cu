@@ -85,7 +85,7 @@ MmaBackend::MmaBackend(const LayerConfig& config, int device) : problem_(expert_
   h_ = s.h;
   h16_ = s.h16;
   h_scale_ = s.h_scale;
-  fc1_ = mma::fc1_shape(device);
+  fc1_ = mma::fc1_shape(problem_, device);
   quantize_h_ = mma::quantize_h_shape(problem_, device);
   fc2_ = mma::fc2_shape(device);
 }
