@@ -16,3 +16,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || \
   echo "setup: nvcc not found; CUDA sources will be skipped"
+# CUTLASS 4 headers (PyPI nvidia-cutlass) for the CUDA build's wgmma backend.
+if { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+   ! python3 -c "import cutlass_library" 2>/dev/null; then
+  echo "setup: pip installing nvidia-cutlass (CUTLASS headers)"
+  python3 -m pip install --quiet --disable-pip-version-check nvidia-cutlass
+fi

@@ -303,7 +303,7 @@ TEST(MakeConfigRejects, EnumValuesOutsideTheirNames) {
   EXPECT_EQ(options_rejection(o), "mxfp8_scale_rounding=9: must be rceil or ocp_floor");
   o = {};
   o.expert_math = static_cast<ExpertMath>(4);
-  EXPECT_EQ(options_rejection(o), "expert_math=4: must be exact or tensor_core");
+  EXPECT_EQ(options_rejection(o), "expert_math=4: must be exact, tensor_core or wgmma");
 }
 
 // ---- with_knobs rejects knobs outside kKnobSpace, naming the knob
@@ -512,11 +512,12 @@ TEST(ConfigNames, ToStringAndParseRoundTrip) {
   for (Combine c : {Combine::staged, Combine::in_kernel_reduce}) {
     EXPECT_EQ(parse_combine(to_string(c)), c);
   }
-  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core}) {
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
     EXPECT_EQ(parse_expert_math(to_string(m)), m);
   }
   EXPECT_STREQ(to_string(ExpertMath::exact), "exact");
   EXPECT_STREQ(to_string(ExpertMath::tensor_core), "tensor_core");
+  EXPECT_STREQ(to_string(ExpertMath::wgmma), "wgmma");
   EXPECT_STREQ(to_string(static_cast<ExpertMath>(7)), "unknown");
   EXPECT_STREQ(to_string(TokenBack::dispatch_warps), "dispatch_warps");
   EXPECT_STREQ(to_string(TokenBack::epilogue_warps), "epilogue_warps");
@@ -537,9 +538,9 @@ TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
   EXPECT_EQ(rejection([] { parse_combine("reduce"); }),
             "combine=reduce: must be one of staged, in_kernel_reduce");
   EXPECT_EQ(rejection([] { parse_expert_math("tf32"); }),
-            "expert_math=tf32: must be one of exact, tensor_core");
+            "expert_math=tf32: must be one of exact, tensor_core, wgmma");
   EXPECT_EQ(rejection([] { parse_expert_math("Exact", "--math"); }),
-            "--math=Exact: must be one of exact, tensor_core");
+            "--math=Exact: must be one of exact, tensor_core, wgmma");
 }
 
 TEST(ConfigOptions, ExpertMathDefaultsToExact) {

@@ -31,9 +31,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_option("--combine", run.combine, "staged | in_kernel_reduce")->capture_default_str();
   run_cmd
-      ->add_option("--math", run.math,
-                   "expert math: exact | tensor_core (bf16 tensor cores, fp32 accumulation; CUDA "
-                   "executor only, the CPU executor always computes exactly)")
+      ->add_option(
+          "--math", run.math,
+          "expert math: exact | tensor_core | wgmma (bf16 tensor cores, fp32 accumulation, "
+          "mma.sync or Hopper WGMMA; CUDA executor only, the CPU executor always computes "
+          "exactly)")
       ->capture_default_str();
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
   run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")

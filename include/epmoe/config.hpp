@@ -44,7 +44,7 @@ enum class Precision : std::uint8_t { bf16, mxfp8, nvfp4, fp8_block128, mxfp4 };
 enum class Combine : std::uint8_t { staged, in_kernel_reduce };
 enum class TokenBack : std::uint8_t { epilogue_warps, dispatch_warps };
 enum class ScaleRounding : std::uint8_t { rceil, ocp_floor };  // MXFP8 / MXFP4 E8M0 scale rule
-enum class ExpertMath : std::uint8_t { exact, tensor_core };   // how the expert GEMMs sum
+enum class ExpertMath : std::uint8_t { exact, tensor_core, wgmma };  // how the expert GEMMs sum
 // The expert activation between FC1 and FC2 (gate, up = FC1 output, + b13 when given):
 //   swiglu:      silu(gate) * up; swiglu_limit > 0 clamps gate <= limit, |up| <= limit first
 //   swiglu_oai:  gpt-oss: gate = min(gate, limit), up = clamp(up, -limit, limit),
@@ -78,9 +78,10 @@ struct LayerOptions {
   // layer's MXFP8 activations).
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
   // exact: float64 sums of exact products (bit-exact vs the emulating reference with staged
-  // combine); tensor_core: bf16 tensor cores with fp32 accumulation on the CUDA executor, agreeing
-  // with the reference to accumulation-order noise (reference::check_output); the CPU executor
-  // always computes exactly.
+  // combine); tensor_core: bf16 mma.sync tiles with fp32 accumulation on the CUDA executor,
+  // agreeing with the reference to accumulation-order noise (reference::check_output); wgmma: the
+  // same operands and check rule on Hopper's TMA + WGMMA grouped GEMMs (CUTLASS). Neither tensor
+  // path takes fp8_block128 yet. The CPU executor always computes exactly.
   ExpertMath expert_math = ExpertMath::exact;
 };
 

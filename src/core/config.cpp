@@ -77,8 +77,10 @@ void check_options(const LayerOptions& o) {
     reject("mxfp8_scale_rounding", static_cast<std::int64_t>(o.mxfp8_scale_rounding),
            "must be rceil or ocp_floor");
   }
-  if (o.expert_math != ExpertMath::exact && o.expert_math != ExpertMath::tensor_core) {
-    reject("expert_math", static_cast<std::int64_t>(o.expert_math), "must be exact or tensor_core");
+  if (o.expert_math != ExpertMath::exact && o.expert_math != ExpertMath::tensor_core &&
+      o.expert_math != ExpertMath::wgmma) {
+    reject("expert_math", static_cast<std::int64_t>(o.expert_math),
+           "must be exact, tensor_core or wgmma");
   }
   // The caller asked for two things that exclude each other: rejected, not adjusted.
   if (o.deterministic && o.combine != Combine::staged) {
@@ -175,6 +177,8 @@ const char* to_string(ExpertMath m) {
       return "exact";
     case ExpertMath::tensor_core:
       return "tensor_core";
+    case ExpertMath::wgmma:
+      return "wgmma";
   }
   return "unknown";
 }
@@ -219,10 +223,10 @@ Combine parse_combine(const std::string& name, const char* what) {
 }
 
 ExpertMath parse_expert_math(const std::string& name, const char* what) {
-  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core}) {
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
     if (name == to_string(m)) return m;
   }
-  reject(what, name, "must be one of exact, tensor_core");
+  reject(what, name, "must be one of exact, tensor_core, wgmma");
 }
 
 Activation parse_activation(const std::string& name, const char* what) {

@@ -76,7 +76,7 @@ ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
 // against ReferenceModel::forward() of the same options (docs/tuning.md, "Expert math"):
 //   exact + staged:           bit-exact (compare_bf16);
 //   exact + in_kernel_reduce: every element within 1 bf16 ulp + 1e-6 (fp32 adds in any order);
-//   tensor_core (either):     rel_l2 <= kTensorCoreMaxRelL2, and at most
+//   tensor_core, wgmma:       rel_l2 <= kTensorCoreMaxRelL2, and at most
 //                             max(1, kTensorCoreOutlierFraction of the elements) differ by more
 //                             than kTensorCoreUlps bf16 ulps + max(kAbsFloor, kTensorCoreRmsFloor
 //                             x rms(ref)) (accumulation-order noise may flip the quantization step

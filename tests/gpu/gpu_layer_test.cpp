@@ -53,6 +53,9 @@ void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, Cluster
                           << " rel_l2=" << check.stats.rel_l2;
 }
 
+// Every expert backend: exact, mma.sync tensor cores, Hopper WGMMA grouped GEMMs.
+constexpr ExpertMath kEveryMath[] = {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma};
+
 struct Scenario {
   Precision precision;
   Combine combine;
@@ -91,13 +94,13 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
 
 std::vector<Scenario> all_scenarios() {
   std::vector<Scenario> out;
-  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
+  for (ExpertMath m : kEveryMath)
     for (int world : {1, 2, 4, 8})  // 4 and 8 skip, visibly, on machines with fewer GPUs
       for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
                           Precision::fp8_block128, Precision::mxfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
-          // fp8_block128 has no tensor-core backend yet (GpuWeights.TensorCoreRejects...).
-          if (!(p == Precision::fp8_block128 && m == ExpertMath::tensor_core))
+          // fp8_block128 has no tensor-core backend yet (GpuWeights.TensorCoreBackendsReject...).
+          if (!(p == Precision::fp8_block128 && m != ExpertMath::exact))
             out.push_back({p, c, world, m});
   return out;
 }
@@ -149,7 +152,7 @@ TEST_P(GpuSwigluOaiWithBiases, MatchesTheReference) {
 
 std::vector<Scenario> oai_scenarios() {
   std::vector<Scenario> out;
-  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
+  for (ExpertMath m : kEveryMath)
     for (int world : {1, 2})
       for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
@@ -217,7 +220,7 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
   const int world = std::min(gpus(), 8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 14);
-  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
+  for (ExpertMath math : kEveryMath)
     for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
       LayerOptions options;
       options.combine = combine;
@@ -248,10 +251,10 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
   const LayerShape shape{
       .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
   const auto weights = harness::make_random_weights(shape, 21);
-  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core})
+  for (ExpertMath math : kEveryMath)
     for (Precision precision : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
                                 Precision::fp8_block128, Precision::mxfp4}) {
-      if (precision == Precision::fp8_block128 && math == ExpertMath::tensor_core) continue;
+      if (precision == Precision::fp8_block128 && math != ExpertMath::exact) continue;
       LayerOptions options;
       options.expert_math = math;
       options.timeout_ms = 20'000;
@@ -594,7 +597,7 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
           options.expert_math = math;
           const LayerConfig config = make_config(c.shape, c.precision, 0, 1, options);
           if (c.precision == Precision::fp8_block128 && math == ExpertMath::tensor_core) {
-            continue;  // no tensor-core backend (GpuWeights.TensorCoreRejectsFp8Block128...)
+            continue;  // no tensor-core backend (GpuWeights.TensorCoreBackendsRejectFp8Block128...)
           }
           const void* w13_host = dtype == DType::f32 ? static_cast<const void*>(w13_f32.data())
                                                      : static_cast<const void*>(w13_bf16.data());
@@ -657,28 +660,33 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
 
 // The bf16 tensor-core backend cannot hold fp8_block128 weights exactly (an fp32 scale per 128 x
 // 128 tile, not a power of two): the layer is refused with the reason, naming the field.
-TEST(GpuWeights, TensorCoreRejectsFp8Block128NamingThePrecision) {
+TEST(GpuWeights, TensorCoreBackendsRejectFp8Block128NamingThePrecision) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   LayerOptions options;
-  options.expert_math = ExpertMath::tensor_core;
-  const LayerConfig config = make_config(kWeightShape, Precision::fp8_block128, 0, 1, options);
-  try {
-    cuda::experts::make_expert_backend(config, 0);
-    ADD_FAILURE() << "tensor_core accepted fp8_block128";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::unsupported);
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("expert_math=tensor_core cannot run this layer: "
-                                               "precision=fp8_block128: its fp32 block scales"));
+  for (const ExpertMath math : {ExpertMath::tensor_core, ExpertMath::wgmma}) {
+    options.expert_math = math;
+    const LayerConfig config = make_config(kWeightShape, Precision::fp8_block128, 0, 1, options);
+    try {
+      cuda::experts::make_expert_backend(config, 0);
+      ADD_FAILURE() << to_string(math) << " accepted fp8_block128";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported);
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(std::string("expert_math=") + to_string(math) +
+                                                 " cannot run this layer: precision=fp8_block128: "
+                                                 "its fp32 block scales"));
+    }
   }
   options.expert_math = ExpertMath::exact;  // and exact math takes it
   EXPECT_NE(cuda::experts::make_expert_backend(
                 make_config(kWeightShape, Precision::fp8_block128, 0, 1, options), 0),
             nullptr);
-  options.expert_math = ExpertMath::tensor_core;  // as does tensor_core with mxfp4
-  EXPECT_NE(cuda::experts::make_expert_backend(
-                make_config(kWeightShape, Precision::mxfp4, 0, 1, options), 0),
-            nullptr);
+  for (const ExpertMath math : {ExpertMath::tensor_core, ExpertMath::wgmma}) {
+    options.expert_math = math;  // as do the tensor-core backends with mxfp4
+    EXPECT_NE(cuda::experts::make_expert_backend(
+                  make_config(kWeightShape, Precision::mxfp4, 0, 1, options), 0),
+              nullptr);
+  }
 }
 
 // Biases on the device in bf16 (widened by a kernel) give the same bits as host f32 biases (copied
@@ -696,7 +704,7 @@ TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
   ASSERT_EQ(cudaMalloc(&b2_dev, b2.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(b13_dev, b13.data(), b13.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(b2_dev, b2.data(), b2.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
+  for (const ExpertMath math : kEveryMath) {
     LayerOptions options;
     options.expert_math = math;
     options.activation = Activation::swiglu_oai;
@@ -734,7 +742,7 @@ TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
 
 TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core}) {
+  for (const ExpertMath math : kEveryMath) {
     LayerOptions options;
     options.expert_math = math;
     const std::vector<int> devices{0};

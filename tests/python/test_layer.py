@@ -247,7 +247,7 @@ def test_expert_math_round_trips_through_the_config_and_the_layer():
     b = make_batch(problem.shape, 5, seed=22)
     group = epmoe.HostGroup(1)
     ys = []
-    for math in ("exact", "tensor_core"):
+    for math in ("exact", "tensor_core", "wgmma"):
         with epmoe.Layer(group.communicator(0), problem.shape, "bf16", *problem.local(0),
                          expert_math=math) as layer:
             assert layer.config.expert_math == math

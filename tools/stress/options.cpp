@@ -55,7 +55,7 @@ void add_layer_options(CLI::App& cmd, Options& o) {
       ->capture_default_str();
   cmd.add_option("--combine", o.combine, "staged | in_kernel_reduce")->capture_default_str();
   cmd.add_option("--math", o.math,
-                 "expert math: exact | tensor_core (CUDA executor; the CPU executor always "
+                 "expert math: exact | tensor_core | wgmma (CUDA executor; the CPU executor always "
                  "computes exactly); picks the rule outputs are checked with")
       ->capture_default_str();
 }

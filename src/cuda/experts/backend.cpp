@@ -2,6 +2,7 @@
 
 #include "cuda/experts/exact/exact_backend.hpp"
 #include "cuda/experts/mma/mma_backend.hpp"
+#include "cuda/experts/wgmma/wgmma_backend.hpp"
 #include "epmoe/errors.hpp"
 
 namespace epmoe::cuda::experts {
@@ -25,6 +26,8 @@ std::unique_ptr<ExpertBackend> make_expert_backend(const LayerConfig& config, in
       return make_if_implementable<exact::ExactBackend>(config, device);
     case ExpertMath::tensor_core:
       return make_if_implementable<mma::MmaBackend>(config, device);
+    case ExpertMath::wgmma:
+      return make_if_implementable<wgmma::WgmmaBackend>(config, device);
   }
   throw Error(ErrorCode::invalid_argument, "Layer: unknown expert_math");
 }

@@ -38,6 +38,21 @@ __device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_ex
   return Chunk{lo, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
 }
 
+// The local expert whose part of the pair list holds `pair`: the last one whose first pair is
+// <= pair (an expert without pairs shares its offset with the next one, which then wins).
+__device__ inline int expert_of_pair(const ExpertInputs& in, std::int64_t local_experts,
+                                     std::uint32_t pair) {
+  int lo = 0, hi = static_cast<int>(local_experts) - 1;  // pair_offset[lo] <= pair
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (in.pair_offset[mid] <= pair)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // A pair's row in the staged x (ExpertInputs::x, x16, x_scale).
 __device__ inline std::uint32_t x_row_of_pair(const ExpertInputs& in, std::uint32_t pair) {
   return static_cast<std::uint32_t>(pair_src(pair) * in.max_tokens) + pair_row(pair);

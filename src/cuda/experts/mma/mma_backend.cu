@@ -2,41 +2,9 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
-#include "cuda/experts/weights.cuh"
 
 namespace epmoe::cuda::experts::mma {
 namespace {
-
-// Weights as exact bf16 codes, value * s_enc of the matrix (math::bf16_codes on the host), in the
-// caller's [expert][row][col] order (FC1's tile reads gate and up rows in place), and the scale.
-// A NaN value keeps its own payload, as the host's NaN * scale does (a GPU product would return
-// the canonical NaN instead).
-struct StoreCodes {
-  std::uint16_t* out;
-  float* scale;  // [E_local]
-  std::int64_t matrix_size;
-  __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
-                             float s_enc) const {
-    std::uint16_t* dst = out + expert * matrix_size + at;
-#pragma unroll
-    for (int i = 0; i < kWeightBlock; ++i)
-      dst[i] = formats::float_to_bf16(isnan(v[i]) ? v[i] : v[i] * s_enc);
-    if (at == 0) scale[expert] = s_enc;
-  }
-};
-
-Weights slice_weights(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
-  const auto experts = static_cast<std::size_t>(e.local_experts);
-  const auto matrix = static_cast<std::size_t>(e.hidden * e.intermediate);
-  ScratchCursor cursor{base};
-  Weights w{};
-  w.w13 = cursor.take<std::uint16_t>(experts * 2 * matrix);
-  w.w2 = cursor.take<std::uint16_t>(experts * matrix);
-  w.w13_scale = cursor.take<float>(experts);
-  w.w2_scale = cursor.take<float>(experts);
-  *bytes = cursor.used;
-  return w;
-}
 
 struct Scratch {
   float* h;
@@ -75,12 +43,10 @@ std::string MmaBackend::can_implement(const LayerConfig& config) {
   return {};
 }
 
-MmaBackend::MmaBackend(const LayerConfig& config, int device) : problem_(expert_problem(config)) {
-  slice_weights(nullptr, problem_, &weight_bytes_);
+MmaBackend::MmaBackend(const LayerConfig& config, int device)
+    : problem_(expert_problem(config)), weights_(problem_) {
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
-  EPMOE_CUDA_CHECK(cudaMalloc(&weight_memory_, weight_bytes_));
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
-  weights_ = slice_weights(weight_memory_, problem_, &weight_bytes_);
   const Scratch s = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
   h_ = s.h;
   h16_ = s.h16;
@@ -91,16 +57,11 @@ MmaBackend::MmaBackend(const LayerConfig& config, int device) : problem_(expert_
 }
 
 MmaBackend::~MmaBackend() {
-  cudaFree(weight_memory_);
   cudaFree(scratch_memory_);
 }
 
 void MmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
-  const std::int64_t h = problem_.hidden, i = problem_.intermediate;
-  emulate_weights(local.w13, problem_.precision, problem_.rounding,
-                  StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
-  emulate_weights(local.w2, problem_.precision, problem_.rounding,
-                  StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+  weights_.prepare(local, stream);
   biases_.prepare(local, stream);
 }
 

@@ -23,25 +23,24 @@ class MmaBackend final : public ExpertBackend {
   const char* name() const override { return "bf16_mma"; }
   StagedRows staged_rows() const override { return StagedRows::bf16_codes; }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
-  std::size_t weight_bytes() const override { return weight_bytes_ + biases_.bytes(); }
+  std::size_t weight_bytes() const override { return weights_.bytes() + biases_.bytes(); }
   std::size_t scratch_bytes() const override { return scratch_bytes_; }
   // FC1 + SwiGLU, then FC2's input quantization point and its bf16 codes.
   void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
   void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
-  const Weights& weights() const { return weights_; }
+  const Weights& weights() const { return weights_.weights(); }
 
  private:
   Params params(const ExpertStep& step) const {
-    return Params{step, problem_, weights_, biases_.biases(), h_, h16_, h_scale_};
+    return Params{step, problem_, weights_.weights(), biases_.biases(), h_, h16_, h_scale_};
   }
 
   ExpertProblem problem_;
-  std::uint8_t* weight_memory_ = nullptr;
+  DeviceBf16CodeWeights weights_;
   std::uint8_t* scratch_memory_ = nullptr;
-  std::size_t weight_bytes_ = 0, scratch_bytes_ = 0;
-  Weights weights_{};
+  std::size_t scratch_bytes_ = 0;
   DeviceBiases biases_;
   float* h_ = nullptr;
   std::uint16_t* h16_ = nullptr;

@@ -3,20 +3,15 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/experts/bf16_code_weights.hpp"
 #include "cuda/experts/biases.hpp"
 #include "cuda/experts/inputs.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::mma {
 
-// Its prepared weights: every matrix as exact bf16 codes, value = code / scale, with one fp32
-// scale per matrix (NVFP4's s_enc; 1 for the other precisions) (docs/design.md §6).
-struct Weights {
-  std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows
-  std::uint16_t* w2;   // [E_local, H, I]
-  float* w13_scale;    // [E_local]
-  float* w2_scale;     // [E_local]
-};
+// Its prepared weights: bf16 codes and one scale per matrix (bf16_code_weights.hpp).
+using Weights = Bf16CodeWeights;
 
 struct Params {
   ExpertStep step;

@@ -1,43 +1,29 @@
-// The tensor-core backend's FC2 input quantization point (docs/design.md §6 point 3: one row is
-// one NVFP4 group), on every h row of this round, in place, with the same CTA-wide codec as the
-// wire (quantize_row_block), then the row as FC2's bf16 operand and its scale. A kernel of its
-// own because an NVFP4 row scale needs the whole intermediate row, which FC1 spreads over tiles.
+// The tensor-core backend's FC2 input quantization point (fc2_input.cuh) on every h row of this
+// round. A kernel of its own because an NVFP4 row scale needs the whole intermediate row, which
+// FC1 spreads over tiles.
 #include "cuda/experts/common.cuh"
+#include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/mma/params.hpp"
-#include "cuda/row_codec.cuh"
 
 namespace epmoe::cuda::experts::mma {
 namespace {
 
-// Shared memory: [quantization bytes of an I-row][scratch: one float per warp]
-std::size_t quantize_h_smem(const ExpertProblem& problem) {
-  return protocol::align16(protocol::wire_payload_bytes(problem.precision, problem.intermediate)) +
-         32 * 4;
-}
-
 __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const ExpertProblem& problem = p.problem;
-  std::uint8_t* bytes = smem;
-  auto* scratch = reinterpret_cast<float*>(smem + protocol::align16(protocol::wire_payload_bytes(
-                                                      problem.precision, problem.intermediate)));
   const RoundStart start = join_round(p.step.state);
   if (start.skip) return;
   const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    float* h = p.h + static_cast<std::size_t>(pair) * problem.intermediate;
-    const float s_enc = quantize_row_block(h, problem.intermediate, problem.precision,
-                                           problem.rounding, bytes, scratch);
-    to_bf16_codes(h, problem.intermediate, s_enc,
-                  p.h16 + static_cast<std::size_t>(pair) * problem.intermediate);
-    if (threadIdx.x == 0) p.h_scale[pair] = s_enc;
+    const std::size_t at = static_cast<std::size_t>(pair) * problem.intermediate;
+    quantize_h_row(problem, smem, p.h + at, p.h16 + at, p.h_scale + pair);
   }
 }
 
 }  // namespace
 
 KernelShape quantize_h_shape(const ExpertProblem& problem, int device) {
-  return occupancy_shape(quantize_h_kernel, quantize_h_smem(problem), device);
+  return occupancy_shape(quantize_h_kernel, fc2_input_smem(problem), device);
 }
 
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream) {

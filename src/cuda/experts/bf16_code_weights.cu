@@ -1,0 +1,58 @@
+#include "cuda/experts/backend.hpp"  // ScratchCursor
+#include "cuda/experts/bf16_code_weights.hpp"
+#include "cuda/experts/weights.cuh"
+
+namespace epmoe::cuda::experts {
+namespace {
+
+// Weights as exact bf16 codes, value * s_enc of the matrix (math::bf16_codes on the host), and the
+// scale. A NaN value keeps its own payload, as the host's NaN * scale does (a GPU product would
+// return the canonical NaN instead).
+struct StoreCodes {
+  std::uint16_t* out;
+  float* scale;  // [E_local]
+  std::int64_t matrix_size;
+  __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
+                             float s_enc) const {
+    std::uint16_t* dst = out + expert * matrix_size + at;
+#pragma unroll
+    for (int i = 0; i < kWeightBlock; ++i)
+      dst[i] = formats::float_to_bf16(isnan(v[i]) ? v[i] : v[i] * s_enc);
+    if (at == 0) scale[expert] = s_enc;
+  }
+};
+
+Bf16CodeWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+  const auto experts = static_cast<std::size_t>(e.local_experts);
+  const auto matrix = static_cast<std::size_t>(e.hidden * e.intermediate);
+  ScratchCursor cursor{base};
+  Bf16CodeWeights w{};
+  w.w13 = cursor.take<std::uint16_t>(experts * 2 * matrix);
+  w.w2 = cursor.take<std::uint16_t>(experts * matrix);
+  w.w13_scale = cursor.take<float>(experts);
+  w.w2_scale = cursor.take<float>(experts);
+  *bytes = cursor.used;
+  return w;
+}
+
+}  // namespace
+
+DeviceBf16CodeWeights::DeviceBf16CodeWeights(const ExpertProblem& problem) : problem_(problem) {
+  slice(nullptr, problem_, &bytes_);
+  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
+  weights_ = slice(memory_, problem_, &bytes_);
+}
+
+DeviceBf16CodeWeights::~DeviceBf16CodeWeights() {
+  cudaFree(memory_);
+}
+
+void DeviceBf16CodeWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
+  const std::int64_t h = problem_.hidden, i = problem_.intermediate;
+  emulate_weights(local.w13, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
+  emulate_weights(local.w2, problem_.precision, problem_.rounding,
+                  StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+}
+
+}  // namespace epmoe::cuda::experts

@@ -1,0 +1,47 @@
+// Expert weights as exact bf16 codes and one fp32 scale per matrix (docs/design.md §4.1, §6): the
+// form the bf16 tensor-core backends (mma, wgmma) read. value = code / scale, exact for every
+// precision whose decoded weights are bf16 values times one scale per matrix (NVFP4's s_enc; 1
+// for the others) — all but fp8_block128, whose fp32 block scales are not.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/experts/inputs.hpp"
+#include "epmoe/layer.hpp"
+
+namespace epmoe::cuda::experts {
+
+// Device pointers for kernels, in the caller's [expert][row][col] order.
+struct Bf16CodeWeights {
+  std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows
+  std::uint16_t* w2;   // [E_local, H, I]
+  float* w13_scale;    // [E_local]
+  float* w2_scale;     // [E_local]
+};
+
+// Owns one rank's weights in that form.
+class DeviceBf16CodeWeights {
+ public:
+  explicit DeviceBf16CodeWeights(const ExpertProblem& problem);
+  ~DeviceBf16CodeWeights();
+  DeviceBf16CodeWeights(const DeviceBf16CodeWeights&) = delete;
+  DeviceBf16CodeWeights& operator=(const DeviceBf16CodeWeights&) = delete;
+
+  // This rank's experts (validated; bf16 or f32, host or this GPU) through the weight
+  // quantization point of the layer's precision into bf16 codes, queued on `stream`.
+  void prepare(const ExpertWeights& local, cudaStream_t stream);
+
+  const Bf16CodeWeights& weights() const { return weights_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  ExpertProblem problem_;
+  std::uint8_t* memory_ = nullptr;
+  std::size_t bytes_ = 0;
+  Bf16CodeWeights weights_{};
+};
+
+}  // namespace epmoe::cuda::experts

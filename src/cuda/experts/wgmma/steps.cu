@@ -1,0 +1,131 @@
+// The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
+// activate and home. Each joins the round like every kernel of the chain (nothing at all when
+// this rank's round already failed); home closes the expert step (fc2_round).
+#include "cuda/experts/common.cuh"
+#include "cuda/experts/fc2_input.cuh"
+#include "cuda/experts/wgmma/steps.hpp"
+#include "math/activation.hpp"
+
+namespace epmoe::cuda::experts::wgmma {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
+  const RoundStart start = join_round(p.step.state);
+  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+  const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
+  for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
+    const std::uint32_t first = start.skip ? 0u : p.step.in.pair_offset[e];
+    const int m = start.skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
+    p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
+    p.fc1.a[e] = p.scratch.a1 + first * hidden;
+    p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+    p.fc1.d[e] = p.scratch.d + first * 2 * inter;
+    p.fc2.problems[e] = GemmProblem{m, h, i};
+    p.fc2.a[e] = p.scratch.h16 + first * inter;
+    p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
+    p.fc2.d[e] = p.scratch.d + first * hidden;
+  }
+}
+
+// One warp per pair, 16-byte copies (H is a multiple of 64).
+__global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
+  const RoundStart start = join_round(p.step.state);
+  if (start.skip) return;
+  const ExpertInputs& in = p.step.in;
+  const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
+  const std::int64_t vectors = p.problem.hidden / 8;
+  const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+    const auto* src = reinterpret_cast<const uint4*>(
+        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * p.problem.hidden);
+    auto* dst =
+        reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * p.problem.hidden);
+    for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = src[v];
+  }
+}
+
+// One CTA per pair: FC1's sums over both scales (one at a time: the product of two NVFP4 s_enc
+// of tiny-amax rows can overflow), b13, the activation, then FC2's input quantization point.
+__global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  const RoundStart start = join_round(p.step.state);
+  if (start.skip) return;
+  const ExpertInputs& in = p.step.in;
+  const ExpertProblem& problem = p.problem;
+  const std::int64_t inter = problem.intermediate;
+  const std::uint32_t pairs = in.pair_offset[problem.local_experts];
+  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const int e = expert_of_pair(in, problem.local_experts, pair);
+    const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
+    const float w_scale = p.weights.w13_scale[e];
+    const float* d = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    float* h = p.scratch.h + static_cast<std::size_t>(pair) * inter;
+    for (std::int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
+      float gate = d[j] / x_scale / w_scale;
+      float up = d[inter + j] / x_scale / w_scale;
+      if (b13 != nullptr) {
+        gate += b13[j];
+        up += b13[inter + j];
+      }
+      h[j] =
+          static_cast<float>(math::activation(problem.activation, gate, up, problem.swiglu_limit));
+    }
+    __syncthreads();  // the row is complete before its quantization
+    const std::size_t at = static_cast<std::size_t>(pair) * inter;
+    quantize_h_row(problem, smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
+  }
+}
+
+// One CTA per pair: FC2's sums over both scales, b2, the result home (send_home); the last CTA
+// publishes done to every rank (fc2_round).
+__global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
+  __shared__ HomeSlot home;
+  fc2_round(p.step, [&](std::uint32_t round) {
+    const ExpertInputs& in = p.step.in;
+    const std::int64_t hidden = p.problem.hidden;
+    const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
+    for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+      __syncthreads();  // the previous pair's stores are done with `home`
+      if (threadIdx.x == 0) home = home_slot(p.step.home, round, in.pairs[pair]);
+      __syncthreads();
+      const int e = expert_of_pair(in, p.problem.local_experts, pair);
+      const float h_scale = p.scratch.h_scale[pair];
+      const float w_scale = p.weights.w2_scale[e];
+      const float* d = p.scratch.d + static_cast<std::size_t>(pair) * hidden;
+      const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
+      for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+        float out = d[c] / h_scale / w_scale;
+        if (b2 != nullptr) out += b2[c];
+        send_home(p.step.home, home, c, out);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+StepShapes step_shapes(const ExpertProblem& problem, int device) {
+  return StepShapes{occupancy_shape(gather_kernel, 0, device),
+                    occupancy_shape(activate_kernel, fc2_input_smem(problem), device),
+                    occupancy_shape(home_kernel, 0, device)};
+}
+
+void launch_plan(const Params& p, cudaStream_t stream) {
+  plan_kernel<<<1, kThreads, 0, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
+  gather_kernel<<<s.gather.grid, kThreads, s.gather.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
+  activate_kernel<<<s.activate.grid, kThreads, s.activate.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
+  home_kernel<<<s.home.grid, kThreads, s.home.smem, stream>>>(p);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace epmoe::cuda::experts::wgmma

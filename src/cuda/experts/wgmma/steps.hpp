@@ -1,0 +1,46 @@
+// The wgmma backend's kernels around its two grouped GEMMs (wgmma_backend.hpp): what they take,
+// and their launchers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/experts/bf16_code_weights.hpp"
+#include "cuda/experts/biases.hpp"
+#include "cuda/experts/inputs.hpp"
+#include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/kernels.hpp"
+
+namespace epmoe::cuda::experts::wgmma {
+
+// Per-pair scratch, rows in pair order (grouped by expert: pair_offset), so each expert's rows
+// are one contiguous GEMM operand.
+struct Scratch {
+  std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
+  float* d;            // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
+  float* h;            // [max_pairs, I] the activation's output, quantized in place
+  std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
+  float* h_scale;      // [max_pairs]
+};
+
+struct Params {
+  ExpertStep step;
+  ExpertProblem problem;
+  Bf16CodeWeights weights;
+  Biases biases;  // fp32, never quantized; nullptr = none
+  Scratch scratch;
+  GroupedGemmArrays fc1, fc2;  // the GEMMs' device arrays, written by plan
+};
+
+struct StepShapes {
+  KernelShape gather, activate, home;
+};
+StepShapes step_shapes(const ExpertProblem& problem, int device);
+
+// Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
+// round already failed: the GEMMs then do nothing).
+void launch_plan(const Params& p, cudaStream_t stream);
+void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
+void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream);
+void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream);
+
+}  // namespace epmoe::cuda::experts::wgmma

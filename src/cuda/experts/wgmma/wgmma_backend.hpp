@@ -1,0 +1,56 @@
+// The Hopper backend (LayerOptions::expert_math = wgmma; docs/design.md §4.1): the expert GEMMs as
+// CUTLASS SM90 grouped GEMMs (grouped_gemm.hpp: TMA, WGMMA, a persistent scheduler reading each
+// expert's row count on the device) on exact bf16 codes of the rows and weights with fp32
+// accumulation — the same operands and check rule as tensor_core, with Hopper's tensor-core path.
+// A round is six launches on the caller's stream (steps.cu):
+//   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
+//   gather    each pair's staged row into the expert-contiguous FC1 operand
+//   FC1       grouped GEMM: [pairs, 2I] fp32
+//   activate  scales, b13, the activation, FC2's input quantization point: h16 and its scale
+//   FC2       grouped GEMM: [pairs, H] fp32
+//   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
+// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp), so every precision but
+// fp8_block128 (can_implement).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cuda/experts/backend.hpp"
+#include "cuda/experts/bf16_code_weights.hpp"
+#include "cuda/experts/biases.hpp"
+#include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/experts/wgmma/steps.hpp"
+
+namespace epmoe::cuda::experts::wgmma {
+
+class WgmmaBackend final : public ExpertBackend {
+ public:
+  // Empty, or why this backend cannot run `config` (naming the field).
+  static std::string can_implement(const LayerConfig& config);
+
+  WgmmaBackend(const LayerConfig& config, int device);
+  ~WgmmaBackend() override;
+
+  const char* name() const override { return "wgmma_grouped"; }
+  StagedRows staged_rows() const override { return StagedRows::bf16_codes; }
+  void prepare(const ExpertWeights& local, cudaStream_t stream) override;
+  std::size_t weight_bytes() const override { return weights_.bytes() + biases_.bytes(); }
+  std::size_t scratch_bytes() const override;
+  void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
+  void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
+
+ private:
+  Params params(const ExpertStep& step) const;
+
+  ExpertProblem problem_;
+  DeviceBf16CodeWeights weights_;
+  DeviceBiases biases_;
+  Bf16GroupedGemm fc1_, fc2_;
+  std::uint8_t* scratch_memory_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+  Scratch scratch_{};
+  StepShapes shapes_{};
+};
+
+}  // namespace epmoe::cuda::experts::wgmma
