@@ -11,6 +11,7 @@
 
 #include "epmoe/epmoe.hpp"
 #include "formats/codec.hpp"
+#include "formats/quantized_weights.hpp"
 #include "harness/cluster.hpp"
 #include "harness/prequantized.hpp"
 #include "harness/problem.hpp"
@@ -163,6 +164,67 @@ TEST(PrequantizedHostLayer, OneFcPrequantizedTheOtherAsValues) {
     return w;
   });
   EXPECT_EQ(run_rounds(mixed, 2), run_rounds(from_bf16, 2));
+}
+
+// docs/formats.md "Pre-quantized expert weights", worked examples: one expert of a w2 [200, 2880].
+TEST(PrequantizedFormats, WorkedExamplesOfFormatsMd) {
+  constexpr std::int64_t kN = 200, kK = 2880;
+  float v[formats::kWeightBlock];
+  const auto decode = [&](Precision p, const std::vector<std::uint8_t>& codes, const void* scales,
+                          const float* global, bool is_s_enc, std::int64_t at) {
+    const formats::QuantizedMatrixData q{p, codes.data(), scales, global, is_s_enc, kN, kK};
+    return formats::decode_weight_block(q, 0, at, v);
+  };
+  {  // mxfp8: row 3's first block, scale 125 (2^-2)
+    std::vector<std::uint8_t> codes(kN * kK), scales(kN * kK / 32);
+    codes[3 * kK + 0] = 0x38;
+    codes[3 * kK + 1] = 0xb8;
+    codes[3 * kK + 2] = 0x7e;
+    codes[3 * kK + 3] = 0x01;
+    scales[3 * kK / 32] = 125;
+    decode(Precision::mxfp8, codes, scales.data(), nullptr, false, 3 * kK);
+    EXPECT_EQ(v[0], 0.25f);
+    EXPECT_EQ(v[1], -0.25f);
+    EXPECT_EQ(v[2], 112.0f);
+    EXPECT_EQ(v[3], std::ldexp(1.0f, -11));
+  }
+  {  // nvfp4: byte f7, block scale 76 (224); s_enc 448 or ModelOpt's global_scale fl(1/448)
+    std::vector<std::uint8_t> codes(kN * kK / 2), scales(kN * kK / 16);
+    codes[0] = 0xf7;
+    scales[0] = 0x76;
+    const float s_enc = 448.0f, global = 1.0f / 448.0f;
+    EXPECT_EQ(formats::float_bits(global), 0x3b124925u);
+    EXPECT_EQ(decode(Precision::nvfp4, codes, scales.data(), &s_enc, true, 0), 448.0f);
+    EXPECT_EQ(v[0], 3.0f);
+    EXPECT_EQ(v[1], -3.0f);
+    EXPECT_EQ(decode(Precision::nvfp4, codes, scales.data(), &global, false, 0), 1.0f / global);
+    EXPECT_EQ(v[0], 3.0000002f);
+    EXPECT_EQ(v[0], std::nextafter(3.0f, 4.0f));
+    EXPECT_EQ(v[1], -3.0000002f);
+  }
+  {  // fp8_block128: element (150, 2850) in tile (1, 22) of scales [2, 23]
+    std::vector<std::uint8_t> codes(kN * kK);
+    std::vector<float> scales(2 * 23);
+    scales[1 * 23 + 22] = 10.0f / 448.0f;
+    EXPECT_EQ(formats::float_bits(scales[1 * 23 + 22]), 0x3cb6db6eu);
+    codes[150 * kK + 2848] = 0x7e;
+    codes[150 * kK + 2850] = 0x63;
+    decode(Precision::fp8_block128, codes, scales.data(), nullptr, false, 150 * kK + 2848);
+    EXPECT_EQ(v[0], 10.0f);
+    EXPECT_EQ(v[2], 0.98214287f);
+  }
+  {  // mxfp4: blocks[0, 0, 0, 0] = 96 under scale 128 (2^1); element 32 in blocks[0, 0, 1, 0]
+    std::vector<std::uint8_t> codes(kN * kK / 2), scales(kN * kK / 32);
+    codes[0] = 0x96;
+    scales[0] = 128;
+    codes[16] = 0x02;
+    scales[1] = 127;
+    decode(Precision::mxfp4, codes, scales.data(), nullptr, false, 0);
+    EXPECT_EQ(v[0], 8.0f);
+    EXPECT_EQ(v[1], -1.0f);
+    decode(Precision::mxfp4, codes, scales.data(), nullptr, false, 32);
+    EXPECT_EQ(v[0], 1.0f);
+  }
 }
 
 // ---- bad pre-quantized tensors are named (docs/errors.md) ----
