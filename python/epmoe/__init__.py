@@ -282,7 +282,7 @@ def _codes_tensor(a: Any) -> Any:
 def _weights_arg(w: Any) -> Tuple[Any, Any]:
     """``w13`` / ``w2`` of Layer as (values, quantized): a tensor of values, or a
     QuantizedWeights (a plain 2- or 3-tuple is one) as the 4-tuple the extension takes."""
-    if isinstance(w, (tuple, list)):
+    if isinstance(w, tuple):
         q = w if isinstance(w, QuantizedWeights) else QuantizedWeights(*w)
         return None, tuple(_codes_tensor(t) for t in q)
     return _tensor(w), None
