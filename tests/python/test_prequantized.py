@@ -146,6 +146,16 @@ def test_torch_float8_codes_and_scales():
     assert_same_bits(outputs(problem, "nvfp4", lambda r: (modelopt(n13), modelopt(n2))), want)
 
 
+def test_ml_dtypes_float8_codes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    problem = make_problem(SHAPE, 1, seed=9)
+    q13, q2 = quantize(problem.w13_bits, "mxfp8"), quantize(problem.w2_bits, "mxfp8")
+    want = outputs(problem, "mxfp8", problem.local)
+    e4m3 = [q.codes.view(ml_dtypes.float8_e4m3fn) for q in (q13, q2)]
+    assert_same_bits(outputs(problem, "mxfp8", lambda r: ((e4m3[0], q13.scales),
+                                                          (e4m3[1], q2.scales))), want)
+
+
 def creation_error(precision, edit):
     problem = make_problem(SHAPE, 1, seed=8)
     q13 = quantize(problem.w13_bits, precision)
