@@ -14,8 +14,35 @@
 
 namespace epmoe {
 
+// One FC's matrices of this rank's experts already in the layer's precision, as checkpoints ship
+// them (docs/formats.md "Pre-quantized expert weights"): the layer decodes them as they are, with
+// no re-quantization. [E, N, K] is [E_local, 2I, H] for w13 (gate rows, then up rows; a model's
+// own order, such as gpt-oss's interleave, is for the caller to undo) and [E_local, H, I] for w2.
+// All uint8 tensors hold raw codes (a torch float8_e4m3fn tensor viewed as uint8); every tensor is
+// contiguous, on the host or the rank's GPU like the weights.
+//   precision     codes                        scales                                 global
+//   mxfp8         u8 E4M3 [E, N, K]            u8 E8M0 [E, N, K/32]                   -
+//   nvfp4         u8 E2M1 pairs [E, N, K/2]    u8 E4M3 [E, N, K/16]                   f32 [E]
+//   fp8_block128  u8 E4M3 [E, N, K]            f32 [E, ceil(N/128), ceil(K/128)]      -
+//   mxfp4         u8 E2M1 pairs [E, N, K/2]    u8 E8M0 [E, N, K/32]                   -
+//                 or [E, N, K/32, 16]
+// E2M1 pairs: element 2j in the low nibble of byte j (ModelOpt, vLLM, gpt-oss). fp8_block128's
+// scales are DeepSeek-V3's weight_scale_inv: value = e4m3 * scale. NVFP4 takes one fp32 scale per
+// matrix in either convention (exactly one of the two):
+//   global_scale  value = (e2m1 * block_scale) * global_scale   ModelOpt's weight_scale_2
+//   s_enc         value = (e2m1 * block_scale) / s_enc          epmoe's quantize_nvfp4
+// Scale values are taken as they are (not checked).
+struct QuantizedMatrices {
+  TensorView codes;
+  TensorView scales;
+  TensorView global_scale{};
+  TensorView s_enc{};
+};
+
 // This rank's experts: w13 [E_local, 2I, H] (gate rows, then up rows) and w2 [E_local, H, I],
 // bf16 or f32, quantized by the layer to its precision. Expert e lives on rank e / E_local.
+// Instead of w13 (or w2), w13_quantized (w2_quantized) may give that FC already in the layer's
+// precision (any precision but bf16); w13 (w2) is then left default-constructed.
 // Optional biases (gpt-oss), never quantized, held in fp32: b13 [E_local, 2I] (gate biases, then
 // up biases, as w13's rows) added to FC1's output before the activation, and b2 [E_local, H] added
 // to FC2's output before it is sent home. bf16 or f32, on the host or the rank's GPU like the
@@ -25,11 +52,17 @@ struct ExpertWeights {
   TensorView w2;
   TensorView b13{};
   TensorView b2{};
+  QuantizedMatrices w13_quantized{};
+  QuantizedMatrices w2_quantized{};
 };
 
 // Whether an optional tensor was given (anything but a default-constructed TensorView).
 inline bool given(const TensorView& t) {
   return t.data != nullptr || !t.shape.empty();
+}
+// Whether pre-quantized matrices were given (any of their tensors).
+inline bool given(const QuantizedMatrices& q) {
+  return given(q.codes) || given(q.scales) || given(q.global_scale) || given(q.s_enc);
 }
 
 class LayerImpl;

@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import sys
 import threading
-from typing import Any, Iterable, Optional, Tuple, Union
+from typing import Any, Iterable, NamedTuple, Optional, Tuple, Union
 
 from . import _epmoe as _ext
 from ._epmoe import (
@@ -69,6 +69,7 @@ __all__ = [
     "NcclCommunicator",
     "Nvfp4Group",
     "Precision",
+    "QuantizedWeights",
     "ScaleRounding",
     "close_all",
     "cuda_device_count",
@@ -233,6 +234,62 @@ def _tensor(a: Any) -> Any:
     return a
 
 
+class QuantizedWeights(NamedTuple):
+    """One FC's experts already in the layer's precision, as a checkpoint ships them: pass it (or a
+    plain tuple ``(codes, scales)`` / ``(codes, scales, global_scale)``) as ``w13`` or ``w2`` of
+    :class:`Layer` and the layer decodes it as it is, with no re-quantization (docs/formats.md,
+    "Pre-quantized expert weights"). [E, N, K] is [E_local, 2I, H] for w13 (gate rows, then up
+    rows) and [E_local, H, I] for w2:
+
+    ==============  ================================  =====================================
+    precision       codes (uint8)                     scales
+    ==============  ================================  =====================================
+    mxfp8           E4M3 [E, N, K]                    E8M0 uint8 [E, N, K/32]
+    nvfp4           E2M1 pairs [E, N, K/2]            E4M3 uint8 [E, N, K/16]
+    fp8_block128    E4M3 [E, N, K]                    float32 [E, ceil(N/128), ceil(K/128)]
+    mxfp4           E2M1 pairs [E, N, K/2] or         E8M0 uint8 [E, N, K/32]
+                    [E, N, K/32, 16] (gpt-oss)
+    ==============  ================================  =====================================
+
+    E2M1 pairs hold element 2j in the low nibble. torch ``float8_e4m3fn`` / ``float8_e8m0fnu``
+    tensors (and ml_dtypes arrays of them) are taken as their uint8 codes. NVFP4 also takes one
+    float32 scale per matrix [E], exactly one of ``global_scale`` (ModelOpt's ``weight_scale_2``:
+    value = e2m1 * scale * global_scale) and ``s_enc`` (epmoe's encode scale, as
+    :func:`quantize_nvfp4` returns it: value = e2m1 * scale / s_enc).
+    """
+
+    codes: Any
+    scales: Any
+    global_scale: Any = None
+    s_enc: Any = None
+
+
+_FLOAT8_CODES = ("float8_e4m3fn", "float8_e8m0fnu")
+
+
+def _codes_tensor(a: Any) -> Any:
+    """Float8 codes (torch or ml_dtypes) as a uint8 view of the same memory; all else as is."""
+    if a is None:
+        return None
+    name = str(getattr(a, "dtype", "")).replace("torch.", "")
+    if name in _FLOAT8_CODES:
+        if type(a).__module__.split(".")[0] == "torch":
+            import torch
+
+            return a.view(torch.uint8)
+        return a.view("uint8")
+    return _tensor(a)
+
+
+def _weights_arg(w: Any) -> Tuple[Any, Any]:
+    """``w13`` / ``w2`` of Layer as (values, quantized): a tensor of values, or a
+    QuantizedWeights (a plain 2- or 3-tuple is one) as the 4-tuple the extension takes."""
+    if isinstance(w, tuple):
+        q = w if isinstance(w, QuantizedWeights) else QuantizedWeights(*w)
+        return None, tuple(_codes_tensor(t) for t in q)
+    return _tensor(w), None
+
+
 def _new_output(x: Any, hidden: int) -> Any:
     """An uninitialised [T, H] output of x's kind: same framework, device and (bf16) dtype."""
     rows = x.shape[0] if len(getattr(x, "shape", ())) > 0 else 0
@@ -357,7 +414,9 @@ class Layer(_ext._Layer):
     layer with the same shape and options (a mismatch is reported on every rank), each from its
     own thread on the CPU executor. ``w13`` [E_local, 2I, H] (gate rows, then up rows) and ``w2``
     [E_local, H, I] are this rank's experts (expert e lives on rank e // E_local), bf16 or f32, on
-    the host or on the communicator's device. The optional biases ``b13`` [E_local, 2I] (gate
+    the host or on the communicator's device; either may instead be a :class:`QuantizedWeights`
+    (or a tuple ``(codes, scales[, global_scale])``): codes and scales already in ``precision``,
+    as a checkpoint ships them, decoded as they are. The optional biases ``b13`` [E_local, 2I] (gate
     biases, then up biases) and ``b2`` [E_local, H] (gpt-oss), bf16 or f32, are added in fp32 to
     FC1's output before the activation and to FC2's output, never quantized; they count in
     :attr:`resident_weight_bytes`. The layer quantizes the weights to ``precision`` and keeps
@@ -416,14 +475,18 @@ class Layer(_ext._Layer):
     def _init(
         self, comm: Communicator, config: LayerConfig, w13: Any, w2: Any, b13: Any, b2: Any
     ) -> None:
+        w13_values, w13_quantized = _weights_arg(w13)
+        w2_values, w2_quantized = _weights_arg(w2)
         _ext._Layer.__init__(
             self,
             comm,
             config,
-            _tensor(w13),
-            _tensor(w2),
+            w13_values,
+            w2_values,
             None if b13 is None else _tensor(b13),
             None if b2 is None else _tensor(b2),
+            w13_quantized,
+            w2_quantized,
         )
         self._hidden = config.shape.hidden
 

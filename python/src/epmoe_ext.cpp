@@ -645,23 +645,50 @@ class Running {
   LayerHandle& h_;
 };
 
+// One FC given pre-quantized: None, or the tuple (codes, scales, global_scale, s_enc) that
+// epmoe.Layer builds (None for an absent tensor). `imports` keeps each DLPack import referenced
+// until the layer is built.
+QuantizedMatrices import_quantized(const char* fc, nb::handle obj, std::vector<Imported>& imports) {
+  QuantizedMatrices q;
+  if (obj.is_none()) return q;
+  const auto parts = nb::cast<nb::tuple>(obj);
+  TensorView* const fields[] = {&q.codes, &q.scales, &q.global_scale, &q.s_enc};
+  const char* const names[] = {"codes", "scales", "global_scale", "s_enc"};
+  if (parts.size() != 4)
+    reject(std::string("Layer: weights.") + fc + "_quantized: expected 4 parts");
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (parts[i].is_none()) continue;
+    const std::string name = std::string("weights.") + fc + "_quantized." + names[i];
+    imports.push_back(import_read("Layer", name.c_str(), parts[i]));
+    *fields[i] = imports.back().view;
+  }
+  return q;
+}
+
 void layer_init(LayerHandle* self, nb::handle comm_object, const LayerConfig& config,
-                nb::handle w13_obj, nb::handle w2_obj, nb::handle b13_obj, nb::handle b2_obj) {
+                nb::handle w13_obj, nb::handle w2_obj, nb::handle b13_obj, nb::handle b2_obj,
+                nb::handle w13_quantized_obj, nb::handle w2_quantized_obj) {
   CommHandle* comm = nullptr;
   if (!nb::try_cast(comm_object, comm, false) || comm == nullptr)
     reject("Layer: comm is a " + python_type_name(comm_object) +
            ", not an epmoe.Communicator (HostGroup.communicator, NcclCommunicator, "
            "nccl_communicators, init_from_torch_distributed)");
   Communicator& c = comm->get("Layer");
-  const Imported w13 = import_read("Layer", "weights.w13", w13_obj);
-  const Imported w2 = import_read("Layer", "weights.w2", w2_obj);
-  // The optional biases: None = none (a default TensorView).
-  std::optional<Imported> b13, b2;
-  if (!b13_obj.is_none()) b13.emplace(import_read("Layer", "weights.b13", b13_obj));
-  if (!b2_obj.is_none()) b2.emplace(import_read("Layer", "weights.b2", b2_obj));
-  ExpertWeights weights{w13.view, w2.view};
-  if (b13) weights.b13 = b13->view;
-  if (b2) weights.b2 = b2->view;
+  // Every tensor: None = not given (a default TensorView).
+  std::vector<Imported> imports;
+  imports.reserve(12);
+  const auto optional = [&](const char* name, nb::handle obj) {
+    if (obj.is_none()) return TensorView{};
+    imports.push_back(import_read("Layer", name, obj));
+    return imports.back().view;
+  };
+  ExpertWeights weights;
+  weights.w13 = optional("weights.w13", w13_obj);
+  weights.w2 = optional("weights.w2", w2_obj);
+  weights.b13 = optional("weights.b13", b13_obj);
+  weights.b2 = optional("weights.b2", b2_obj);
+  weights.w13_quantized = import_quantized("w13", w13_quantized_obj, imports);
+  weights.w2_quantized = import_quantized("w2", w2_quantized_obj, imports);
   std::unique_ptr<Layer> layer;
   comm->open_layers += 1;  // the communicator cannot be closed while the layer is being created
   try {
@@ -993,8 +1020,9 @@ NB_MODULE(_epmoe, m) {
           "rank"_a, "This rank's communicator (use it, and the layer, from this rank's thread).");
 
   nb::class_<LayerHandle>(m, "_Layer", "The C++ layer; use epmoe.Layer.")
-      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a, "w2"_a, "b13"_a = nb::none(),
-           "b2"_a = nb::none())
+      .def("__init__", &layer_init, "comm"_a, "config"_a, "w13"_a.none(), "w2"_a.none(),
+           "b13"_a.none() = nb::none(), "b2"_a.none() = nb::none(),
+           "w13_quantized"_a.none() = nb::none(), "w2_quantized"_a.none() = nb::none())
       .def("_forward", &layer_forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "y"_a, "stream"_a = 0)
       .def("health", [](const LayerHandle& h) { return h.get("health").health(); })
       .def(

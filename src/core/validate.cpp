@@ -19,21 +19,26 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   return s.str();
 }
 
-void check_tensor(const char* fn, const char* name, const TensorView& t,
+// `host_allowed`: the tensor may also live in host memory (weights of the CUDA executor). `rule`,
+// when given, is added to a dtype or shape rejection: what the tensor holds.
+void check_tensor(const char* fn, const std::string& name, const TensorView& t,
                   std::initializer_list<DType> dtypes, const std::vector<std::int64_t>& shape,
-                  Device device) {
+                  Device device, bool host_allowed = false, const std::string& rule = {}) {
   const std::string where = std::string(fn) + ": " + name;
+  const std::string why = rule.empty() ? "" : " (" + rule + ")";
   bool dtype_ok = false;
   std::string allowed;
   for (DType d : dtypes) {
     dtype_ok |= t.dtype == d;
     allowed += (allowed.empty() ? "" : " or ") + std::string(to_string(d));
   }
-  if (!dtype_ok) reject(where + " has dtype " + to_string(t.dtype) + ", expected " + allowed);
+  if (!dtype_ok) reject(where + " has dtype " + to_string(t.dtype) + ", expected " + allowed + why);
   if (t.shape != shape)
-    reject(where + " has shape " + shape_string(t.shape) + ", expected " + shape_string(shape));
-  if (!(t.device == device))
-    reject(where + " is on " + to_string(t.device) + ", expected " + to_string(device));
+    reject(where + " has shape " + shape_string(t.shape) + ", expected " + shape_string(shape) +
+           why);
+  if (!(t.device == device) && !(host_allowed && t.device.kind == DeviceKind::cpu))
+    reject(where + " is on " + to_string(t.device) + ", expected " +
+           (host_allowed && device.kind != DeviceKind::cpu ? "cpu or " : "") + to_string(device));
   if (!t.is_contiguous())
     reject(where + " is not contiguous (strides " + shape_string(t.strides) +
            "); pass a contiguous row-major tensor");
@@ -86,19 +91,89 @@ ForwardArgs validate_forward(const LayerConfig& config, const TensorView& x,
   return args;
 }
 
-void validate_weights(const LayerConfig& config, const ExpertWeights& weights, Device device) {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// One FC of [e, n, k]: values to quantize, or matrices already in the layer's precision (the
+// table of epmoe/layer.hpp).
+void check_fc(Precision precision, const std::string& name, const TensorView& values,
+              const QuantizedMatrices& q, std::int64_t e, std::int64_t n, std::int64_t k,
+              Device device, bool host_allowed) {
+  const std::string fc = "weights." + name;
+  if (!given(q)) {
+    check_tensor("Layer", fc, values, {DType::bf16, DType::f32}, {e, n, k}, device, host_allowed);
+    return;
+  }
+  const std::string qn = fc + "_quantized";
+  const std::string p = to_string(precision);
+  if (given(values))
+    reject("Layer: " + fc + " and " + qn + " are both given; pass one: values to quantize, or " +
+           "codes already in precision=" + p);
+  if (precision == Precision::bf16)
+    reject("Layer: " + qn + " is given, but precision=bf16 has no codes: pass bf16 or f32 " +
+           "values as " + fc);
+  const auto check = [&](const char* part, const TensorView& t, DType dtype,
+                         const std::vector<std::int64_t>& shape, const char* rule) {
+    check_tensor("Layer", qn + "." + part, t, {dtype}, shape, device, host_allowed,
+                 p + ": " + rule);
+  };
+  switch (precision) {
+    case Precision::mxfp8:
+      check("codes", q.codes, DType::u8, {e, n, k}, "E4M3 codes");
+      check("scales", q.scales, DType::u8, {e, n, k / 32}, "E8M0 scales, one per 32 along K");
+      break;
+    case Precision::nvfp4:
+      check("codes", q.codes, DType::u8, {e, n, k / 2}, "E2M1 pairs, element 2j in the low nibble");
+      check("scales", q.scales, DType::u8, {e, n, k / 16}, "E4M3 block scales, one per 16 along K");
+      if (given(q.global_scale) == given(q.s_enc))
+        reject("Layer: " + qn + " needs exactly one of global_scale (ModelOpt's weight_scale_2: " +
+               "value = e2m1 * scale * global_scale) and s_enc (value = e2m1 * scale / s_enc), " +
+               "f32 [" + std::to_string(e) + "]");
+      if (given(q.global_scale))
+        check("global_scale", q.global_scale, DType::f32, {e}, "one decode multiplier per matrix");
+      else
+        check("s_enc", q.s_enc, DType::f32, {e}, "one encode scale per matrix");
+      break;
+    case Precision::fp8_block128:
+      check("codes", q.codes, DType::u8, {e, n, k}, "E4M3 codes");
+      check("scales", q.scales, DType::f32, {e, ceil_div(n, 128), ceil_div(k, 128)},
+            "weight_scale_inv, one per 128 x 128 tile");
+      break;
+    case Precision::mxfp4:
+      // gpt-oss's *_blocks [E, N, K/32, 16] or the same bytes as [E, N, K/2].
+      check("codes", q.codes, DType::u8,
+            q.codes.shape.size() == 4 ? std::vector<std::int64_t>{e, n, k / 32, 16}
+                                      : std::vector<std::int64_t>{e, n, k / 2},
+            "E2M1 pairs, element 2j in the low nibble: [E, N, K/2] or [E, N, K/32, 16]");
+      check("scales", q.scales, DType::u8, {e, n, k / 32}, "E8M0 scales, one per 32 along K");
+      break;
+    case Precision::bf16:
+      break;
+  }
+  if (precision != Precision::nvfp4 && (given(q.global_scale) || given(q.s_enc)))
+    reject("Layer: " + qn + "." + (given(q.global_scale) ? "global_scale" : "s_enc") +
+           " is given, but precision=" + p + " has no per-matrix scale (only nvfp4 does)");
+}
+
+}  // namespace
+
+void validate_weights(const LayerConfig& config, const ExpertWeights& weights, Device device,
+                      bool host_allowed) {
   const LayerShape& s = config.shape();
   const std::int64_t e = config.local_experts();
-  check_tensor("Layer", "weights.w13", weights.w13, {DType::bf16, DType::f32},
-               {e, 2 * s.intermediate, s.hidden}, device);
-  check_tensor("Layer", "weights.w2", weights.w2, {DType::bf16, DType::f32},
-               {e, s.hidden, s.intermediate}, device);
+  check_fc(config.precision(), "w13", weights.w13, weights.w13_quantized, e, 2 * s.intermediate,
+           s.hidden, device, host_allowed);
+  check_fc(config.precision(), "w2", weights.w2, weights.w2_quantized, e, s.hidden, s.intermediate,
+           device, host_allowed);
   if (given(weights.b13))
     check_tensor("Layer", "weights.b13", weights.b13, {DType::bf16, DType::f32},
-                 {e, 2 * s.intermediate}, device);
+                 {e, 2 * s.intermediate}, device, host_allowed);
   if (given(weights.b2))
     check_tensor("Layer", "weights.b2", weights.b2, {DType::bf16, DType::f32}, {e, s.hidden},
-                 device);
+                 device, host_allowed);
 }
 
 }  // namespace epmoe

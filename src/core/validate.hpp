@@ -33,8 +33,10 @@ ForwardArgs validate_forward(const LayerConfig& config, const TensorView& x,
                              const TensorView& topk_ids, const TensorView& topk_weights,
                              const TensorView& y, Device device, bool check_ids_on_host);
 
-// Local expert weights: w13 [E_local, 2I, H], w2 [E_local, H, I], and when given b13 [E_local, 2I],
-// b2 [E_local, H]; bf16 or f32, contiguous.
-void validate_weights(const LayerConfig& config, const ExpertWeights& weights, Device device);
+// Local expert weights: w13 [E_local, 2I, H], w2 [E_local, H, I] (bf16 or f32), or either FC as
+// pre-quantized matrices in the layer's precision (epmoe/layer.hpp), and when given b13
+// [E_local, 2I], b2 [E_local, H]; all contiguous, on `device` (or, `host_allowed`, on the host).
+void validate_weights(const LayerConfig& config, const ExpertWeights& weights, Device device,
+                      bool host_allowed = false);
 
 }  // namespace epmoe

@@ -24,22 +24,15 @@ class CudaLayer final : public LayerImpl {
       : LayerImpl(config), comm_(comm), device_(comm.cuda_device()) {
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
     const Device d = comm.device();
-    // Weights: on this GPU or on the host, bf16 or f32; the expert backend prepares them on
-    // this GPU (docs/design.md §4.1).
-    // So are the optional biases (their own names: they are not "the weights").
+    // Weights: on this GPU or on the host, bf16 or f32 values or codes already in the precision;
+    // the expert backend prepares them on this GPU (docs/design.md §4.1). So are the optional
+    // biases, each checked under its own name.
     for (const TensorView* t : {&weights.w13, &weights.w2})
-      if (!(t->device == d) && t->device.kind != DeviceKind::cpu)
+      if (given(*t) && !(t->device == d) && t->device.kind != DeviceKind::cpu)
         throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
                                                      to_string(t->device) + ", expected cpu or " +
                                                      to_string(d));
-    for (const auto& [name, t] : {std::pair{"b13", &weights.b13}, std::pair{"b2", &weights.b2}})
-      if (given(*t) && !(t->device == d) && t->device.kind != DeviceKind::cpu)
-        throw Error(ErrorCode::invalid_argument, std::string("Layer: weights.") + name + " is on " +
-                                                     to_string(t->device) + ", expected cpu or " +
-                                                     to_string(d));
-    ExpertWeights checked = weights;  // each on its own device (checked above); the rest here
-    checked.w13.device = checked.w2.device = checked.b13.device = checked.b2.device = Device{};
-    validate_weights(config, checked, Device{});
+    validate_weights(config, weights, d, /*host_allowed=*/true);
 
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     check_same_config_on_every_rank();

@@ -325,6 +325,21 @@ EPMOE_HD void nvfp4_decode_block(const std::uint8_t* packed, std::uint8_t block_
   }
 }
 
+// out = (e2m1 * block_scale) * global_scale: NVFP4 as ModelOpt's checkpoints define it, with the
+// decode multiplier weight_scale_2 instead of s_enc. e2m1 * block_scale is exact, so this is one
+// fp32 rounding; it equals nvfp4_decode_block with s_enc = 1 / global_scale only where dividing
+// and multiplying by the reciprocal agree (always when global_scale is a power of two). A NaN
+// block scale gives n NaNs; any NaN result is kF32QuietNan (the device's own NaN differs).
+EPMOE_HD void nvfp4_decode_block_global(const std::uint8_t* packed, std::uint8_t block_scale,
+                                        float global_scale, int n, float* out) {
+  const float bs_value = e4m3_to_float(block_scale);
+  for (int i = 0; i < n; ++i) {
+    const std::uint8_t q = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
+    const float v = e2m1_to_float(q) * bs_value * global_scale;
+    out[i] = (float_bits(v) & kF32AbsMask) > kF32InfBits ? quiet_nan() : v;
+  }
+}
+
 // A row of n values (n a multiple of 16): n / 2 bytes of elements, n / 16 block scales. The
 // group's s_enc travels separately (nvfp4_tensor_scale(nvfp4_group_amax(row, n)) for a row group).
 EPMOE_HD void nvfp4_encode_row(const float* x, std::int64_t n, float s_enc, std::uint8_t* packed,

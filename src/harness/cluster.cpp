@@ -34,7 +34,8 @@ struct Cluster::DeviceBuffers {};
 #endif
 
 Cluster::Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
-                 int world, const reference::LayerWeights& weights, Backend backend)
+                 int world, const reference::LayerWeights& weights, Backend backend,
+                 const LocalWeights& local_weights)
     : world_(world),
       backend_(backend),
       group_(backend == Backend::cpu_threads ? make_host_group(world) : nullptr),
@@ -51,8 +52,9 @@ Cluster::Cluster(const LayerShape& shape, Precision precision, const LayerOption
     const auto r = static_cast<std::size_t>(rank);
     if (backend == Backend::cpu_threads) comms_[r] = make_host_communicator(group_, rank);
     const LayerConfig config = make_config(shape, precision, rank, world, options);
-    layers_[r] = std::make_unique<Layer>(*comms_[r], config,
-                                         local_weight_views(weights, shape, rank, world));
+    layers_[r] = std::make_unique<Layer>(
+        *comms_[r], config,
+        local_weights ? local_weights(rank) : local_weight_views(weights, shape, rank, world));
 #if defined(EPMOE_HAS_CUDA)
     if (backend == Backend::cuda_nccl) device_[r] = std::make_unique<DeviceBuffers>(rank, shape);
 #endif

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,9 +16,14 @@ namespace epmoe {
 
 class Cluster {
  public:
-  // `weights` holds every expert (all ranks) and must outlive the cluster.
+  // `weights` holds every expert (all ranks) and must outlive the cluster; the reference is built
+  // from it. `local_weights`, when given, is what rank r's layer is created from instead of its
+  // slice of `weights` (pre-quantized views of the same weights, say); its tensors must outlive
+  // the creation.
+  using LocalWeights = std::function<ExpertWeights(int rank)>;
   Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
-          const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads);
+          const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads,
+          const LocalWeights& local_weights = {});
   ~Cluster();
 
   int world() const { return world_; }

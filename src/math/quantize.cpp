@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "formats/codec.hpp"
+#include "formats/quantized_weights.hpp"
 #include "protocol/wire_codec.hpp"
 
 namespace epmoe::math {
@@ -93,6 +94,23 @@ std::vector<float> load_matrix(const TensorView& t, std::int64_t expert, std::in
   return out;
 }
 
+// Matrix `expert` of one FC as the GEMMs see it: the caller's values quantize-emulated, or its
+// pre-quantized matrices decoded as they are (the same decode functions, so a value encoded by
+// epmoe's codec decodes to the same bits either way).
+std::vector<float> expert_matrix(const TensorView& values, const QuantizedMatrices& quantized,
+                                 std::int64_t expert, std::int64_t rows, std::int64_t cols,
+                                 Precision precision, ScaleRounding rounding, float* s_enc) {
+  if (!given(quantized))
+    return emulate_weight_matrix(load_matrix(values, expert, rows, cols).data(), rows, cols,
+                                 precision, rounding, s_enc);
+  const formats::QuantizedMatrixData q =
+      formats::quantized_matrix_data(quantized, precision, rows, cols);
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t at = 0; at < rows * cols; at += formats::kWeightBlock)
+    *s_enc = formats::decode_weight_block(q, expert, at, out.data() + at);
+  return out;
+}
+
 // fn(i) for i in [0, count), spread over the cores; each i's result must not depend on the thread.
 template <class Fn>
 void parallel_for(std::int64_t count, Fn fn) {
@@ -134,12 +152,10 @@ EmulatedExperts emulate_expert_weights(const LayerConfig& config, const ExpertWe
   out.w2_s_enc.resize(static_cast<std::size_t>(experts));
   const auto one_expert = [&](std::int64_t e) {
     const auto i = static_cast<std::size_t>(e);
-    const auto w13 = emulate_weight_matrix(
-        load_matrix(weights.w13, e, 2 * s.intermediate, s.hidden).data(), 2 * s.intermediate,
-        s.hidden, config.precision(), rounding, &out.w13_s_enc[i]);
-    const auto w2 =
-        emulate_weight_matrix(load_matrix(weights.w2, e, s.hidden, s.intermediate).data(), s.hidden,
-                              s.intermediate, config.precision(), rounding, &out.w2_s_enc[i]);
+    const auto w13 = expert_matrix(weights.w13, weights.w13_quantized, e, 2 * s.intermediate,
+                                   s.hidden, config.precision(), rounding, &out.w13_s_enc[i]);
+    const auto w2 = expert_matrix(weights.w2, weights.w2_quantized, e, s.hidden, s.intermediate,
+                                  config.precision(), rounding, &out.w2_s_enc[i]);
     std::copy(w13.begin(), w13.end(), out.w13.begin() + static_cast<std::ptrdiff_t>(e * w13_size));
     std::copy(w2.begin(), w2.end(), out.w2.begin() + static_cast<std::ptrdiff_t>(e * w2_size));
   };

@@ -27,7 +27,8 @@ std::vector<float> emulate_weight_matrix(const float* w, std::int64_t rows, std:
                                          float* s_enc = nullptr);
 
 // A rank's experts as the GEMMs see them: every local expert's w13 [2I, H] then w2 [H, I], each
-// quantize-emulated, contiguous over experts. `weights` must be host tensors (bf16 or f32).
+// quantize-emulated (or, when given pre-quantized, decoded), contiguous over experts. `weights`
+// must be validated host tensors.
 struct EmulatedExperts {
   std::vector<float> w13;        // [E_local, 2I, H]
   std::vector<float> w2;         // [E_local, H, I]

@@ -40,9 +40,11 @@ class ExpertBackend {
   virtual StagedRows staged_rows() const = 0;
 
   // This rank's experts (w13 [E_local, 2I, H], gate rows then up rows; w2 [E_local, H, I]; bf16
-  // or f32; on this GPU or on the host, already validated) into the backend's own layout on the
-  // device, with kernels queued on `stream`; a host tensor is copied up raw first. The caller's
-  // tensors must stay alive and unchanged until `stream` has drained. Called once, at creation.
+  // or f32 values, or either FC pre-quantized in the layer's precision; on this GPU or on the host,
+  // already validated) into the backend's own layout on the device, with kernels queued on
+  // `stream` (prepare_fc_weights, weights.cuh, feeds the backend's Store either way); a host tensor
+  // is copied up raw first. The caller's tensors must stay alive and unchanged until `stream` has
+  // drained. Called once, at creation.
   virtual void prepare(const ExpertWeights& local, cudaStream_t stream) = 0;
 
   // Resident bytes of the prepared weights (scales included), and of the backend's scratch.

@@ -49,10 +49,11 @@ DeviceBf16CodeWeights::~DeviceBf16CodeWeights() {
 
 void DeviceBf16CodeWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
-  emulate_weights(local.w13, problem_.precision, problem_.rounding,
-                  StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h}, stream);
-  emulate_weights(local.w2, problem_.precision, problem_.rounding,
-                  StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+  prepare_fc_weights(local.w13, local.w13_quantized, 2 * i, h, problem_.precision,
+                     problem_.rounding, StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h},
+                     stream);
+  prepare_fc_weights(local.w2, local.w2_quantized, h, i, problem_.precision, problem_.rounding,
+                     StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
 }
 
 }  // namespace epmoe::cuda::experts

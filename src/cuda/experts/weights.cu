@@ -62,28 +62,57 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void for_each_device_slice(const TensorView& t, cudaStream_t stream,
-                           const std::function<void(const RawMatrices&, std::int64_t)>& fn) {
-  const std::int64_t experts = t.dim(0), rows = t.dim(1), cols = t.dim(2);
-  if (t.device.kind == DeviceKind::cuda) {
-    fn(RawMatrices{t.data, t.dtype, experts, rows, cols}, 0);
+void for_each_expert_slice(const std::vector<const TensorView*>& tensors, cudaStream_t stream,
+                           const SliceFn& fn) {
+  const std::int64_t experts = tensors.front()->dim(0);
+  // Per tensor: bytes of one expert, and its offset per staged expert (16-byte aligned regions).
+  std::vector<std::size_t> expert_bytes, staged_offset;
+  std::size_t staged_per_expert = 0;
+  for (const TensorView* t : tensors) {
+    const std::size_t bytes =
+        experts == 0 ? 0 : static_cast<std::size_t>(t->numel() / experts) * dtype_bytes(t->dtype);
+    expert_bytes.push_back(bytes);
+    staged_offset.push_back(staged_per_expert);
+    if (t->device.kind != DeviceKind::cuda) staged_per_expert += (bytes + 15) / 16 * 16;
+  }
+  std::vector<const void*> data(tensors.size());
+  if (staged_per_expert == 0) {
+    for (std::size_t i = 0; i < tensors.size(); ++i) data[i] = tensors[i]->data;
+    fn(data, 0, experts);
     return;
   }
-  const std::size_t expert_bytes = static_cast<std::size_t>(rows * cols) * dtype_bytes(t.dtype);
-  const std::int64_t per_slice = std::clamp<std::int64_t>(
-      static_cast<std::int64_t>(kStagingBytes / std::max<std::size_t>(expert_bytes, 1)), 1,
-      std::max<std::int64_t>(experts, 1));
-  void* staging = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&staging, std::max<std::size_t>(1, per_slice * expert_bytes)));
+  const std::int64_t per_slice =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(kStagingBytes / staged_per_expert), 1,
+                               std::max<std::int64_t>(experts, 1));
+  std::uint8_t* staging = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&staging, static_cast<std::size_t>(per_slice) * staged_per_expert));
   for (std::int64_t first = 0; first < experts; first += per_slice) {
     const std::int64_t count = std::min(per_slice, experts - first);
-    EPMOE_CUDA_CHECK(
-        cudaMemcpyAsync(staging, static_cast<const std::uint8_t*>(t.data) + first * expert_bytes,
-                        count * expert_bytes, cudaMemcpyHostToDevice, stream));
-    fn(RawMatrices{staging, t.dtype, count, rows, cols}, first);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto* src = static_cast<const std::uint8_t*>(tensors[i]->data) +
+                        static_cast<std::size_t>(first) * expert_bytes[i];
+      if (tensors[i]->device.kind == DeviceKind::cuda) {
+        data[i] = src;
+        continue;
+      }
+      std::uint8_t* dst = staging + static_cast<std::size_t>(per_slice) * staged_offset[i];
+      EPMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * expert_bytes[i],
+                                       cudaMemcpyHostToDevice, stream));
+      data[i] = dst;
+    }
+    fn(data, first, count);
   }
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   EPMOE_CUDA_CHECK(cudaFree(staging));
+}
+
+void for_each_device_slice(const TensorView& t, cudaStream_t stream,
+                           const std::function<void(const RawMatrices&, std::int64_t)>& fn) {
+  for_each_expert_slice(
+      {&t}, stream,
+      [&](const std::vector<const void*>& data, std::int64_t first, std::int64_t count) {
+        fn(RawMatrices{data[0], t.dtype, count, t.dim(1), t.dim(2)}, first);
+      });
 }
 
 void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream) {

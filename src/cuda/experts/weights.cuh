@@ -5,7 +5,10 @@
 // first): bf16 rounding; MXFP8 / MXFP4 blocks of 32 with the layer's scale rounding; NVFP4 blocks
 // of 16 with one s_enc per matrix from the matrix's amax (launch_matrix_amax); fp8_block128 with
 // one fp32 scale per 128 x 128 tile from the tile's amax (launch_tile_amax). The backend's Store
-// then writes the 32 values in its own layout.
+// then writes the 32 values in its own layout. Weights given already in the precision
+// (ExpertWeights::w13_quantized / w2_quantized) skip the quantization: a decode kernel reads them
+// with formats::decode_weight_block into the same Store, so every backend takes them as it takes
+// values (prepare_fc_weights, at the end).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,17 +19,17 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/weights.hpp"
 #include "epmoe/config.hpp"
+#include "epmoe/layer.hpp"
 #include "formats/codec.hpp"
+#include "formats/quantized_weights.hpp"
 
 namespace epmoe::cuda::experts {
 
-inline constexpr int kWeightBlock = 32;  // one thread's weights: an MXFP8 block, two NVFP4 blocks
-static_assert(kWeightBlock == formats::kMxfp8Block && kWeightBlock == 2 * formats::kNvfp4Block &&
-                  kShapeAlignment % kWeightBlock == 0,
+// One thread's weights: an MXFP8 / MXFP4 block, two NVFP4 blocks, a part of an fp8_block128 tile
+// row (its first column is a multiple of 32).
+inline constexpr int kWeightBlock = formats::kWeightBlock;
+static_assert(kShapeAlignment % kWeightBlock == 0,
               "a thread's block never straddles a matrix row (H and I are multiples of 64)");
-static_assert(
-    formats::kFp8Block128 % kWeightBlock == 0,
-    "a thread's block lies in one fp8_block128 tile (its first column is a multiple of 32)");
 
 // Store: __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[32],
 // float s_enc) const, with `expert` this rank's local expert, `at` the first element's index in
@@ -124,6 +127,61 @@ void emulate_weights(const TensorView& t, Precision precision, ScaleRounding rou
   });
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (amax_bits != nullptr) EPMOE_CUDA_CHECK(cudaFree(amax_bits));
+}
+
+// Pre-quantized weights: each thread decodes one block of 32 (formats::decode_weight_block, the
+// CPU executor's decode too) and stores it. `q` points at this slice's first expert.
+template <class Store>
+__global__ void __launch_bounds__(256)
+    decode_weight_blocks_kernel(formats::QuantizedMatrixData q, std::int64_t experts,
+                                std::int64_t first_expert, Store store) {
+  const std::int64_t per_matrix = q.rows * q.cols / kWeightBlock;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < experts * per_matrix; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t e = b / per_matrix;
+    const std::int64_t at = (b % per_matrix) * kWeightBlock;
+    float v[kWeightBlock];
+    const float s_enc = formats::decode_weight_block(q, e, at, v);
+    store(first_expert + e, at, v, s_enc);
+  }
+}
+
+// One FC of this rank's pre-quantized experts (validated; [E_local, rows, cols] of values, on the
+// host or this GPU) decoded into `store`, queued on `stream`. Synchronises `stream` before it
+// returns.
+template <class Store>
+void decode_weights(const QuantizedMatrices& quantized, std::int64_t rows, std::int64_t cols,
+                    Precision precision, Store store, cudaStream_t stream) {
+  formats::QuantizedMatrixData q = formats::quantized_matrix_data(quantized, precision, rows, cols);
+  std::vector<const TensorView*> tensors{&quantized.codes, &quantized.scales};
+  if (q.global != nullptr)
+    tensors.push_back(given(quantized.s_enc) ? &quantized.s_enc : &quantized.global_scale);
+  for_each_expert_slice(
+      tensors, stream,
+      [&](const std::vector<const void*>& data, std::int64_t first, std::int64_t count) {
+        q.codes = static_cast<const std::uint8_t*>(data[0]);
+        q.scales = data[1];
+        if (q.global != nullptr) q.global = static_cast<const float*>(data[2]);
+        const std::int64_t blocks = count * rows * cols / kWeightBlock;
+        const auto grid =
+            static_cast<unsigned>(std::clamp<std::int64_t>((blocks + 255) / 256, 1, 65536));
+        decode_weight_blocks_kernel<<<grid, 256, 0, stream>>>(q, count, first, store);
+        EPMOE_CUDA_CHECK(cudaGetLastError());
+      });
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// One FC of this rank's experts as the caller gave it ([E_local, rows, cols]): `values` through
+// the weight quantization point, or `quantized` (when given) decoded as it is, into `store`. What
+// a backend's prepare() calls for w13 and for w2.
+template <class Store>
+void prepare_fc_weights(const TensorView& values, const QuantizedMatrices& quantized,
+                        std::int64_t rows, std::int64_t cols, Precision precision,
+                        ScaleRounding rounding, Store store, cudaStream_t stream) {
+  if (given(quantized))
+    decode_weights(quantized, rows, cols, precision, store, stream);
+  else
+    emulate_weights(values, precision, rounding, store, stream);
 }
 
 }  // namespace epmoe::cuda::experts

@@ -1,6 +1,7 @@
 // Weight preparation on the device, shared by the backends (docs/design.md §4.1, §6): the caller's
-// tensors reach the GPU as they are (raw bf16 or f32; a host tensor is copied up in slices of
-// whole experts), then a backend's kernels turn them into its own layout. Nothing here runs on
+// tensors reach the GPU as they are (raw bf16 or f32 values, or codes and scales already in the
+// layer's precision; a host tensor is copied up in slices of whole experts), then a backend's
+// kernels turn them into its own layout. Nothing here runs on
 // the host per weight, so creating a large layer costs the copy and a few kernels.
 #pragma once
 
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "epmoe/tensor.hpp"
 
@@ -21,12 +23,19 @@ struct RawMatrices {
   std::int64_t experts, rows, cols;
 };
 
-// Calls fn(raw, first_expert) over `t` ([E_local, rows, cols], validated): once with `t` itself
-// when it is on the GPU, else for slices of whole experts copied up raw through one staging
-// buffer (at most kStagingBytes unless one expert is larger). Everything is queued on `stream`,
-// so a slice is copied after the previous slice's kernels; when it staged, it synchronises
-// `stream` before freeing the buffer.
+// Calls fn(data, first, count) over slices of experts [first, first + count) of `tensors` (each
+// [E_local, ...], validated, with the same E_local; data[i] is tensors[i]'s expert `first` on this
+// device): once with the tensors themselves when all are on the GPU, else for slices of whole
+// experts whose host tensors are copied up raw through one staging buffer (at most kStagingBytes
+// unless one expert is larger). Everything is queued on `stream`, so a slice is copied after the
+// previous slice's kernels; when it staged, it synchronises `stream` before freeing the buffer.
 inline constexpr std::size_t kStagingBytes = std::size_t{512} << 20;
+using SliceFn = std::function<void(const std::vector<const void*>& data, std::int64_t first,
+                                   std::int64_t count)>;
+void for_each_expert_slice(const std::vector<const TensorView*>& tensors, cudaStream_t stream,
+                           const SliceFn& fn);
+
+// The same over one FC's raw values `t` ([E_local, rows, cols], bf16 or f32): fn(raw, first).
 void for_each_device_slice(const TensorView& t, cudaStream_t stream,
                            const std::function<void(const RawMatrices&, std::int64_t)>& fn);
 

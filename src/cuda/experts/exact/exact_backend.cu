@@ -72,10 +72,10 @@ ExactBackend::~ExactBackend() {
 
 void ExactBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
-  emulate_weights(local.w13, problem_.precision, problem_.rounding,
-                  StoreValues{weights_.w13, 2 * i * h}, stream);
-  emulate_weights(local.w2, problem_.precision, problem_.rounding, StoreValues{weights_.w2, h * i},
-                  stream);
+  prepare_fc_weights(local.w13, local.w13_quantized, 2 * i, h, problem_.precision,
+                     problem_.rounding, StoreValues{weights_.w13, 2 * i * h}, stream);
+  prepare_fc_weights(local.w2, local.w2_quantized, h, i, problem_.precision, problem_.rounding,
+                     StoreValues{weights_.w2, h * i}, stream);
   biases_.prepare(local, stream);
 }
 
