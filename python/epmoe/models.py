@@ -348,8 +348,9 @@ def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
 
     has_bias = bool(getattr(experts, "has_bias", False)) or hasattr(experts, "gate_up_proj_bias")
     if has_bias != spec.has_biases:
+        theirs = "have them" if spec.has_biases else "have none"
         raise UnsupportedModel(f"{where}: the experts have {'' if has_bias else 'no '}biases; "
-                               f"{spec.model_type}'s {'have them' if spec.has_biases else 'have none'}")
+                               f"{spec.model_type}'s {theirs}")
     if getattr(experts, "has_gate", True) is False:
         raise UnsupportedModel(f"{where}: the experts have no gate projection (has_gate=False); "
                                "epmoe computes silu(gate) * up")

@@ -6,8 +6,9 @@
 (tests/python/gpu/run_torchrun.sh runs both.) The world is torchrun's WORLD_SIZE, else 1. For
 Qwen3-MoE, Mixtral, DeepSeek-V3 and gpt-oss (tiny random configs built in code, bf16 weights):
 the block's own forward vs its router's top-k -> epmoe (+ shared experts), for every precision
-the model's checkpoints allow (gpt-oss: bf16, mxfp8, mxfp4) and both expert maths, measured against the block in float64 with the same routing; and one decode
-step of the whole block (router, epmoe, shared experts) captured in a CUDA graph. Every test is
+the model's checkpoints allow (gpt-oss: bf16, mxfp8, mxfp4) and both expert maths, measured
+against the block in float64 with the same routing; and one decode step of the whole block
+(router, epmoe, shared experts) captured in a CUDA graph. Every test is
 collective (every rank runs it, every round, T == 0 included); checks are asserted after the
 layer is closed, so a failure on one rank leaves no other rank waiting.
 """
