@@ -7,7 +7,7 @@
 #   bench/run_all.sh                           # the default sweep; the whole run stays < 10 min
 #   bench/run_all.sh --rounds 20 --no-check    # extra arguments go to `epmoe bench`
 #   bench/run_all.sh --math tensor_core        # one expert math only (half the layers to prepare)
-#   EPMOE_BENCH_MODELS=deepseek-v3 EPMOE_BENCH_TOTAL_S=1800 bench/run_all.sh   # all 256 experts
+#   EPMOE_BENCH_MODELS=qwen3-30b-a3b,deepseek-v3:16 bench/run_all.sh   # deepseek cut to 16 experts
 #
 # Environment: EPMOE_BENCH_MODELS, EPMOE_BENCH_TOKENS (both lists shared by the two sides),
 # EPMOE_BENCH_TOTAL_S (wall-time target of the whole script, build included; each side skips the
@@ -23,7 +23,7 @@ start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 total=${EPMOE_BENCH_TOTAL_S:-550}
 torch_s=${EPMOE_BENCH_TORCH_S:-45}
-models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3:16}
+models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3}
 tokens=${EPMOE_BENCH_TOKENS:-0,1,16,64,128,512,2048,8192}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 1 ] || { echo "no GPU visible (nvidia-smi -L)"; exit 1; }

@@ -59,7 +59,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 struct BenchOptions {
-  std::string models = "qwen3-30b-a3b,deepseek-v3:16";
+  std::string models = "qwen3-30b-a3b,deepseek-v3";
   std::int64_t experts = 0;  // cap on every model's experts (0 = none)
   std::string tokens = "0,1,16,64,128,512,2048,8192";
   std::string precisions = "bf16,mxfp8,nvfp4";
@@ -137,8 +137,8 @@ Model parse_model(const std::string& spec, std::int64_t experts_cap) {
 
 // ---- inputs ----
 
-// Weights as make_random_weights draws them (U(-1, 1) / sqrt(fan_in), bf16), in parallel, and
-// x rows (U(-1, 1)) for each rank at the largest T; both kept for every config of the model.
+// Weights (harness::make_random_weights) and x rows (U(-1, 1)) for each rank at the largest T;
+// both kept for every config of the model.
 struct ModelData {
   reference::LayerWeights weights;
   std::vector<std::vector<std::uint16_t>> x;  // per rank: [max_tokens, H]
@@ -146,12 +146,8 @@ struct ModelData {
 
 std::unique_ptr<ModelData> make_model_data(const LayerShape& s, int max_world, std::uint64_t seed) {
   auto d = std::make_unique<ModelData>();
-  const auto e = static_cast<std::size_t>(s.num_experts), h = static_cast<std::size_t>(s.hidden),
-             i = static_cast<std::size_t>(s.intermediate);
-  harness::fill_uniform_bf16(d->weights.w13, e * 2 * i * h, 1.0 / std::sqrt(double(s.hidden)),
-                             seed * 3 + 1);
-  harness::fill_uniform_bf16(d->weights.w2, e * h * i, 1.0 / std::sqrt(double(s.intermediate)),
-                             seed * 3 + 2);
+  const auto h = static_cast<std::size_t>(s.hidden);
+  d->weights = harness::make_random_weights(s, seed);
   d->x.resize(static_cast<std::size_t>(max_world));
   for (int r = 0; r < max_world; ++r)
     harness::fill_uniform_bf16(
@@ -693,9 +689,9 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
       st.progress->update(++st.done, what);
     }
   };
-  // Preparing a layer (host quantization, one thread per rank) is most of a config's cost: skip
-  // it when the time the same model and precision took before, scaled by the experts each rank
-  // quantizes (1 / world), no longer fits the budget.
+  // Preparing a layer (each rank copies its experts' bf16 weights up and prepares them on its
+  // GPU) is a large part of a config's cost: skip it when the time the same model and precision
+  // took before, scaled by the experts each rank prepares (1 / world), no longer fits the budget.
   const std::string prep_key = model.label() + "/" + to_string(precision);
   const double prep_est = st.prep_s.count(prep_key) ? st.prep_s[prep_key] / world : 0.0;
   if (o.budget_s > 0 && seconds_since(st.start) + prep_est > o.budget_s) {

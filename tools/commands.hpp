@@ -16,9 +16,15 @@ struct RunOptions {
   std::string math = "exact";     // exact | tensor_core | wgmma (LayerOptions::expert_math)
   std::string executor = "auto";  // auto | cpu | cuda
   int rounds = 2;
+  std::int64_t check_tokens = -1;  // per rank per round; -1 = auto (kAutoCheckMacs)
   std::uint64_t seed = 1;
   std::uint32_t timeout_ms = 10'000;
 };
+
+// --check-tokens auto: all tokens while the reference of a rank's round costs at most this many
+// multiply-adds (K x 3 x H x I per token; qwen3-30b-a3b's 64 tokens are 2.4 G), else as many as
+// fit (deepseek-v3: 11). Each is done twice (emulated and float64), spread over the cores.
+inline constexpr double kAutoCheckMacs = 4e9;
 
 int run_command(const RunOptions& options);
 

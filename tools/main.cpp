@@ -40,6 +40,12 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
   run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")
       ->capture_default_str();
+  run_cmd
+      ->add_option("--check-tokens", run.check_tokens,
+                   "tokens per rank per round checked against the references (the first N); -1 = "
+                   "all while that stays quick on the host (<= 4 G multiply-adds per rank per "
+                   "round), else as many as fit (deepseek-v3: 11)")
+      ->capture_default_str();
   run_cmd->add_option("--seed", run.seed, "seed of weights, inputs and routing")
       ->capture_default_str();
   run_cmd->add_option("--timeout-ms", run.timeout_ms, "bounded-wait timeout, 0 = forever")

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -14,6 +15,7 @@
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "harness/reference_rows.hpp"
 #include "progress.hpp"
 #include "reference/reference.hpp"
 
@@ -70,6 +72,12 @@ int run_command(const RunOptions& o) {
   if (o.rounds < 1)
     throw Error(ErrorCode::invalid_argument,
                 "--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
+  if (o.check_tokens < -1)
+    throw Error(ErrorCode::invalid_argument, "--check-tokens=" + std::to_string(o.check_tokens) +
+                                                 ": must be >= 0, or -1 (auto)");
+  const std::int64_t check_tokens = o.check_tokens < 0
+                                        ? harness::tokens_within(shape, o.tokens, kAutoCheckMacs)
+                                        : std::min(o.check_tokens, o.tokens);
   // Validates shape, ranks and options before anything big is allocated.
   const LayerConfig config0 = make_config(shape, precision, 0, o.ranks, options);
 
@@ -77,10 +85,10 @@ int run_command(const RunOptions& o) {
   const bool on_gpus = backend == Backend::cuda_nccl;
 
   // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
-  // reference's copies of the experts it touches (fp32).
+  // reference's copies of the experts its checked tokens touch (fp32).
   const std::int64_t params = shape.num_experts * 3 * shape.intermediate * shape.hidden;
   const std::int64_t need =
-      params * (2 + 4) + std::min(shape.num_experts, o.ranks * o.tokens * shape.top_k) * 3 *
+      params * (2 + 4) + std::min(shape.num_experts, o.ranks * check_tokens * shape.top_k) * 3 *
                              shape.intermediate * shape.hidden * 4;
   const std::int64_t have = available_host_bytes();
   if (!on_gpus && have > 0 && need > have * 9 / 10) {
@@ -102,6 +110,13 @@ int run_command(const RunOptions& o) {
   std::printf("ranks=%d tokens/rank=%lld rounds=%d seed=%llu  workspace %.1f MiB/rank\n", o.ranks,
               static_cast<long long>(o.tokens), o.rounds, static_cast<unsigned long long>(o.seed),
               static_cast<double>(config0.workspace_bytes()) / (1 << 20));
+  std::printf(
+      "check: the first %lld of %lld tokens per rank per round against the emulating "
+      "reference and the float64 forward%s\n",
+      static_cast<long long>(check_tokens), static_cast<long long>(o.tokens),
+      check_tokens == o.tokens ? ""
+      : o.check_tokens < 0     ? " (all of them would keep the host busy too long; --check-tokens)"
+                               : " (--check-tokens)");
   std::fflush(stdout);
 
   auto t0 = Clock::now();
@@ -109,11 +124,13 @@ int run_command(const RunOptions& o) {
                static_cast<double>(params) / 1e9);
   const reference::LayerWeights weights = harness::make_random_weights(shape, o.seed);
   std::fprintf(stderr,
-               "[prepare] creating the layers (weights prepared per rank) for %lld experts on %d "
-               "rank threads...\n",
-               static_cast<long long>(shape.num_experts), o.ranks);
+               "[prepare] weights drawn in %.1f s; creating the layers (weights prepared per "
+               "rank) for %lld experts on %d rank threads...\n",
+               seconds_since(t0), static_cast<long long>(shape.num_experts), o.ranks);
+  const auto t_create = Clock::now();
   Cluster cluster(shape, precision, options, o.ranks, weights, backend);
-  std::fprintf(stderr, "[prepare] done in %.1f s\n", seconds_since(t0));
+  std::fprintf(stderr, "[prepare] layers created in %.1f s (%.1f s in all)\n",
+               seconds_since(t_create), seconds_since(t0));
   for (int rank = 0; rank < o.ranks; ++rank) {  // as the layer's expert math holds them
     const std::size_t bytes = cluster.layer(rank).resident_weight_bytes();
     std::printf("rank %d: expert weights resident %.1f MiB (%zu bytes)\n", rank,
@@ -122,6 +139,9 @@ int run_command(const RunOptions& o) {
   std::fflush(stdout);
 
   std::vector<RankReport> reports(static_cast<std::size_t>(o.ranks));
+  // Each rank thread checks its rounds on its share of the cores.
+  const unsigned check_threads =
+      std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(o.ranks));
   Progress progress("rounds", o.rounds);
   std::atomic<int> rounds_done{0};
   // Rounds run back to back (inputs made first, checks after), so a rank's latency is the layer's
@@ -143,12 +163,16 @@ int run_command(const RunOptions& o) {
       }
       for (int r = 0; r < o.rounds; ++r) {
         const reference::Batch& batch = batches[static_cast<std::size_t>(r)];
-        const auto& y = outputs[static_cast<std::size_t>(r)];
         rep.tokens = batch.tokens;
-        const auto check = reference::check_output(y, cluster.reference(rank).forward(batch),
-                                                   options.combine, options.expert_math);
-        const auto exact =
-            reference::compare_exact(y, cluster.reference(rank).forward_exact(batch));
+        const reference::Batch checked = harness::first_tokens(batch, shape, check_tokens);
+        const auto& out = outputs[static_cast<std::size_t>(r)];
+        const std::vector<std::uint16_t> y(
+            out.begin(), out.begin() + static_cast<std::ptrdiff_t>(checked.x.size()));
+        const harness::ReferenceOutputs ref = harness::reference_outputs(
+            cluster.reference(rank), checked, shape, true, check_threads);
+        const auto check =
+            reference::check_output(y, ref.emulated, options.combine, options.expert_math);
+        const auto exact = reference::compare_exact(y, ref.exact);
         reference::ErrorStats& worst = rep.vs_reference;
         if (r == 0 || !(check.stats.max_abs <= worst.max_abs)) worst.max_abs = check.stats.max_abs;
         if (r == 0 || !(check.stats.rel_l2 <= worst.rel_l2)) worst.rel_l2 = check.stats.rel_l2;
@@ -182,7 +206,7 @@ int run_command(const RunOptions& o) {
                 rep.vs_reference.rel_l2, static_cast<long long>(rep.vs_reference.mismatches),
                 rep.failed_rounds, rep.vs_exact.max_abs, rep.vs_exact.rel_l2);
     ok &= rep.failed_rounds == 0 &&
-          (rep.tokens == 0 || rep.vs_exact.rel_l2 <= exact_error_bound(precision));
+          (check_tokens == 0 || rep.vs_exact.rel_l2 <= exact_error_bound(precision));
   }
   std::printf(
       "\n%s: %s (mismatch = elements outside the rule's per-element tolerance, over all rounds; "

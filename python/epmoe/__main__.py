@@ -44,6 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--executor", default="auto", help="auto | cpu | cuda")
     run.add_argument("--rounds", type=int, default=2, help="rounds to run (each checked)")
+    run.add_argument(
+        "--check-tokens",
+        type=int,
+        default=-1,
+        help="tokens per rank per round checked against the references (the first N); -1 = all "
+        "while that stays quick on the host (<= 4 G multiply-adds per rank per round), else as "
+        "many as fit (deepseek-v3: 11)",
+    )
     run.add_argument("--seed", type=int, default=1, help="seed of weights, inputs and routing")
     run.add_argument(
         "--timeout-ms", type=int, default=10_000, help="bounded-wait timeout, 0 = forever"
@@ -68,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 seed=args.seed,
                 timeout_ms=args.timeout_ms,
                 math=args.math,
+                check_tokens=args.check_tokens,
             )
     except Error as e:
         print(f"epmoe: error ({e.code}): {e}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Hugging Face MoE blocks on epmoe: Qwen3-MoE, Mixtral and DeepSeek-V3 (routed experts).
+"""Hugging Face MoE blocks on epmoe: Qwen3-MoE, Mixtral, DeepSeek-V3 (routed experts) and gpt-oss.
 
 The router and the shared experts stay in the model (in torch); epmoe runs the routed experts.
 docs/models.md has each model's layout and router; in short, transformers 5.x keeps a block's
@@ -8,9 +8,17 @@ routed experts fused, as epmoe wants them::
     block.experts.down_proj    [E, H, I]                        -> w2  [E_local, H, I]
 
 and checkpoints on disk keep one matrix per expert (``experts.{e}.gate_proj.weight`` [I, H], or
-Mixtral's ``w1`` = gate, ``w3`` = up, ``w2`` = down), which are stacked the same way. Expert e
-lives on rank e // E_local; only this rank's experts are read. Tensors keep their dtype (bf16 as
-shipped; the layer quantizes them to its precision itself).
+Mixtral's ``w1`` = gate, ``w3`` = up, ``w2`` = down), which are stacked the same way. gpt-oss
+keeps its experts transposed with gate and up interleaved, and has biases::
+
+    experts.gate_up_proj      [E, H, 2I] (columns 0::2 gate, 1::2 up) -> w13 [E_local, 2I, H]
+    experts.gate_up_proj_bias [E, 2I]    (0::2 gate, 1::2 up)         -> b13 [E_local, 2I]
+    experts.down_proj         [E, I, H]                               -> w2  [E_local, H, I]
+    experts.down_proj_bias    [E, H]                                  -> b2  [E_local, H]
+
+with ``activation="swiglu_oai"`` and its ``swiglu_limit``. Expert e lives on rank e // E_local;
+only this rank's experts are read. Tensors keep their dtype (bf16 as shipped; the layer quantizes
+them to its precision itself).
 
 From a block (the module object)::
 
@@ -23,21 +31,22 @@ From a checkpoint's state dict (or a lazy mapping, e.g. safetensors' ``safe_open
                                               "bf16", max_tokens_per_rank=256, device="cuda")
 
 Lower level: :func:`expert_weights` / :func:`expert_weights_from_state_dict` (this rank's
-``w13, w2``), :func:`layer_shape`, :func:`route` (the block's own router) and :class:`Router`
-(the same router from a state dict).
+``w13, w2``), :func:`expert_biases` / :func:`expert_biases_from_state_dict` (gpt-oss's ``b13,
+b2``), :func:`layer_shape`, :func:`route` (the block's own router) and :class:`Router` (the same
+router from a state dict).
 
-Not supported yet, refused with :class:`UnsupportedModel`: gpt-oss (its activation and biases are
-in epmoe, ``activation="swiglu_oai"``, ``b13``/``b2``; its MXFP4 weights and the adapter for its
-interleaved gate/up are not) and FP8 checkpoints (DeepSeek-V3/R1's float8_e4m3 weights with
-128x128 ``weight_scale_inv`` blocks): both need work that is not done yet (docs/design.md §6,
-"Planned").
+Not supported yet, refused with :class:`UnsupportedModel`: checkpoints in a quantized format as
+shipped, i.e. gpt-oss's MXFP4 ``*_blocks`` / ``*_scales`` and DeepSeek-V3/R1's float8_e4m3 weights
+with 128x128 ``weight_scale_inv`` blocks: the pre-quantized weight input is not done yet
+(docs/design.md §6, "Planned"). Dequantize them to bf16 first; epmoe's ``mxfp4`` and
+``fp8_block128`` precisions quantize them again in the same formats.
 
 torch is imported when a function here is called, not when ``epmoe`` is imported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Mapping, Optional
 
@@ -49,6 +58,8 @@ __all__ = [
     "Router",
     "SUPPORTED_MODELS",
     "UnsupportedModel",
+    "expert_biases",
+    "expert_biases_from_state_dict",
     "expert_weights",
     "expert_weights_from_state_dict",
     "layer_shape",
@@ -58,19 +69,21 @@ __all__ = [
 ]
 
 #: model_type values (``config.model_type``) the adapters take.
-SUPPORTED_MODELS = ("qwen3_moe", "mixtral", "deepseek_v3")
+SUPPORTED_MODELS = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss")
 
 _FP8_WHAT = ("FP8 checkpoints (float8_e4m3 weights with 128x128 block scales, "
              "'weight_scale_inv') are not supported yet: the adapters do not read a checkpoint's "
              "own scales (docs/design.md §6, planned). Load the bf16 weights (dequantize the "
              "checkpoint to bf16 first) and let epmoe quantize them (precision bf16, mxfp8, nvfp4, "
              "or fp8_block128, DeepSeek's own 128x128 / 1x128 blocks)")
-_GPT_OSS_WHAT = ("gpt-oss is not supported by the adapters yet. epmoe computes its experts' math "
-                 "now (Layer(..., b13, b2, activation='swiglu_oai'): the biases gate_up_proj_bias "
-                 "and down_proj_bias, and (up + 1) * gate * sigmoid(1.702 * gate) with gate and up "
-                 "clamped to 7) and has an mxfp4 precision, but no adapter reads a checkpoint's "
-                 "MXFP4 blocks and scales as shipped or maps the interleaved gate/up columns of its "
-                 "transposed gate_up_proj [E, H, 2I] and its biases yet")
+_MXFP4_WHAT = ("gpt-oss's MXFP4 checkpoint tensors as shipped (uint8 '*_blocks' of E2M1 pairs and "
+               "'*_scales' of UE8M0 per 32) are not supported yet: the adapters do not take "
+               "pre-quantized weights (docs/design.md §6, planned). Load the bf16 weights "
+               "(transformers: quantization_config=Mxfp4Config(dequantize=True)) and let epmoe "
+               "quantize them (precision bf16, mxfp8, or mxfp4, gpt-oss's own format)")
+# transformers' GptOssExperts.alpha; epmoe's swiglu_oai fixes it (kSwigluOaiAlpha, config.hpp).
+_SWIGLU_OAI_ALPHA = 1.702
+_SWIGLU_OAI_DEFAULT_LIMIT = 7.0  # GptOssExperts.limit; Mxfp4GptOssExperts: config.swiglu_limit
 
 
 class UnsupportedModel(ValueError):
@@ -81,7 +94,7 @@ class UnsupportedModel(ValueError):
 class MoeSpec:
     """What epmoe needs from a model's config (one MoE layer)."""
 
-    model_type: str  # "qwen3_moe" | "mixtral" | "deepseek_v3"
+    model_type: str  # "qwen3_moe" | "mixtral" | "deepseek_v3" | "gpt_oss"
     hidden: int
     intermediate: int  # the routed experts' intermediate size
     num_experts: int
@@ -91,11 +104,21 @@ class MoeSpec:
     n_group: int = 1  # DeepSeek-V3
     topk_group: int = 1  # DeepSeek-V3
     has_shared_experts: bool = False
+    # gpt-oss: biases on both projections (b13, b2), a bias on the router, its activation.
+    has_biases: bool = False
+    activation: str = "swiglu"
+    swiglu_limit: Optional[float] = None  # None: the activation's default (Layer's rule)
 
     def layer_shape(self, max_tokens_per_rank: int) -> LayerShape:
         return LayerShape(hidden=self.hidden, intermediate=self.intermediate,
                           num_experts=self.num_experts, top_k=self.top_k,
                           max_tokens_per_rank=max_tokens_per_rank)
+
+    def layer_options(self) -> dict:
+        """The :class:`epmoe.Layer` keyword arguments the model's experts need."""
+        if self.activation == "swiglu":
+            return {}
+        return {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
 
 
 def _cfg(config: Any) -> Any:
@@ -119,7 +142,11 @@ def _refuse_quantized(config: Any) -> None:
     if "fp8" in method:
         raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_FP8_WHAT}")
     if "mxfp4" in method:
-        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_GPT_OSS_WHAT}")
+        dequantize = q.get("dequantize") if isinstance(q, Mapping) else getattr(q, "dequantize",
+                                                                                  False)
+        if dequantize:  # transformers dequantized the checkpoint to bf16 on load
+            return
+        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_MXFP4_WHAT}")
     raise UnsupportedModel(f"quantization_config.quant_method={method!r}: epmoe takes bf16 or f32 "
                            "expert weights and quantizes them itself; load an unquantized "
                            "checkpoint")
@@ -127,21 +154,27 @@ def _refuse_quantized(config: Any) -> None:
 
 def model_spec(config: Any) -> MoeSpec:
     """The :class:`MoeSpec` of a transformers config (or a config.json dict). Raises
-    :class:`UnsupportedModel` for gpt-oss, FP8/quantized checkpoints, other models and
-    activations other than SiLU (epmoe computes silu(gate) * up)."""
+    :class:`UnsupportedModel` for quantized checkpoints as shipped (FP8, MXFP4 not dequantized),
+    other models and, but for gpt-oss, activations other than SiLU (epmoe computes
+    silu(gate) * up)."""
     config = _cfg(config)
     model_type = str(_get(config, "model_type", default=""))
-    if model_type == "gpt_oss":
-        raise UnsupportedModel(_GPT_OSS_WHAT)
     if model_type not in SUPPORTED_MODELS:
         raise UnsupportedModel(f"model_type={model_type!r}: the adapters take "
                                f"{', '.join(SUPPORTED_MODELS)}")
     _refuse_quantized(config)
+    hidden = int(config.hidden_size)
+    if model_type == "gpt_oss":  # hidden_act is unused: its experts hard-code their activation
+        # The router's softmax over the top-k logits is normalised by construction.
+        return MoeSpec(model_type, hidden, int(config.intermediate_size),
+                       int(_get(config, "num_local_experts")), int(config.num_experts_per_tok),
+                       norm_topk_prob=True, has_biases=True, activation="swiglu_oai",
+                       swiglu_limit=float(_get(config, "swiglu_limit",
+                                               default=_SWIGLU_OAI_DEFAULT_LIMIT)))
     act = str(_get(config, "hidden_act", default="silu"))
     if act not in ("silu", "swish"):
         raise UnsupportedModel(f"{model_type}: hidden_act={act!r}: epmoe's experts compute "
                                "silu(gate) * up only")
-    hidden = int(config.hidden_size)
     if model_type == "mixtral":
         return MoeSpec(model_type, hidden, int(config.intermediate_size),
                        int(_get(config, "num_local_experts")),
@@ -178,17 +211,26 @@ def local_experts(num_experts: int, rank: int, world: int) -> range:
 # --------------------------------------------------------------------------- weights
 
 
-def _refuse_dtype(name: str, t: Any) -> None:
+def _refuse_dtype(spec: MoeSpec, name: str, t: Any) -> None:
     dtype = str(getattr(t, "dtype", ""))
     if "float8" in dtype:
         raise UnsupportedModel(f"{name} is {dtype}: {_FP8_WHAT}")
     if dtype in ("torch.uint8", "uint8", "torch.int8", "int8"):
+        if spec.model_type == "gpt_oss":
+            raise UnsupportedModel(f"{name} is {dtype}: {_MXFP4_WHAT}")
         raise UnsupportedModel(f"{name} is {dtype} (packed quantized weights): epmoe takes bf16 "
                                "or f32 expert weights and quantizes them itself")
 
 
+def _router_module(block: Any) -> Any:
+    """The block's router: ``.gate`` (Qwen3-MoE, Mixtral, DeepSeek-V3) or ``.router``
+    (gpt-oss)."""
+    gate = getattr(block, "gate", None)
+    return gate if gate is not None else getattr(block, "router", None)
+
+
 def _block_config(block: Any) -> Any:
-    for owner in (block, getattr(block, "experts", None), getattr(block, "gate", None)):
+    for owner in (block, getattr(block, "experts", None), _router_module(block)):
         config = getattr(owner, "config", None)
         if config is not None:
             return config
@@ -199,19 +241,38 @@ def _block_spec(block: Any) -> MoeSpec:
     """The spec of a transformers MoE block, from its config and the block's own attributes."""
     name = type(block).__name__
     experts = getattr(block, "experts", None)
-    if "GptOss" in name or "GptOss" in type(experts).__name__ or "Mxfp4" in type(experts).__name__:
-        raise UnsupportedModel(_GPT_OSS_WHAT)
     config = _block_config(block)
     if config is None:
         raise UnsupportedModel(f"{name}: no config on the block or its experts; use "
                                "from_state_dict(state_dict, config, ...) instead")
     spec = model_spec(config)
-    gate = getattr(block, "gate", None)
-    if experts is None or gate is None:
-        raise UnsupportedModel(f"{name}: expected a MoE block with .gate (the router) and "
-                               ".experts (transformers' {Qwen3MoeSparseMoeBlock, "
-                               "MixtralSparseMoeBlock, DeepseekV3MoE}); got neither or one")
+    if experts is None or _router_module(block) is None:
+        raise UnsupportedModel(f"{name}: expected a MoE block with .gate or .router (the router) "
+                               "and .experts (transformers' {Qwen3MoeSparseMoeBlock, "
+                               "MixtralSparseMoeBlock, DeepseekV3MoE, GptOssMLP}); got neither "
+                               "or one")
+    if spec.model_type == "gpt_oss":
+        # The module's constants are what its forward computes (GptOssExperts hard-codes its
+        # limit; transformers' MXFP4 experts read config.swiglu_limit).
+        alpha = float(getattr(experts, "alpha", _SWIGLU_OAI_ALPHA))
+        if alpha != _SWIGLU_OAI_ALPHA:
+            raise UnsupportedModel(f"{name}.experts.alpha={alpha}: epmoe's swiglu_oai fixes the "
+                                   f"sigmoid scale at {_SWIGLU_OAI_ALPHA} (gpt-oss's)")
+        spec = replace(spec, swiglu_limit=float(getattr(experts, "limit", spec.swiglu_limit)))
     return spec
+
+
+def _model_layout(spec: MoeSpec) -> tuple:
+    """(transposed, concatenated) of the model's fused gate_up_proj in memory and on disk."""
+    return (True, False) if spec.model_type == "gpt_oss" else (False, True)
+
+
+def _deinterleave(t: Any) -> Any:
+    """[E, 2I, ...] with gate and up interleaved along dim 1 (gate0, up0, gate1, ...) -> gate
+    rows, then up rows."""
+    import torch
+
+    return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)
 
 
 def _check_shapes(spec: MoeSpec, w13: Any, w2: Any, n: int, names: str) -> None:
@@ -223,22 +284,36 @@ def _check_shapes(spec: MoeSpec, w13: Any, w2: Any, n: int, names: str) -> None:
 
 
 def _from_fused(spec: MoeSpec, gate_up: Any, down: Any, chosen: range, where: str,
-                transposed: bool = False, concatenated: bool = True):
+                transposed: bool, concatenated: bool):
     """transformers 5's fused experts: gate_up_proj [E, 2I, H] (gate rows, then up rows) and
     down_proj [E, H, I] (``transposed``: [E, H, 2I] and [E, I, H]; not ``concatenated``: gate
     and up interleaved, gate0, up0, gate1, ...) -> this rank's w13 [E_local, 2I, H], w2."""
-    import torch
-
-    _refuse_dtype(f"{where}.gate_up_proj", gate_up)
-    _refuse_dtype(f"{where}.down_proj", down)
+    _refuse_dtype(spec, f"{where}.gate_up_proj", gate_up)
+    _refuse_dtype(spec, f"{where}.down_proj", down)
     sel = slice(chosen.start, chosen.stop)
     w13, w2 = gate_up.detach()[sel], down.detach()[sel]
     if transposed:
         w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
     if not concatenated:
-        w13 = torch.cat([w13[:, 0::2], w13[:, 1::2]], dim=1)
+        w13 = _deinterleave(w13)
     _check_shapes(spec, w13, w2, len(chosen), f"{where}.gate_up_proj / down_proj")
     return w13.contiguous(), w2.contiguous()
+
+
+def _biases_from_fused(spec: MoeSpec, gate_up_bias: Any, down_bias: Any, chosen: range,
+                       where: str, concatenated: bool):
+    """gate_up_proj_bias [E, 2I] (interleaved unless ``concatenated``) and down_proj_bias [E, H]
+    -> this rank's b13 [E_local, 2I] (gate biases, then up biases), b2 [E_local, H]."""
+    sel = slice(chosen.start, chosen.stop)
+    b13, b2 = gate_up_bias.detach()[sel], down_bias.detach()[sel]
+    if not concatenated:
+        b13 = _deinterleave(b13)
+    n, h, i = len(chosen), spec.hidden, spec.intermediate
+    if tuple(b13.shape) != (n, 2 * i) or tuple(b2.shape) != (n, h):
+        raise UnsupportedModel(f"{where}.gate_up_proj_bias / down_proj_bias: this rank's b13 / b2 "
+                               f"have shapes {tuple(b13.shape)} / {tuple(b2.shape)}, expected "
+                               f"({n}, {2 * i}) / ({n}, {h}) from the config")
+    return b13.contiguous(), b2.contiguous()
 
 
 def _from_per_expert(spec: MoeSpec, mats: list, where: str):
@@ -247,11 +322,23 @@ def _from_per_expert(spec: MoeSpec, mats: list, where: str):
 
     for n, (g, u, d) in enumerate(mats):
         for what, t in (("gate", g), ("up", u), ("down", d)):
-            _refuse_dtype(f"{where} (local expert {n}, {what})", t)
+            _refuse_dtype(spec, f"{where} (local expert {n}, {what})", t)
     w13 = torch.stack([torch.cat([g.detach(), u.detach()]) for g, u, _ in mats])
     w2 = torch.stack([d.detach() for _, _, d in mats])
     _check_shapes(spec, w13, w2, len(mats), where)
     return w13.contiguous(), w2.contiguous()
+
+
+def _fused_layout(spec: MoeSpec, experts: Any, where: str) -> tuple:
+    """(transposed, concatenated) of a fused experts module: transformers 5 states both
+    (use_experts_implementation); they must be the model's, whose math the adapter knows."""
+    transposed, concatenated = _model_layout(spec)
+    have = (bool(getattr(experts, "is_transposed", transposed)),
+            bool(getattr(experts, "is_concatenated", concatenated)))
+    if spec.model_type == "gpt_oss" and have != (transposed, concatenated):
+        raise UnsupportedModel(f"{where}: is_transposed={have[0]}, is_concatenated={have[1]}; "
+                               "gpt-oss's experts are transposed with gate and up interleaved")
+    return have
 
 
 def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
@@ -259,15 +346,18 @@ def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
     experts module: fused 3D parameters (transformers 5) or a ModuleList of per-expert MLPs."""
     import torch
 
-    if getattr(experts, "has_bias", False) or hasattr(experts, "gate_up_proj_bias"):
-        raise UnsupportedModel(f"{where}: the experts have biases; epmoe's experts have none")
+    has_bias = bool(getattr(experts, "has_bias", False)) or hasattr(experts, "gate_up_proj_bias")
+    if has_bias != spec.has_biases:
+        theirs = "have them" if spec.has_biases else "have none"
+        raise UnsupportedModel(f"{where}: the experts have {'' if has_bias else 'no '}biases; "
+                               f"{spec.model_type}'s {theirs}")
     if getattr(experts, "has_gate", True) is False:
         raise UnsupportedModel(f"{where}: the experts have no gate projection (has_gate=False); "
                                "epmoe computes silu(gate) * up")
     if hasattr(experts, "gate_up_proj"):  # transformers 5: one 3D parameter each
+        transposed, concatenated = _fused_layout(spec, experts, where)
         return _from_fused(spec, experts.gate_up_proj, experts.down_proj, chosen, where,
-                           transposed=bool(getattr(experts, "is_transposed", False)),
-                           concatenated=bool(getattr(experts, "is_concatenated", True)))
+                           transposed, concatenated)
     if isinstance(experts, torch.nn.ModuleList):  # per-expert MLPs (transformers 4, custom)
         def mats(m):
             if hasattr(m, "gate_proj"):
@@ -284,6 +374,19 @@ def expert_weights(block: Any, rank: int = 0, world: int = 1):
     spec = _block_spec(block)
     return _stack_experts(spec, block.experts, local_experts(spec.num_experts, rank, world),
                           type(block).__name__ + ".experts")
+
+
+def expert_biases(block: Any, rank: int = 0, world: int = 1):
+    """This rank's ``(b13 [E_local, 2I], b2 [E_local, H])`` of a transformers MoE block whose
+    experts have biases (gpt-oss: ``gate_up_proj_bias`` de-interleaved, ``down_proj_bias``), in
+    the parameters' dtype and device; None for the models without."""
+    spec = _block_spec(block)
+    if not spec.has_biases:
+        return None
+    experts, where = block.experts, type(block).__name__ + ".experts"
+    _, concatenated = _fused_layout(spec, experts, where)
+    return _biases_from_fused(spec, experts.gate_up_proj_bias, experts.down_proj_bias,
+                              local_experts(spec.num_experts, rank, world), where, concatenated)
 
 
 def _key(state_dict: Mapping, *candidates: str) -> Optional[str]:
@@ -304,28 +407,37 @@ def _prefixes(prefix: str) -> list:
     return out
 
 
+def _refuse_quantized_tensors(state_dict: Mapping, p: str) -> None:
+    """A checkpoint's quantized tensors as shipped: FP8 scales, MXFP4 blocks and scales."""
+    keys = list(state_dict.keys()) if hasattr(state_dict, "keys") else []
+    if any(k.startswith(p) and k.endswith("weight_scale_inv") for k in keys):
+        raise UnsupportedModel(f"{p or 'state dict'}: the state dict has "
+                               f"'weight_scale_inv' tensors: {_FP8_WHAT}")
+    blocks = _key(state_dict, f"{p}experts.gate_up_proj_blocks", f"{p}experts.down_proj_blocks")
+    if blocks is not None:
+        raise UnsupportedModel(f"{blocks}: {_MXFP4_WHAT}")
+
+
 def expert_weights_from_state_dict(state_dict: Mapping, config: Any, prefix: str, rank: int = 0,
                                    world: int = 1):
     """This rank's ``(w13, w2)`` of the MoE layer at ``prefix`` (e.g. ``"model.layers.3.mlp"``;
     Mixtral checkpoints use ``"model.layers.3.block_sparse_moe"``; either spelling is tried).
 
     Takes transformers' fused names (``{prefix}.experts.gate_up_proj`` [E, 2I, H],
-    ``{prefix}.experts.down_proj`` [E, H, I], as ``model.state_dict()`` has them) or the
+    ``{prefix}.experts.down_proj`` [E, H, I], as ``model.state_dict()`` has them; gpt-oss's
+    [E, H, 2I] interleaved and [E, I, H], as its bf16 checkpoints have them too) or the
     checkpoint's per-expert names (``{prefix}.experts.{e}.gate_proj.weight`` [I, H], ``up_proj``,
     ``down_proj`` [H, I]; Mixtral ``w1`` gate, ``w3`` up, ``w2`` down). Only this rank's experts
     are read, so a lazy mapping loads no more than it needs."""
     spec = model_spec(config)
     chosen = local_experts(spec.num_experts, rank, world)
     prefixes = _prefixes(prefix)
-    keys = list(state_dict.keys()) if hasattr(state_dict, "keys") else []
     for p in prefixes:
-        if any(k.startswith(p) and k.endswith("weight_scale_inv") for k in keys):
-            raise UnsupportedModel(f"{p or 'state dict'}: the state dict has "
-                                   f"'weight_scale_inv' tensors: {_FP8_WHAT}")
+        _refuse_quantized_tensors(state_dict, p)
         fused = _key(state_dict, f"{p}experts.gate_up_proj")
         if fused is not None:
             return _from_fused(spec, state_dict[fused], state_dict[f"{p}experts.down_proj"],
-                               chosen, f"{p}experts")
+                               chosen, f"{p}experts", *_model_layout(spec))
         for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
             # Qwen3-MoE / DeepSeek-V3 checkpoints; Mixtral's: w1 gate, w3 up, w2 down
             if _key(state_dict, f"{p}experts.{chosen.start}.{names[0]}.weight") is None:
@@ -338,19 +450,41 @@ def expert_weights_from_state_dict(state_dict: Mapping, config: Any, prefix: str
                    "gate_proj.weight' (Mixtral: '.w1.weight')")
 
 
+def expert_biases_from_state_dict(state_dict: Mapping, config: Any, prefix: str, rank: int = 0,
+                                  world: int = 1):
+    """This rank's ``(b13, b2)`` of the MoE layer at ``prefix`` when the model's experts have
+    biases (gpt-oss: ``{prefix}.experts.gate_up_proj_bias`` [E, 2I] interleaved,
+    ``{prefix}.experts.down_proj_bias`` [E, H]); None for the models without."""
+    spec = model_spec(config)
+    if not spec.has_biases:
+        return None
+    chosen = local_experts(spec.num_experts, rank, world)
+    prefixes = _prefixes(prefix)
+    for p in prefixes:
+        _refuse_quantized_tensors(state_dict, p)
+        key = _key(state_dict, f"{p}experts.gate_up_proj_bias")
+        if key is not None:
+            return _biases_from_fused(spec, state_dict[key],
+                                      state_dict[f"{p}experts.down_proj_bias"], chosen,
+                                      f"{p}experts", _model_layout(spec)[1])
+    raise KeyError(f"no expert biases under {' or '.join(repr(p) for p in prefixes)}: expected "
+                   f"'{prefixes[0]}experts.gate_up_proj_bias' and '.down_proj_bias'")
+
+
 # --------------------------------------------------------------------------- routers
 
 
 def route(block: Any, hidden: Any):
     """The block's own router on ``hidden`` [..., H]: ``(topk_ids [T, K] int32, topk_weights
     [T, K] float32)`` for :meth:`epmoe.Layer.forward`, T = hidden.numel() // H. The weights are
-    the router's own values (Qwen3-MoE rounds them to the model dtype, as its block does)."""
+    the router's own values (Qwen3-MoE and gpt-oss round them to the model dtype, as their blocks
+    do)."""
     import torch
 
     x = hidden.reshape(-1, hidden.shape[-1])
     if x.shape[0] == 0:  # an idle rank (some routers cannot reshape zero tokens)
         return _no_routes(x, _block_spec(block).top_k)
-    _, weights, ids = block.gate(x)
+    _, weights, ids = _router_module(block)(x)  # (logits, top-k weights, top-k ids)
     return ids.to(torch.int32).contiguous(), weights.to(torch.float32).contiguous()
 
 
@@ -359,6 +493,10 @@ def _no_routes(x: Any, top_k: int):
 
     return (torch.empty(0, top_k, dtype=torch.int32, device=x.device),
             torch.empty(0, top_k, dtype=torch.float32, device=x.device))
+
+
+# The router's bias, by model: its name under the router module (gate / router).
+_ROUTER_BIAS = {"deepseek_v3": "e_score_correction_bias", "gpt_oss": "bias"}
 
 
 class Router:
@@ -371,27 +509,32 @@ class Router:
       the ``topk_group`` of ``n_group`` groups with the largest sum of their two best choices; the
       top-k choices in those groups; weights = s of those experts, divided by their sum
       (+1e-20) when ``norm_topk_prob``, times ``routed_scaling_factor``.
+    * gpt-oss: logits = x @ W.T + b in x's dtype; top-k of the logits; softmax over those k in
+      x's dtype.
+
+    ``bias``: DeepSeek-V3's ``e_score_correction_bias`` or gpt-oss's router bias.
     """
 
-    def __init__(self, spec: MoeSpec, weight: Any, e_score_correction_bias: Any = None):
+    def __init__(self, spec: MoeSpec, weight: Any, bias: Any = None):
         self.spec = spec
         self.weight = weight
-        self.bias = e_score_correction_bias
-        if spec.model_type == "deepseek_v3" and self.bias is None:
-            raise KeyError("deepseek_v3 router: e_score_correction_bias is missing")
+        self.bias = bias
+        if spec.model_type in _ROUTER_BIAS and self.bias is None:
+            raise KeyError(f"{spec.model_type} router: {_ROUTER_BIAS[spec.model_type]} is missing")
 
     @classmethod
     def from_state_dict(cls, state_dict: Mapping, config: Any, prefix: str,
                         device: Any = None) -> "Router":
         spec = model_spec(config)
-        found = [p for p in _prefixes(prefix) if _key(state_dict, f"{p}gate.weight")]
+        name = "router" if spec.model_type == "gpt_oss" else "gate"
+        found = [p for p in _prefixes(prefix) if _key(state_dict, f"{p}{name}.weight")]
         if not found:
             raise KeyError(f"no router under {prefix!r}: expected "
-                           f"'{_prefixes(prefix)[0]}gate.weight'")
+                           f"'{_prefixes(prefix)[0]}{name}.weight'")
         p = found[0]
-        weight = state_dict[f"{p}gate.weight"]
-        bias = state_dict[f"{p}gate.e_score_correction_bias"] \
-            if spec.model_type == "deepseek_v3" else None
+        weight = state_dict[f"{p}{name}.weight"]
+        bias_name = _ROUTER_BIAS.get(spec.model_type)
+        bias = state_dict[f"{p}{name}.{bias_name}"] if bias_name else None
         if device is not None:
             weight = weight.to(device)
             bias = bias.to(device) if bias is not None else None
@@ -400,8 +543,10 @@ class Router:
     @classmethod
     def from_block(cls, block: Any) -> "Router":
         spec = _block_spec(block)
-        return cls(spec, block.gate.weight.detach(),
-                   getattr(block.gate, "e_score_correction_bias", None))
+        router = _router_module(block)
+        bias_name = _ROUTER_BIAS.get(spec.model_type)
+        bias = getattr(router, bias_name) if bias_name else None
+        return cls(spec, router.weight.detach(), None if bias is None else bias.detach())
 
     def __call__(self, hidden: Any):
         """``(topk_ids [T, K] int32, topk_weights [T, K] float32)`` of hidden [..., H]."""
@@ -427,6 +572,10 @@ class Router:
             if s.norm_topk_prob:
                 weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
             weights = weights * s.routed_scaling_factor
+        elif s.model_type == "gpt_oss":
+            logits = F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+            top, ids = torch.topk(logits, s.top_k, dim=-1)
+            weights = torch.softmax(top, dim=1, dtype=top.dtype)
         else:
             logits = F.linear(x, self.weight.to(x.dtype))
             probs = torch.softmax(logits.float(), dim=-1)
@@ -439,6 +588,19 @@ class Router:
 
 
 # --------------------------------------------------------------------------- the layer
+
+
+def _make_layer(comm: Communicator, spec: MoeSpec, precision: Any, max_tokens_per_rank: int,
+                device: Any, weights: tuple, biases: Optional[tuple], options: dict) -> Any:
+    """The :class:`epmoe.Layer` of this rank's (w13, w2) and (b13, b2) or None, moved to
+    ``device`` when given; the caller's ``options`` override the model's layer options."""
+    from . import Layer
+
+    tensors = list(weights) + list(biases or (None, None))
+    if device is not None:
+        tensors = [None if t is None else t.to(device) for t in tensors]
+    return Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, *tensors,
+                 **{**spec.layer_options(), **options})
 
 
 class EPMoE:
@@ -457,15 +619,14 @@ class EPMoE:
     @classmethod
     def from_block(cls, comm: Communicator, block: Any, precision: Any = "bf16", *,
                    max_tokens_per_rank: int, device: Any = None, **options: Any) -> "EPMoE":
-        """From a transformers MoE block: this rank's experts (``device``: where the layer gets
-        them, default where they are), the block's own router and shared experts."""
-        from . import Layer
-
+        """From a transformers MoE block: this rank's experts and their biases (``device``:
+        where the layer gets them, default where they are), the block's own router and shared
+        experts. ``options`` go to :class:`epmoe.Layer`; the model's activation (gpt-oss:
+        ``swiglu_oai`` with the block's limit) is the default."""
         spec = _block_spec(block)
-        w13, w2 = expert_weights(block, comm.rank, comm.world)
-        if device is not None:
-            w13, w2 = w13.to(device), w2.to(device)
-        layer = Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, w13, w2, **options)
+        layer = _make_layer(comm, spec, precision, max_tokens_per_rank, device,
+                            expert_weights(block, comm.rank, comm.world),
+                            expert_biases(block, comm.rank, comm.world), options)
         return cls(layer, spec, lambda h: route(block, h), getattr(block, "shared_experts", None))
 
     @classmethod
@@ -474,14 +635,13 @@ class EPMoE:
                         shared_experts: Any = None, **options: Any) -> "EPMoE":
         """From a state dict and the model's config: this rank's experts and a :class:`Router`.
         ``shared_experts``: the model's shared-expert module (DeepSeek-V3), added to the
-        output; epmoe does not run it."""
-        from . import Layer
-
+        output; epmoe does not run it. ``options`` as for :meth:`from_block`."""
         spec = model_spec(config)
-        w13, w2 = expert_weights_from_state_dict(state_dict, config, prefix, comm.rank, comm.world)
-        if device is not None:
-            w13, w2 = w13.to(device), w2.to(device)
-        layer = Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, w13, w2, **options)
+        rank, world = comm.rank, comm.world
+        layer = _make_layer(
+            comm, spec, precision, max_tokens_per_rank, device,
+            expert_weights_from_state_dict(state_dict, config, prefix, rank, world),
+            expert_biases_from_state_dict(state_dict, config, prefix, rank, world), options)
         return cls(layer, spec, Router.from_state_dict(state_dict, config, prefix, device),
                    shared_experts)
 

@@ -1077,7 +1077,8 @@ NB_MODULE(_epmoe, m) {
       "_run_command",
       [](const std::string& model, int ranks, std::int64_t tokens, std::int64_t experts,
          const std::string& precision, const std::string& combine, const std::string& executor,
-         int rounds, std::uint64_t seed, std::int64_t timeout_ms, const std::string& math) {
+         int rounds, std::uint64_t seed, std::int64_t timeout_ms, const std::string& math,
+         std::int64_t check_tokens) {
         tools::RunOptions o;
         o.model = model;
         o.ranks = ranks;
@@ -1088,6 +1089,7 @@ NB_MODULE(_epmoe, m) {
         o.math = math;
         o.executor = executor;
         o.rounds = rounds;
+        o.check_tokens = check_tokens;
         o.seed = seed;
         o.timeout_ms = timeout_arg(timeout_ms);
         nb::gil_scoped_release release;
@@ -1097,7 +1099,7 @@ NB_MODULE(_epmoe, m) {
         return rc;
       },
       "model"_a, "ranks"_a, "tokens"_a, "experts"_a, "precision"_a, "combine"_a, "executor"_a,
-      "rounds"_a, "seed"_a, "timeout_ms"_a, "math"_a = "exact",
+      "rounds"_a, "seed"_a, "timeout_ms"_a, "math"_a = "exact", "check_tokens"_a = -1,
       "`epmoe run` (tools/run.cpp): prints its report, returns the exit status.");
 
 #if defined(EPMOE_FAULT_INJECTION)

@@ -81,13 +81,12 @@ std::int64_t wire_row_bytes(Precision precision, std::int64_t hidden, std::int64
 }
 
 reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed) {
-  Rng rng(seed);
   const auto e = static_cast<std::size_t>(shape.num_experts);
   const auto h = static_cast<std::size_t>(shape.hidden);
   const auto inter = static_cast<std::size_t>(shape.intermediate);
   reference::LayerWeights w;
-  fill_uniform(w.w13, e * 2 * inter * h, 1.0 / std::sqrt(double(shape.hidden)), rng);
-  fill_uniform(w.w2, e * h * inter, 1.0 / std::sqrt(double(shape.intermediate)), rng);
+  fill_uniform_bf16(w.w13, e * 2 * inter * h, 1.0 / std::sqrt(double(shape.hidden)), seed * 3 + 1);
+  fill_uniform_bf16(w.w2, e * h * inter, 1.0 / std::sqrt(double(shape.intermediate)), seed * 3 + 2);
   return w;
 }
 

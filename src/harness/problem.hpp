@@ -31,7 +31,8 @@ class Rng {
   std::uint64_t state_;
 };
 
-// Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16.
+// Weights ~ U(-1, 1) / sqrt(fan_in), rounded to bf16, drawn by every core (fill_uniform_bf16):
+// deepseek-v3's 256 experts are 11.3 G values.
 reference::LayerWeights make_random_weights(const LayerShape& shape, std::uint64_t seed);
 
 // Biases for `weights` (gpt-oss style): b13 ~ U(-1, 1), b2 ~ U(-0.5, 0.5), each a bf16 value held

@@ -14,13 +14,20 @@ from typing import Tuple
 
 import torch
 
-MODELS = ("qwen3_moe", "mixtral", "deepseek_v3")
+MODELS = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss")
 PRECISIONS = ("bf16", "mxfp8", "nvfp4")
+# gpt-oss ships MXFP4 weights: its third precision is that format (quantized by epmoe from bf16).
+MODEL_PRECISIONS = {m: PRECISIONS for m in MODELS} | {"gpt_oss": ("bf16", "mxfp8", "mxfp4")}
+# (model, precision) pairs the parity tests run.
+CASES = [(m, p) for m in MODELS for p in MODEL_PRECISIONS[m]]
 # rel-L2 against an unquantized float64 forward that each precision stays under: the bounds of
 # `epmoe run` (docs/design.md §6, docs/tuning.md "Expert math"; reference::check_output).
-BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35}
+BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35, "mxfp4": 0.35}
 
 H, I = 256, 128  # hidden, moe intermediate: multiples of 64 as epmoe requires
+# gpt-oss's intermediate: 2I != H, so that a transposed [E, H, 2I] read as [E, 2I, H] (or
+# [E, I, H] as [E, H, I]) fails on its shape, not only on its values.
+I_GPT_OSS = 192
 
 
 def make_config(model: str):
@@ -45,6 +52,11 @@ def make_config(model: str):
                                   norm_topk_prob=True, first_k_dense_replace=0,
                                   q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=16,
                                   qk_nope_head_dim=32, v_head_dim=32, **common)
+    elif model == "gpt_oss":
+        from transformers import GptOssConfig
+
+        config = GptOssConfig(intermediate_size=I_GPT_OSS, num_local_experts=8,
+                              num_experts_per_tok=4, head_dim=64, **common)
     else:
         raise ValueError(model)
     config._experts_implementation = "eager"  # transformers' reference loop, on any device
@@ -52,22 +64,34 @@ def make_config(model: str):
 
 
 def make_block(model: str, seed: int = 0, device="cpu") -> Tuple[torch.nn.Module, object]:
-    """The model's MoE block, random bf16 weights (the same on every rank for a seed)."""
+    """The model's MoE block, random bf16 weights (the same on every rank for a seed): U(-1, 1)
+    / sqrt(fan_in), the router's 4x as large (clear preferences). gpt-oss's gate_up_proj is 8x
+    as large, so that some gate and up values pass its clamp at 7 (as the real model's do); its
+    biases are U(-1, 1) on FC1 and U(-0.5, 0.5) on FC2."""
     config = make_config(model)
     if model == "qwen3_moe":
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock as B
     elif model == "mixtral":
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock as B
+    elif model == "gpt_oss":
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP as B
     else:
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE as B
     block = B(config)
+    transposed = getattr(block.experts, "is_transposed", False)  # gpt-oss: [E, in, out]
+    scales = {"gate.": 4.0, "router.": 4.0, "experts.gate_up_proj": 8.0 if model == "gpt_oss"
+              else 1.0}
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in block.named_parameters():
-            fan_in = p.shape[-1]
-            scale = 4.0 if name.startswith("gate.") else 1.0  # a router with clear preferences
+            if name.endswith("_bias"):  # gpt-oss's expert biases: [E, out]
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) *
+                        (1.0 if "gate_up" in name else 0.5))
+                continue
+            fan_in = p.shape[-2] if transposed and name.startswith("experts.") else p.shape[-1]
+            scale = next((v for k, v in scales.items() if name.startswith(k)), 1.0)
             p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * scale / fan_in ** 0.5)
-        if hasattr(block.gate, "e_score_correction_bias"):
+        if hasattr(getattr(block, "gate", None), "e_score_correction_bias"):
             block.gate.e_score_correction_bias.copy_(torch.rand(config.n_routed_experts,
                                                                 generator=g) * 0.1)
     block.eval()
@@ -79,6 +103,12 @@ def make_tokens(tokens: int, seed: int, device="cpu") -> torch.Tensor:
     return torch.randn(tokens, H, generator=g).to(device=device, dtype=torch.bfloat16)
 
 
+def block_forward(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The block's own forward on x [T, H] -> [T, H] (gpt-oss's returns (y, router_scores))."""
+    y = block(x[None])
+    return (y[0] if isinstance(y, tuple) else y)[0]
+
+
 def float64_copy(block: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(block).to(torch.float64)
 
@@ -86,7 +116,8 @@ def float64_copy(block: torch.nn.Module) -> torch.nn.Module:
 @torch.no_grad()
 def reference64(block64: torch.nn.Module, x: torch.Tensor, ids: torch.Tensor,
                 weights: torch.Tensor) -> torch.Tensor:
-    """The block's forward in float64 with the given routing: routed experts + shared experts."""
+    """The block's forward in float64 with the given routing: routed experts (and their biases)
+    + shared experts."""
     x64 = x.to(block64.experts.gate_up_proj.device, torch.float64)
     y = block64.experts(x64, ids.to(x64.device, torch.int64), weights.to(x64.device, torch.float64))
     if getattr(block64, "shared_experts", None) is not None:

@@ -26,6 +26,16 @@ def test_run_passes_on_a_real_model_shape_with_an_idle_round():
     assert "PASS: qwen3-30b-a3b" in p.stdout
 
 
+def test_run_checks_the_first_check_tokens_of_each_round():
+    p = run("run", "--model", "qwen3-30b-a3b", "--experts", "8", "--ranks", "2", "--tokens", "5",
+            "--rounds", "2", "--check-tokens", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "check: the first 2 of 5 tokens per rank per round" in p.stdout
+    assert "PASS: qwen3-30b-a3b" in p.stdout
+    p = run("run", "--check-tokens", "-2")
+    assert p.returncode == 2 and "--check-tokens=-2: must be >= 0, or -1 (auto)" in p.stderr
+
+
 def test_run_with_zero_tokens_on_every_rank():
     p = run("run", "--model", "qwen3-30b-a3b", "--experts", "8", "--ranks", "4", "--tokens", "0",
             "--rounds", "3")
@@ -57,7 +67,7 @@ def test_help_lists_the_options_of_the_tool():
     p = run("run", "--help")
     assert p.returncode == 0
     for option in ("--model", "--ranks", "--tokens", "--experts", "--precision", "--combine",
-                   "--math", "--executor", "--rounds", "--seed", "--timeout-ms"):
+                   "--math", "--executor", "--rounds", "--check-tokens", "--seed", "--timeout-ms"):
         assert option in p.stdout
 
 

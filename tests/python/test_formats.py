@@ -263,6 +263,19 @@ def test_mxfp4_round_trip_and_gpt_oss_layout(rounding):
     np.testing.assert_array_equal(epmoe.dequantize_mxfp4(*epmoe.quantize_mxfp4(y, rounding)), y)
 
 
+@pytest.mark.parametrize("rounding", ["rceil", "ocp_floor"])
+def test_mxfp4_of_a_checkpoints_decoded_blocks_gives_back_its_values(rounding):
+    """gpt-oss dequantized to bf16 (MXFP4 values are exact in bf16) and quantized again by the
+    layer's mxfp4 precision: every value of the checkpoint comes back (the codes may differ where
+    a block's largest magnitude is below 4 x its scale: the same values at a smaller scale)."""
+    rng = np.random.default_rng(9)
+    packed = rng.integers(0, 256, size=(64, 1440), dtype=np.uint8)  # any codes, any blocks
+    scales = rng.integers(100, 150, size=(64, 90), dtype=np.uint8)
+    x = epmoe.dequantize_mxfp4(packed, scales)
+    assert not (x.view(np.uint32) & 0xFFFF).any()  # bf16 holds them exactly
+    np.testing.assert_array_equal(epmoe.dequantize_mxfp4(*epmoe.quantize_mxfp4(x, rounding)), x)
+
+
 def test_mxfp4_special_blocks():
     x = np.zeros((2, 64), np.float32)
     x[0, 3] = -0.0

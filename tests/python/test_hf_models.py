@@ -1,11 +1,12 @@
 """Hugging Face MoE blocks on epmoe's CPU executor against transformers' own blocks.
 
-For Qwen3-MoE, Mixtral and DeepSeek-V3 (tiny random configs built in code, bf16 weights as
-shipped): the block's own forward vs its router's top-k -> epmoe ``Layer.forward`` (+ the shared
-experts), for every precision, both measured against the block in float64 with the same routing
-(the rel-L2 bounds of docs/design.md §6). A changed layout mapping (gate/up order, transposes, a
-rank's expert range) or activation fails these tests. Skipped, with the reason, without torch or
-transformers (CI has neither).
+For Qwen3-MoE, Mixtral, DeepSeek-V3 and gpt-oss (tiny random configs built in code, bf16 weights
+as shipped): the block's own forward vs its router's top-k -> epmoe ``Layer.forward`` (+ the
+shared experts), for every precision the model's checkpoints allow (gpt-oss: bf16, mxfp8, mxfp4
+quantized by epmoe), both measured against the block in float64 with the same routing (the rel-L2
+bounds of docs/design.md §6). A changed layout mapping (gate/up order or interleave, transposes,
+biases, a rank's expert range) or activation fails these tests. Skipped, with the reason,
+without torch or transformers (CI has neither).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from epmoe import models  # noqa: E402
 from epmoe_ref import raise_first, run_ranks  # noqa: E402
 from hf_ref import (  # noqa: E402
     BOUND,
+    CASES,
+    H,
     MODELS,
-    PRECISIONS,
+    block_forward,
     float64_copy,
     make_block,
     make_config,
@@ -77,7 +80,7 @@ def parity(model, precision, world, **options):
                 continue
             with torch.no_grad():
                 ids, weights = models.route(block, x)
-                hf = block(x[None])[0]
+                hf = block_forward(block, x)
                 ref = reference64(block64, x, ids, weights)
             worst_ep = max(worst_ep, rel_l2(y, ref))
             worst_hf = max(worst_hf, rel_l2(hf, ref))
@@ -85,8 +88,7 @@ def parity(model, precision, world, **options):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model,precision", CASES)
 def test_block_parity_with_transformers(model, precision, world):
     ep, hf = parity(model, precision, world)
     SEEN[(model, precision, world)] = (ep, hf)
@@ -98,14 +100,21 @@ def test_block_parity_with_transformers(model, precision, world):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_activation_is_the_models(model):
-    """epmoe's SwiGLU is the block's: clamping it (swiglu_limit, gpt-oss style) must show."""
-    ep, _ = parity(model, "bf16", 1, swiglu_limit=0.05)
-    assert ep > BOUND["bf16"], ep
+    """epmoe's activation is the block's: clamping SwiGLU (swiglu_limit, gpt-oss style) must
+    show; for gpt-oss, so must SwiGLU instead of its own, and another clamp than its 7."""
+    changes = [dict(activation="swiglu"), dict(swiglu_limit=3.0)] if model == "gpt_oss" else \
+        [dict(swiglu_limit=0.05)]
+    for options in changes:
+        ep, _ = parity(model, "bf16", 1, **options)
+        assert ep > BOUND["bf16"], (options, ep)
 
 
 def checkpoint_state_dict(block, model, prefix):
     """The block as a checkpoint on disk names it: one matrix per expert (Mixtral: w1/w3/w2
-    under block_sparse_moe), router and shared experts as in transformers."""
+    under block_sparse_moe), router and shared experts as in transformers; gpt-oss's bf16
+    checkpoints keep transformers' names and layout."""
+    if model == "gpt_oss":
+        return {prefix + k: v.clone() for k, v in block.state_dict().items()}
     sd = {}
     i = block.experts.down_proj.shape[2]
     on_disk = prefix.replace(".mlp.", ".block_sparse_moe.") if model == "mixtral" else prefix
@@ -141,8 +150,25 @@ def test_state_dict_gives_the_blocks_weights_and_router(model, naming):
         assert w2.shape == (e, spec.hidden, spec.intermediate)
         assert w13.dtype == s13.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16
         assert torch.equal(w13, s13) and torch.equal(w2, s2)
-        # expert e = rank * E_local + j: gate rows then up rows of transformers' gate_up_proj
-        assert torch.equal(w13, block.experts.gate_up_proj.detach()[rank * e:(rank + 1) * e])
+        mine = slice(rank * e, (rank + 1) * e)  # expert e = rank * E_local + j
+        if model == "gpt_oss":
+            # gate_up_proj [E, H, 2I]: columns 0::2 gate, 1::2 up; down_proj [E, I, H]
+            i = spec.intermediate
+            gate_up = block.experts.gate_up_proj.detach()[mine].transpose(1, 2)
+            assert torch.equal(w13[:, :i], gate_up[:, 0::2])
+            assert torch.equal(w13[:, i:], gate_up[:, 1::2])
+            assert torch.equal(w2, block.experts.down_proj.detach()[mine].transpose(1, 2))
+            b13, b2 = models.expert_biases(block, rank, world)
+            sb13, sb2 = models.expert_biases_from_state_dict(sd, config, PREFIX, rank, world)
+            assert torch.equal(b13, sb13) and torch.equal(b2, sb2)
+            bias = block.experts.gate_up_proj_bias.detach()[mine]
+            assert torch.equal(b13[:, :i], bias[:, 0::2]) and torch.equal(b13[:, i:], bias[:, 1::2])
+            assert torch.equal(b2, block.experts.down_proj_bias.detach()[mine])
+        else:
+            # gate rows then up rows of transformers' gate_up_proj; no biases
+            assert torch.equal(w13, block.experts.gate_up_proj.detach()[mine])
+            assert models.expert_biases(block, rank, world) is None
+            assert models.expert_biases_from_state_dict(sd, config, PREFIX, rank, world) is None
     x = make_tokens(40, seed=5)
     router = models.Router.from_state_dict(sd, config, PREFIX)
     with torch.no_grad():
@@ -183,21 +209,44 @@ def test_layer_shape_and_spec_from_configs():
                               "num_experts_per_tok": 2, "hidden_act": "silu"})
     assert spec.layer_shape(16) == epmoe.find_model("mixtral-8x7b").layer_shape(16)
     assert list(models.local_experts(16, 1, 4)) == [4, 5, 6, 7]
+    # gpt-oss-120b's config.json (its MXFP4 weights dequantized by transformers on load)
+    gpt_oss_120b = {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+                    "num_local_experts": 128, "num_experts_per_tok": 4, "swiglu_limit": 7.0,
+                    "quantization_config": {"quant_method": "mxfp4", "dequantize": True}}
+    spec = models.model_spec(gpt_oss_120b)
+    assert spec.layer_shape(16) == epmoe.find_model("gpt-oss-120b").layer_shape(16)
+    assert spec.layer_options() == {"activation": "swiglu_oai", "swiglu_limit": 7.0}
+    assert spec.has_biases and models.model_spec(make_config("qwen3_moe")).layer_options() == {}
 
 
-def test_gpt_oss_is_refused_naming_what_is_missing():
-    from transformers import GptOssConfig
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+def test_gpt_oss_mxfp4_as_shipped_is_refused_naming_what_is_missing():
+    block, config = make_block("gpt_oss", seed=6)
+    shipped = dict(make_config("gpt_oss").to_dict(), quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(models.UnsupportedModel, match="MXFP4 .*Mxfp4Config\\(dequantize=True\\)"):
+        models.model_spec(shipped)
+    # the checkpoint's tensors: blocks [E, 2I, H/32, 16] and scales [E, 2I, H/32], uint8
+    e, i = config.num_local_experts, config.intermediate_size
+    sd = {PREFIX + k: v for k, v in block.state_dict().items()
+          if k not in ("experts.gate_up_proj", "experts.down_proj")}
+    sd[PREFIX + "experts.gate_up_proj_blocks"] = torch.zeros(e, 2 * i, H // 32, 16,
+                                                             dtype=torch.uint8)
+    sd[PREFIX + "experts.gate_up_proj_scales"] = torch.zeros(e, 2 * i, H // 32, dtype=torch.uint8)
+    for call in (models.expert_weights_from_state_dict, models.expert_biases_from_state_dict):
+        with pytest.raises(models.UnsupportedModel, match="gate_up_proj_blocks: .*pre-quantized"):
+            call(sd, config, PREFIX, 0, 2)
+    # transformers' MXFP4 experts module: uint8 blocks in gate_up_proj
+    with torch.no_grad():
+        block.experts.gate_up_proj = torch.nn.Parameter(
+            torch.zeros(e, 2 * i, H // 32, 16, dtype=torch.uint8), requires_grad=False)
+    with pytest.raises(models.UnsupportedModel, match="torch.uint8: gpt-oss's MXFP4"):
+        models.expert_weights(block, 0, 2)
 
-    config = GptOssConfig(hidden_size=128, intermediate_size=64, num_local_experts=4,
-                          num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=64, vocab_size=64)
-    for call in (lambda: models.model_spec(config),
-                 lambda: models.expert_weights(GptOssMLP(config))):
-        with pytest.raises(models.UnsupportedModel, match="gpt-oss") as e:
-            call()
-        for what in ("MXFP4", "swiglu_oai", "b13", "interleaved"):
-            assert what in str(e.value)
+
+def test_gpt_oss_alpha_other_than_1702_is_refused():
+    block, _ = make_block("gpt_oss", seed=7)
+    block.experts.alpha = 1.5
+    with pytest.raises(models.UnsupportedModel, match="alpha=1.5: .*1.702"):
+        models.expert_weights(block, 0, 1)
 
 
 def test_fp8_checkpoints_are_refused_naming_what_is_missing():

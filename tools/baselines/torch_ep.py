@@ -55,7 +55,7 @@ def parse_args(argv=None):
         "--nproc-per-node=N tools/baselines/torch_ep.py ...",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3:16",
+    p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3",
                    help="comma list of NAME[:EXPERTS]; names: " + ", ".join(MODELS))
     p.add_argument("--experts", type=int, default=0,
                    help="cap every model without :EXPERTS at this many experts (0 = the model's)")
