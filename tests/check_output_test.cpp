@@ -112,6 +112,23 @@ TEST(CheckOutput, TensorCoreAllowsAFewFlippedStepsButNotMore) {
   }
 }
 
+TEST(CheckOutput, WgmmaAllowsOnePercentOfFlippedStepsButNotMore) {
+  // 1% of 4096 elements = 40 may differ by more than 2 ulps (tensor_core: 4).
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i = 0; i < 40; ++i) bump(y, i * 100 + 7, 4);
+  const Rule wgmma{Combine::staged, ExpertMath::wgmma};
+  OutputCheck c = check(y, ref, wgmma);
+  EXPECT_TRUE(c.pass) << " rel_l2=" << c.stats.rel_l2;
+  EXPECT_EQ(c.stats.mismatches, 40);
+  EXPECT_FALSE(check(y, ref, kTensorStaged).pass);
+  bump(y, 4001, 4);
+  c = check(y, ref, wgmma);
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.stats.mismatches, 41);
+  EXPECT_NE(c.rule.find("wgmma: rel_l2 <= 4e-3 and at most max(1, 1%)"), std::string::npos);
+}
+
 TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
   // Outputs near zero have ulps far below accumulation noise: up to 1e-3 x rms(ref) (here ~7e-4)
   // beyond 2 ulps is noise on any element; more is a mismatch. Exact maths still count them all.

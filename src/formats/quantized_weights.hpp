@@ -69,7 +69,13 @@ EPMOE_HD float decode_weight_block(const QuantizedMatrixData& q, std::int64_t e,
         else
           nvfp4_decode_block_global(packed, scale, global, kNvfp4Block, v + half * kNvfp4Block);
       }
-      return q.global_is_s_enc ? global : 1.0f / global;
+      if (q.global_is_s_enc) return global;
+      // The bf16-code backends store v * (this scale): 1 / global makes the codes exact, except
+      // where it does not exist in fp32 (global 0 or subnormal, a zero or dead matrix: 0 * Inf
+      // would be NaN codes), where 1 keeps them exact (v is 0 or tiny: bf16(v) is what v decodes to
+      // in the GEMM's exponent range).
+      const float inverse = 1.0f / global;
+      return inverse <= 3.0e38f ? inverse : 1.0f;
     }
     case Precision::fp8_block128: {
       const std::int64_t tile_cols = fp8_block128_scale_count(q.cols);
