@@ -44,8 +44,14 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   }
 }
 
+// Shared memory of activate: the h row in fp32, then FC2's input quantization's own.
+std::size_t activate_smem(const ExpertProblem& problem) {
+  return static_cast<std::size_t>(problem.intermediate) * sizeof(float) + fc2_input_smem(problem);
+}
+
 // One CTA per pair: FC1's sums over both scales (one at a time: the product of two NVFP4 s_enc
-// of tiny-amax rows can overflow), b13, the activation, then FC2's input quantization point.
+// of tiny-amax rows can overflow), b13, the activation into shared memory, then FC2's input
+// quantization point there; only h16 and its scale go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const RoundStart start = join_round(p.step.state);
@@ -53,6 +59,8 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
   const ExpertInputs& in = p.step.in;
   const ExpertProblem& problem = p.problem;
   const std::int64_t inter = problem.intermediate;
+  float* h = reinterpret_cast<float*>(smem);
+  std::uint8_t* quantize_smem = smem + inter * sizeof(float);
   const std::uint32_t pairs = in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
@@ -60,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
     const float w_scale = p.weights.w13_scale[e];
     const float* d = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
     const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-    float* h = p.scratch.h + static_cast<std::size_t>(pair) * inter;
+    __syncthreads();  // the previous pair is done with h
     for (std::int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
       float gate = d[j] / x_scale / w_scale;
       float up = d[inter + j] / x_scale / w_scale;
@@ -73,31 +81,46 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
     }
     __syncthreads();  // the row is complete before its quantization
     const std::size_t at = static_cast<std::size_t>(pair) * inter;
-    quantize_h_row(problem, smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
+    quantize_h_row(problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
   }
 }
 
-// One CTA per pair: FC2's sums over both scales, b2, the result home (send_home); the last CTA
+// One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
+// both scales, b2, the result home (send_home), four columns per lane per step; the last CTA
 // publishes done to every rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  __shared__ HomeSlot home;
   fc2_round(p.step, [&](std::uint32_t round) {
     const ExpertInputs& in = p.step.in;
     const std::int64_t hidden = p.problem.hidden;
     const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-    for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-      __syncthreads();  // the previous pair's stores are done with `home`
-      if (threadIdx.x == 0) home = home_slot(p.step.home, round, in.pairs[pair]);
-      __syncthreads();
-      const int e = expert_of_pair(in, p.problem.local_experts, pair);
+    const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+      HomeSlot home{};
+      int e = 0;
+      if (lane == 0) {
+        home = home_slot(p.step.home, round, in.pairs[pair]);
+        e = expert_of_pair(in, p.problem.local_experts, pair);
+      }
+      home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
+      home.token = __shfl_sync(0xffffffffu, home.token, 0);
+      home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
+      home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
+      e = __shfl_sync(0xffffffffu, e, 0);
       const float h_scale = p.scratch.h_scale[pair];
       const float w_scale = p.weights.w2_scale[e];
-      const float* d = p.scratch.d + static_cast<std::size_t>(pair) * hidden;
+      const auto* d =
+          reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-      for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
-        float out = d[c] / h_scale / w_scale;
-        if (b2 != nullptr) out += b2[c];
-        send_home(p.step.home, home, c, out);
+      for (std::int64_t c4 = lane; c4 < hidden / 4; c4 += 32) {
+        const float4 v = d[c4];
+        const float sums[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const std::int64_t c = 4 * c4 + i;
+          float out = sums[i] / h_scale / w_scale;
+          if (b2 != nullptr) out += b2[c];
+          send_home(p.step.home, home, c, out);
+        }
       }
     }
   });
@@ -107,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 
 StepShapes step_shapes(const ExpertProblem& problem, int device) {
   return StepShapes{occupancy_shape(gather_kernel, 0, device),
-                    occupancy_shape(activate_kernel, fc2_input_smem(problem), device),
+                    occupancy_shape(activate_kernel, activate_smem(problem), device),
                     occupancy_shape(home_kernel, 0, device)};
 }
 

@@ -14,7 +14,6 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   Scratch s{};
   s.a1 = cursor.take<std::uint16_t>(pairs * h);
   s.d = cursor.take<float>(pairs * std::max(2 * i, h));
-  s.h = cursor.take<float>(pairs * i);
   s.h16 = cursor.take<std::uint16_t>(pairs * i);
   s.h_scale = cursor.take<float>(pairs);
   *bytes = cursor.used;
