@@ -6,8 +6,9 @@
 #   EPMOE_GPU_FILTER='Gpu.*Graph*' tests/gpu/run.sh
 #   EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh   # gpu_layer_test only: no epmoe run / stress
 #   EPMOE_GPU_RUN_DEEPSEEK=0 tests/gpu/run.sh # without the deepseek-v3 (256 experts) runs
-# A machine without googletest or CLI11 needs them carried in $EPMOE_GPU_DEPS (default .gpu_deps):
-# googletest/ (the source tree of Debian's googletest package) and cli11/CLI/ (headers).
+# A machine without googletest, CLI11 or CUTLASS needs them carried in $EPMOE_GPU_DEPS (default
+# .gpu_deps): googletest/ (the source tree of Debian's googletest package), cli11/CLI/ (headers)
+# and cutlass/include/ (cutlass/ and cute/ from PyPI nvidia-cutlass's cutlass_library/source/include).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
@@ -31,6 +32,7 @@ if [ ! -f /usr/include/gtest/gtest.h ] && [ -d "$deps/googletest" ]; then
   extra+=(-DCMAKE_PREFIX_PATH="$PWD/build/gtest-prefix")
 fi
 [ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
+[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
 generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 
 echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from ${nccl_root:-system})"
