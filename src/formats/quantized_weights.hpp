@@ -44,6 +44,15 @@ inline QuantizedMatrixData quantized_matrix_data(const QuantizedMatrices& q, Pre
                              cols};
 }
 
+// fp8_block128: the index of the 128 x 128 tile (of all of this slice's matrices, row-major per
+// matrix) that holds element `at` of matrix `e` (its scale's index in `scales`).
+EPMOE_HD std::int64_t fp8_block128_tile(std::int64_t rows, std::int64_t cols, std::int64_t e,
+                                        std::int64_t at) {
+  const std::int64_t tile_cols = fp8_block128_scale_count(cols);
+  return e * fp8_block128_scale_count(rows) * tile_cols + (at / cols) / kFp8Block128 * tile_cols +
+         (at % cols) / kFp8Block128;
+}
+
 // The kWeightBlock values of matrix `e` from element `at` (row-major, at a multiple of 32) into v.
 // Returns the matrix's NVFP4 s_enc (the tensor-core operand scale: value * s_enc is the exact
 // e2m1 * block_scale; 1 / global for a decode multiplier), 1 for the other precisions.
@@ -78,10 +87,7 @@ EPMOE_HD float decode_weight_block(const QuantizedMatrixData& q, std::int64_t e,
       return inverse <= 3.0e38f ? inverse : 1.0f;
     }
     case Precision::fp8_block128: {
-      const std::int64_t tile_cols = fp8_block128_scale_count(q.cols);
-      const std::int64_t tile = e * fp8_block128_scale_count(q.rows) * tile_cols +
-                                (at / q.cols) / kFp8Block128 * tile_cols +
-                                (at % q.cols) / kFp8Block128;
+      const std::int64_t tile = fp8_block128_tile(q.rows, q.cols, e, at);
       fp8_block128_decode_block(q.codes + i, static_cast<const float*>(q.scales)[tile],
                                 kWeightBlock, v);
       return 1.0f;

@@ -99,8 +99,8 @@ std::vector<Scenario> all_scenarios() {
       for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
                           Precision::fp8_block128, Precision::mxfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
-          // fp8_block128 has no tensor-core backend yet (GpuWeights.TensorCoreBackendsReject...).
-          if (!(p == Precision::fp8_block128 && m != ExpertMath::exact))
+          // fp8_block128 has no mma.sync backend (GpuWeights.TensorCoreRejectsFp8Block128...).
+          if (!(p == Precision::fp8_block128 && m == ExpertMath::tensor_core))
             out.push_back({p, c, world, m});
   return out;
 }
@@ -254,6 +254,7 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
   for (ExpertMath math : kEveryMath)
     for (Precision precision : {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
                                 Precision::fp8_block128, Precision::mxfp4}) {
+      // fp8_block128: no mma.sync backend; wgmma's E4M3 GEMM takes K in whole 128-blocks.
       if (precision == Precision::fp8_block128 && math != ExpertMath::exact) continue;
       LayerOptions options;
       options.expert_math = math;
@@ -597,7 +598,7 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
           options.expert_math = math;
           const LayerConfig config = make_config(c.shape, c.precision, 0, 1, options);
           if (c.precision == Precision::fp8_block128 && math == ExpertMath::tensor_core) {
-            continue;  // no tensor-core backend (GpuWeights.TensorCoreBackendsRejectFp8Block128...)
+            continue;  // no mma.sync backend (GpuWeights.TensorCoreRejectsFp8Block128...)
           }
           const void* w13_host = dtype == DType::f32 ? static_cast<const void*>(w13_f32.data())
                                                      : static_cast<const void*>(w13_bf16.data());
@@ -660,11 +661,11 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
 
 // The bf16 tensor-core backend cannot hold fp8_block128 weights exactly (an fp32 scale per 128 x
 // 128 tile, not a power of two): the layer is refused with the reason, naming the field.
-TEST(GpuWeights, TensorCoreBackendsRejectFp8Block128NamingThePrecision) {
+TEST(GpuWeights, TensorCoreRejectsFp8Block128NamingThePrecisionAndWgmmaTakesIt) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   LayerOptions options;
-  for (const ExpertMath math : {ExpertMath::tensor_core, ExpertMath::wgmma}) {
+  for (const ExpertMath math : {ExpertMath::tensor_core}) {
     options.expert_math = math;
     const LayerConfig config = make_config(kWeightShape, Precision::fp8_block128, 0, 1, options);
     try {
@@ -677,6 +678,10 @@ TEST(GpuWeights, TensorCoreBackendsRejectFp8Block128NamingThePrecision) {
                                                  "its fp32 block scales"));
     }
   }
+  options.expert_math = ExpertMath::wgmma;  // wgmma takes it (E4M3 GEMMs with block scales)
+  EXPECT_NE(cuda::experts::make_expert_backend(
+                make_config(kShape, Precision::fp8_block128, 0, 1, options), 0),
+            nullptr);
   options.expert_math = ExpertMath::exact;  // and exact math takes it
   EXPECT_NE(cuda::experts::make_expert_backend(
                 make_config(kWeightShape, Precision::fp8_block128, 0, 1, options), 0),

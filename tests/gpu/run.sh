@@ -65,12 +65,15 @@ for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
     echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
   done
 done
-# The tensor-core expert math (not fp8_block128: its block scales need the planned sm90 backend).
-for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 mxfp4}; do
-  [ "$p" = fp8_block128 ] && continue
-  build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
-    --precision $p --math tensor_core >"$out/run_${p}_tensor_core.log" 2>&1 || run_rc=1
-  echo "qwen3-30b-a3b $p staged tensor_core: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_tensor_core.log" | cut -c1-4)"
+# The tensor-core expert maths (mma.sync has no fp8_block128: its block scales need per-128
+# promotion, which the wgmma backend's E4M3 GEMM does).
+for m in tensor_core wgmma; do
+  for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
+    [ "$m/$p" = tensor_core/fp8_block128 ] && continue
+    build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+      --precision $p --math $m >"$out/run_${p}_$m.log" 2>&1 || run_rc=1
+    echo "qwen3-30b-a3b $p staged $m: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_$m.log" | cut -c1-4)"
+  done
 done
 cat "$out/run_bf16_staged.log"
 grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"

@@ -33,7 +33,15 @@ static_assert(kShapeAlignment % kWeightBlock == 0,
 
 // Store: __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[32],
 // float s_enc) const, with `expert` this rank's local expert, `at` the first element's index in
-// its matrix, and s_enc the matrix's NVFP4 encode scale (1 for the other precisions).
+// its matrix, and s_enc the matrix's NVFP4 encode scale (1 for the other precisions). A Store that
+// keeps fp8_block128 weights as codes also has
+//   __device__ void fp8_block128(std::int64_t expert, std::int64_t at, const std::uint8_t* codes,
+//                                float scale) const
+// (the 32 E4M3 codes and their 128 x 128 tile's scale), which fp8_block128 weights go to instead.
+template <class Store>
+concept StoresFp8Block128Codes = requires(const Store& s, const std::uint8_t* codes) {
+  s.fp8_block128(std::int64_t{}, std::int64_t{}, codes, 1.0f);
+};
 // amax_bits: NVFP4 one per matrix, fp8_block128 fp8_block128_tiles(rows, cols) per matrix (tile
 // row-major), both of this slice's first matrix on; nullptr for the other precisions.
 template <class Store>
@@ -76,13 +84,16 @@ __global__ void __launch_bounds__(256)
         break;
       }
       case Precision::fp8_block128: {
-        const std::int64_t tile_cols = fp8_block128_scale_count(raw.cols);
-        const std::int64_t tile = e * fp8_block128_scale_count(raw.rows) * tile_cols +
-                                  (at / raw.cols) / kFp8Block128 * tile_cols +
-                                  (at % raw.cols) / kFp8Block128;
-        const float scale = fp8_block128_scale(bits_float(amax_bits[tile]));
-        for (int i = 0; i < kWeightBlock; ++i)
-          v[i] = fp8_block128_decode_value(fp8_block128_encode_value(v[i], scale), scale);
+        const float scale =
+            fp8_block128_scale(bits_float(amax_bits[fp8_block128_tile(raw.rows, raw.cols, e, at)]));
+        std::uint8_t codes[kWeightBlock];
+        for (int i = 0; i < kWeightBlock; ++i) codes[i] = fp8_block128_encode_value(v[i], scale);
+        if constexpr (StoresFp8Block128Codes<Store>) {
+          store.fp8_block128(first_expert + e, at, codes, scale);
+          continue;
+        } else {
+          for (int i = 0; i < kWeightBlock; ++i) v[i] = fp8_block128_decode_value(codes[i], scale);
+        }
         break;
       }
       case Precision::mxfp4: {
@@ -140,6 +151,14 @@ __global__ void __launch_bounds__(256)
        b < experts * per_matrix; b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t e = b / per_matrix;
     const std::int64_t at = (b % per_matrix) * kWeightBlock;
+    if constexpr (StoresFp8Block128Codes<Store>) {
+      if (q.precision == Precision::fp8_block128) {
+        store.fp8_block128(
+            first_expert + e, at, q.codes + e * q.rows * q.cols + at,
+            static_cast<const float*>(q.scales)[formats::fp8_block128_tile(q.rows, q.cols, e, at)]);
+        continue;
+      }
+    }
     float v[kWeightBlock];
     const float s_enc = formats::decode_weight_block(q, e, at, v);
     store(first_expert + e, at, v, s_enc);

@@ -5,8 +5,11 @@
 // persistent tile scheduler over (group, m-block, n-block) that reads M_e from device memory, so
 // a round's counts never reach the host and a captured graph replays correctly.
 //
-// The CUTLASS types stay in grouped_gemm.cu (one translation unit, one instantiation: FC1 and FC2
-// are the same GEMM with other N and K); this header is plain C++.
+// Two kinds: bf16 x bf16 (grouped_gemm.cu), and E4M3 x E4M3 with fp32 block scales, 1 x 128 on A
+// and 128 x 128 on B, each k128 partial sum promoted into the fp32 accumulator times its two
+// scales (grouped_gemm_fp8.cu; fp8_block128). The CUTLASS types stay in those two translation
+// units (one instantiation each: FC1 and FC2 are the same GEMM with other N and K); this header
+// is plain C++.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,6 +57,43 @@ class Bf16GroupedGemm {
   GroupedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
   std::size_t device_bytes_ = 0;
+};
+
+// The E4M3 GEMM's device arrays. Scales are K-major: sfa[g] holds M_g rows of ceil(K / 128)
+// scales each (a row's scales follow one another, as on the wire), sfb[g] ceil(N / 128) rows of
+// ceil(K / 128) (the checkpoint layout of a weight_scale_inv).
+struct Fp8GroupedGemmArrays {
+  GemmProblem* problems;
+  const std::uint8_t** a;  // E4M3 codes
+  const std::uint8_t** b;  // E4M3 codes
+  float** d;
+  const float** sfa;
+  const float** sfb;
+};
+
+class Fp8BlockwiseGroupedGemm {
+ public:
+  Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device);
+  ~Fp8BlockwiseGroupedGemm();
+  Fp8BlockwiseGroupedGemm(const Fp8BlockwiseGroupedGemm&) = delete;
+  Fp8BlockwiseGroupedGemm& operator=(const Fp8BlockwiseGroupedGemm&) = delete;
+
+  const Fp8GroupedGemmArrays& arrays() const { return arrays_; }
+  std::size_t device_bytes() const { return device_bytes_; }
+
+  // Queues the scale layouts of this round's M (a small kernel), then the GEMM.
+  void run(cudaStream_t stream) const;
+
+  // Empty, or why the kernel cannot take N and K (K in whole 128-blocks; 16-byte rows).
+  static const char* cannot_take(int n, int k);
+
+ private:
+  struct Kernel;
+  std::unique_ptr<Kernel> kernel_;
+  Fp8GroupedGemmArrays arrays_{};
+  std::uint8_t* memory_ = nullptr;
+  std::size_t device_bytes_ = 0;
+  int groups_ = 0;
 };
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -13,9 +13,26 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
   const RoundStart start = join_round(p.step.state);
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
+  constexpr std::int64_t kBlock = formats::kFp8Block128;
   for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
     const std::uint32_t first = start.skip ? 0u : p.step.in.pair_offset[e];
     const int m = start.skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
+    if (p.fp8) {
+      const Fp8BlockWeights& w = p.fp8_weights;
+      p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
+      p.fp8_fc1.sfa[e] = p.scratch.a8_scale + first * (hidden / kBlock);
+      p.fp8_fc1.b[e] = w.w13 + e * 2 * inter * hidden;
+      p.fp8_fc1.sfb[e] = w.w13_scale + e * (2 * inter / kBlock) * (hidden / kBlock);
+      p.fp8_fc1.d[e] = p.scratch.d + first * 2 * inter;
+      p.fp8_fc2.problems[e] = GemmProblem{m, h, i};
+      p.fp8_fc2.a[e] = p.scratch.h8 + first * inter;
+      p.fp8_fc2.sfa[e] = p.scratch.h8_scale + first * (inter / kBlock);
+      p.fp8_fc2.b[e] = w.w2 + e * hidden * inter;
+      p.fp8_fc2.sfb[e] = w.w2_scale + e * (hidden / kBlock) * (inter / kBlock);
+      p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
+      continue;
+    }
     p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
     p.fc1.a[e] = p.scratch.a1 + first * hidden;
     p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
@@ -27,19 +44,39 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
   }
 }
 
-// One warp per pair, 16-byte copies (H is a multiple of 64).
+// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (fp8) the
+// received row's wire payload itself, its E4M3 codes and 1 x 128 scales (checked by route; the
+// same bytes route decoded).
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state);
   if (start.skip) return;
   const ExpertInputs& in = p.step.in;
   const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-  const std::int64_t vectors = p.problem.hidden / 8;
+  const std::int64_t hidden = p.problem.hidden;
+  const std::int64_t vectors = hidden / 8;
   const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (p.fp8) {
+    const TokenBackTarget& t = p.step.home;
+    const std::int64_t blocks = hidden / formats::kFp8Block128;
+    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+      const std::uint32_t packed = in.pairs[pair];
+      const std::uint8_t* payload =
+          t.peer_windows[t.rank] +
+          t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
+          protocol::wire_payload_offset(t.top_k);
+      const auto* codes = reinterpret_cast<const uint4*>(payload);
+      auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
+      for (std::int64_t v = lane; v < hidden / 16; v += 32) dst[v] = codes[v];
+      const auto* scales = reinterpret_cast<const float*>(payload + hidden);
+      for (std::int64_t b = lane; b < blocks; b += 32)
+        p.scratch.a8_scale[static_cast<std::size_t>(pair) * blocks + b] = scales[b];
+    }
+    return;
+  }
   for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
     const auto* src = reinterpret_cast<const uint4*>(
-        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * p.problem.hidden);
-    auto* dst =
-        reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * p.problem.hidden);
+        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
+    auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
     for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = src[v];
   }
 }
@@ -64,8 +101,9 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
   const std::uint32_t pairs = in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
-    const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
-    const float w_scale = p.weights.w13_scale[e];
+    // fp8: the GEMM applied both scales (per k128 block).
+    const float x_scale = p.fp8 ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
+    const float w_scale = p.fp8 ? 1.0f : p.weights.w13_scale[e];
     const float* d = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
     const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
     __syncthreads();  // the previous pair is done with h
@@ -81,7 +119,11 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
     }
     __syncthreads();  // the row is complete before its quantization
     const std::size_t at = static_cast<std::size_t>(pair) * inter;
-    quantize_h_row(problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
+    if (p.fp8)
+      encode_h_row_fp8(problem, quantize_smem, h, p.scratch.h8 + at,
+                       p.scratch.h8_scale + at / formats::kFp8Block128);
+    else
+      quantize_h_row(problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
   }
 }
 
@@ -106,8 +148,8 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.scratch.h_scale[pair];
-      const float w_scale = p.weights.w2_scale[e];
+      const float h_scale = p.fp8 ? 1.0f : p.scratch.h_scale[pair];
+      const float w_scale = p.fp8 ? 1.0f : p.weights.w2_scale[e];
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;

@@ -7,6 +7,7 @@
 #include "cuda/experts/bf16_code_weights.hpp"
 #include "cuda/experts/biases.hpp"
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/wgmma/fp8_block_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cuda/kernels.hpp"
 
@@ -14,21 +15,31 @@ namespace epmoe::cuda::experts::wgmma {
 
 // Per-pair scratch, rows in pair order (grouped by expert: pair_offset), so each expert's rows
 // are one contiguous GEMM operand.
+// bf16 operands (every precision but fp8_block128) or E4M3 ones with their scales (fp8_block128):
+// one set is allocated, the other's pointers are null.
 struct Scratch {
+  float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
+  // bf16
   std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
-  float* d;            // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
-  float* h;            // [max_pairs, I] the activation's output, quantized in place
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs]
+  // E4M3: the rows' codes and their 1 x 128 scales, as on the wire
+  std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
+  float* a8_scale;   // [max_pairs, H / 128]
+  std::uint8_t* h8;  // [max_pairs, I] FC2's operand: h at its quantization point
+  float* h8_scale;   // [max_pairs, I / 128]
 };
 
 struct Params {
   ExpertStep step;
   ExpertProblem problem;
-  Bf16CodeWeights weights;
-  Biases biases;  // fp32, never quantized; nullptr = none
+  bool fp8;                     // precision fp8_block128: the E4M3 operands and GEMMs
+  Bf16CodeWeights weights;      // !fp8
+  Fp8BlockWeights fp8_weights;  // fp8
+  Biases biases;                // fp32, never quantized; nullptr = none
   Scratch scratch;
-  GroupedGemmArrays fc1, fc2;  // the GEMMs' device arrays, written by plan
+  GroupedGemmArrays fc1, fc2;             // the GEMMs' device arrays, written by plan (!fp8)
+  Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;  // (fp8)
 };
 
 struct StepShapes {

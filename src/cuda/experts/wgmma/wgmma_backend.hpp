@@ -9,8 +9,9 @@
 //   activate  scales, b13, the activation, FC2's input quantization point: h16 and its scale
 //   FC2       grouped GEMM: [pairs, H] fp32
 //   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
-// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp), so every precision but
-// fp8_block128 (can_implement).
+// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp) for every precision but
+// fp8_block128, which runs E4M3 GEMMs with its block scales instead (fp8_block_weights.hpp; the
+// rows' codes straight from the wire).
 #pragma once
 
 #include <memory>
@@ -33,20 +34,26 @@ class WgmmaBackend final : public ExpertBackend {
   ~WgmmaBackend() override;
 
   const char* name() const override { return "wgmma_grouped"; }
-  StagedRows staged_rows() const override { return StagedRows::bf16_codes; }
+  StagedRows staged_rows() const override {
+    return fp8() ? StagedRows::fp32 : StagedRows::bf16_codes;
+  }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
-  std::size_t weight_bytes() const override { return weights_.bytes() + biases_.bytes(); }
+  std::size_t weight_bytes() const override;
   std::size_t scratch_bytes() const override;
   void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
   void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
 
  private:
   Params params(const ExpertStep& step) const;
+  bool fp8() const { return problem_.precision == Precision::fp8_block128; }
 
   ExpertProblem problem_;
-  DeviceBf16CodeWeights weights_;
+  // One kind of weights and GEMMs: bf16 codes, or (fp8_block128) E4M3 with block scales.
+  std::unique_ptr<DeviceBf16CodeWeights> weights_;
+  std::unique_ptr<DeviceFp8BlockWeights> fp8_weights_;
   DeviceBiases biases_;
-  Bf16GroupedGemm fc1_, fc2_;
+  std::unique_ptr<Bf16GroupedGemm> fc1_, fc2_;
+  std::unique_ptr<Fp8BlockwiseGroupedGemm> fp8_fc1_, fp8_fc2_;
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};
