@@ -68,8 +68,8 @@ LayerOptions oai_options(Combine combine, float limit = kSwigluOaiLimit) {
 
 // Every rank's y of a few rounds (some T = 0, all routings) on the CPU executor.
 std::vector<std::vector<std::uint16_t>> run_rounds(Cluster& cluster, int world, int rounds,
-                                                   std::uint64_t seed, bool check,
-                                                   Combine combine) {
+                                                   std::uint64_t seed, bool check, Combine combine,
+                                                   Precision precision) {
   std::vector<std::vector<std::uint16_t>> ys(static_cast<std::size_t>(world * rounds));
   run_on_rank_threads(world, [&](int rank) {
     for (int r = 0; r < rounds; ++r) {
@@ -80,7 +80,7 @@ std::vector<std::vector<std::uint16_t>> run_rounds(Cluster& cluster, int world, 
       auto y = cluster.forward(rank, batch);
       if (check) {
         const auto c = reference::check_output(y, cluster.reference(rank).forward(batch), combine,
-                                               ExpertMath::exact);
+                                               ExpertMath::exact, precision);
         EXPECT_TRUE(c.pass) << "rank " << rank << " round " << r << " mismatches "
                             << c.stats.mismatches << " (" << c.rule << ")";
       }
@@ -104,7 +104,7 @@ TEST_P(HostMatchesReferenceWithBiases, EveryRankEveryRound) {
   o.activation = c.activation;
   const auto weights = biased_weights(3);
   Cluster cluster(kShape, c.precision, o, 2, weights);
-  run_rounds(cluster, 2, 4, 5, true, c.combine);
+  run_rounds(cluster, 2, 4, 5, true, c.combine, c.precision);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -130,7 +130,7 @@ TEST(HostExecutor, SwigluOaiAndBiasesEachChangeTheOutput) {
   swiglu.swiglu_limit = kSwigluOaiLimit;
   const auto y_of = [&](const LayerOptions& o, const reference::LayerWeights& w) {
     Cluster cluster(kShape, Precision::bf16, o, 2, w);
-    return run_rounds(cluster, 2, 3, 5, true, o.combine);
+    return run_rounds(cluster, 2, 3, 5, true, o.combine, Precision::bf16);
   };
   const auto base = y_of(oai_options(Combine::staged), biased);
   EXPECT_NE(y_of(swiglu, biased), base) << "swiglu_oai computed swiglu";
@@ -160,7 +160,9 @@ TEST(HostExecutor, Bf16BiasesGiveTheSameBitsAsTheirF32Values) {
   const auto ya = host_forward(a, batch), yb = host_forward(b, batch);
   EXPECT_EQ(ya, yb);
   reference::ReferenceModel ref(kShape, Precision::mxfp8, o, weights);
-  EXPECT_TRUE(reference::check_output(ya, ref.forward(batch), o.combine, o.expert_math).pass);
+  EXPECT_TRUE(
+      reference::check_output(ya, ref.forward(batch), o.combine, o.expert_math, Precision::mxfp8)
+          .pass);
   // The fp32 values and scales of the weights, plus the fp32 biases.
   const auto matrices = static_cast<std::size_t>(kShape.num_experts) * 3 *
                         static_cast<std::size_t>(kShape.hidden * kShape.intermediate);

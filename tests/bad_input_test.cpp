@@ -99,7 +99,8 @@ class NonFinite : public ::testing::TestWithParam<NonFiniteCase> {
   // ulp in_kernel_reduce; NaN == NaN and equal infinities are equal).
   void expect_matches(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
                       const std::string& where) {
-    const auto check = reference::check_output(y, ref, GetParam().combine, ExpertMath::exact);
+    const auto check = reference::check_output(y, ref, GetParam().combine, ExpertMath::exact,
+                                               GetParam().precision);
     EXPECT_TRUE(check.pass) << where << ": " << check.stats.mismatches
                             << " elements outside tolerance, max_abs=" << check.stats.max_abs
                             << " (" << check.rule << ")";

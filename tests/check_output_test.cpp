@@ -23,6 +23,7 @@ constexpr std::uint16_t kNaN = 0x7fc0, kOtherNaN = 0xffc1, kInf = 0x7f80;
 struct Rule {
   Combine combine;
   ExpertMath math;
+  Precision precision = Precision::bf16;
 };
 constexpr Rule kExactStaged{Combine::staged, ExpertMath::exact};
 constexpr Rule kExactReduce{Combine::in_kernel_reduce, ExpertMath::exact};
@@ -36,7 +37,7 @@ std::string name(const Rule& r) {
 
 OutputCheck check(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
                   const Rule& r) {
-  return check_output(y, ref, r.combine, r.math);
+  return check_output(y, ref, r.combine, r.math, r.precision);
 }
 
 // [64, 64] bf16 values of magnitude in [0.5, 0.9), random signs: every element's ulp is 2^-8, and
@@ -127,6 +128,23 @@ TEST(CheckOutput, WgmmaAllowsOnePercentOfFlippedStepsButNotMore) {
   EXPECT_FALSE(c.pass);
   EXPECT_EQ(c.stats.mismatches, 41);
   EXPECT_NE(c.rule.find("wgmma: rel_l2 <= 4e-3 and at most max(1, 1%)"), std::string::npos);
+}
+
+TEST(CheckOutput, WgmmaOnE4m3BoundsOnlyRelL2) {
+  // Every element off by 1 ulp (rel_l2 ~ 5.5e-3 for values in [0.5, 0.9)): the E4M3 rule passes
+  // what the tensor-core rules fail (rel_l2 > 4e-3), and fails 3 ulps everywhere (~1.6e-2).
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i = 0; i < y.size(); ++i) bump(y, i, 1);
+  const Rule fp8{Combine::staged, ExpertMath::wgmma, Precision::fp8_block128};
+  OutputCheck c = check(y, ref, fp8);
+  EXPECT_TRUE(c.pass) << " rel_l2=" << c.stats.rel_l2;
+  EXPECT_FALSE(check(y, ref, Rule{Combine::staged, ExpertMath::wgmma}).pass);
+  EXPECT_EQ(c.rule, "wgmma on E4M3 (fp8_block128): rel_l2 <= 1e-2");
+  for (std::size_t i = 0; i < y.size(); ++i) bump(y, i, 2);
+  c = check(y, ref, fp8);
+  EXPECT_FALSE(c.pass) << " rel_l2=" << c.stats.rel_l2;
+  EXPECT_GT(c.stats.rel_l2, reference::kFp8GemmMaxRelL2);
 }
 
 TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
@@ -240,7 +258,8 @@ TEST(CheckOutput, NamesItsRule) {
   EXPECT_EQ(check({}, {}, kExactReduce).rule, "in_kernel_reduce: within 1 bf16 ulp + 1e-6");
   EXPECT_EQ(check({}, {}, kTensorStaged).rule, check({}, {}, kTensorReduce).rule);
   EXPECT_NE(check({}, {}, kTensorStaged).rule.find("tensor_core"), std::string::npos);
-  EXPECT_EQ(reference::output_rule(Combine::staged, ExpertMath::exact), "staged: bit-exact");
+  EXPECT_EQ(reference::output_rule(Combine::staged, ExpertMath::exact, Precision::bf16),
+            "staged: bit-exact");
 }
 
 }  // namespace

@@ -75,7 +75,7 @@ TEST_P(ProtocolMatchesReference, EveryRoundOfEveryRankAtItsOwnPace) {
           std::this_thread::sleep_for(std::chrono::microseconds(delays.below(400)));
         const auto y = cluster.forward(rank, batch);
         const auto check = reference::check_output(y, cluster.reference(rank).forward(batch),
-                                                   sc.combine, options.expert_math);
+                                                   sc.combine, options.expert_math, sc.precision);
         ASSERT_TRUE(check.pass) << "rank " << rank << " round " << r << " T=" << batch.tokens
                                 << " mismatches=" << check.stats.mismatches
                                 << " max_abs=" << check.stats.max_abs << " (" << check.rule << ")";

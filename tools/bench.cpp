@@ -641,8 +641,8 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
 
 // One round on check_tokens tokens per rank against the emulating reference, with the rule of the
 // layer's combine and expert math (reference::check_output).
-std::string check_config(Cluster& cluster, const LayerShape& s, const LayerOptions& options,
-                         std::int64_t tokens, std::uint64_t seed) {
+std::string check_config(Cluster& cluster, const LayerShape& s, Precision precision,
+                         const LayerOptions& options, std::int64_t tokens, std::uint64_t seed) {
   const int world = cluster.world();
   std::vector<std::string> result(static_cast<std::size_t>(world));
   run_on_rank_threads(world, [&](int rank) {
@@ -651,7 +651,7 @@ std::string check_config(Cluster& cluster, const LayerShape& s, const LayerOptio
                                    seed * 104729 + static_cast<std::uint64_t>(rank));
     const auto y = cluster.forward(rank, batch);
     const auto check = reference::check_output(y, cluster.reference(rank).forward(batch),
-                                               options.combine, options.expert_math);
+                                               options.combine, options.expert_math, precision);
     char rel_l2[32];
     std::snprintf(rel_l2, sizeof rel_l2, "%.3g", check.stats.rel_l2);
     result[static_cast<std::size_t>(rank)] =
@@ -717,8 +717,8 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   std::string check = "skipped";
   if (check_wanted(o, s, world)) {
     try {
-      check = check_config(*cluster, s, options, std::min(o.check_tokens, s.max_tokens_per_rank),
-                           o.seed);
+      check = check_config(*cluster, s, precision, options,
+                           std::min(o.check_tokens, s.max_tokens_per_rank), o.seed);
     } catch (const std::exception& e) {
       check = std::string("error: ") + e.what();
     }

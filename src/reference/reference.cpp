@@ -189,10 +189,12 @@ ErrorStats compare_bf16_tolerant(const std::vector<std::uint16_t>& y,
   });
 }
 
-std::string output_rule(Combine combine, ExpertMath math) {
+std::string output_rule(Combine combine, ExpertMath math, Precision precision) {
   static_assert(kTensorCoreMaxRelL2 == 4e-3 && kTensorCoreOutlierFraction == 1e-3 &&
                 kWgmmaOutlierFraction == 1e-2 && kTensorCoreUlps == 2 &&
-                kTensorCoreRmsFloor == 1e-3 && kInKernelReduceUlps == 1 && kAbsFloor == 1e-6);
+                kTensorCoreRmsFloor == 1e-3 && kInKernelReduceUlps == 1 && kAbsFloor == 1e-6 &&
+                kFp8GemmMaxRelL2 == 1e-2);
+  if (fp8_gemm(math, precision)) return "wgmma on E4M3 (fp8_block128): rel_l2 <= 1e-2";
   if (math != ExpertMath::exact) {
     return std::string(to_string(math)) + ": rel_l2 <= 4e-3 and at most max(1, " +
            (math == ExpertMath::wgmma ? "1%" : "0.1%") +
@@ -204,10 +206,13 @@ std::string output_rule(Combine combine, ExpertMath math) {
 }
 
 OutputCheck check_output(const std::vector<std::uint16_t>& y, const std::vector<std::uint16_t>& ref,
-                         Combine combine, ExpertMath math) {
+                         Combine combine, ExpertMath math, Precision precision) {
   OutputCheck c;
-  c.rule = output_rule(combine, math);
-  if (math != ExpertMath::exact) {  // fp32 accumulation on tensor cores, in any order
+  c.rule = output_rule(combine, math, precision);
+  if (fp8_gemm(math, precision)) {
+    c.stats = compare_bf16_tolerant(y, ref, kTensorCoreUlps, kAbsFloor);
+    c.pass = y.size() == ref.size() && c.stats.rel_l2 <= kFp8GemmMaxRelL2;
+  } else if (math != ExpertMath::exact) {  // fp32 accumulation on tensor cores, in any order
     double sum_sq = 0.0;
     std::int64_t finite = 0;
     for (const std::uint16_t r : ref)

@@ -47,7 +47,8 @@ void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, Cluster
                     const std::string& where) {
   const auto ref = c.reference(0).forward(b);
   const LayerOptions& o = c.layer(0).config().options();
-  const reference::OutputCheck check = reference::check_output(y, ref, o.combine, o.expert_math);
+  const reference::OutputCheck check =
+      reference::check_output(y, ref, o.combine, o.expert_math, c.layer(0).config().precision());
   EXPECT_TRUE(check.pass) << where << " (" << check.rule << "): " << check.stats.mismatches
                           << " elements outside, max_abs=" << check.stats.max_abs
                           << " rel_l2=" << check.stats.rel_l2;
@@ -139,7 +140,8 @@ TEST_P(GpuSwigluOaiWithBiases, MatchesTheReference) {
                                                    90 + static_cast<std::uint64_t>(rank));
         const auto ref = cluster.reference(0).forward(b);
         const auto y = cluster.forward(rank, b);
-        const reference::OutputCheck check = reference::check_output(y, ref, sc.combine, sc.math);
+        const reference::OutputCheck check =
+            reference::check_output(y, ref, sc.combine, sc.math, sc.precision);
         EXPECT_TRUE(check.pass) << "rank " << rank << " T=" << t << " (" << check.rule
                                 << "): " << check.stats.mismatches
                                 << " elements outside, max_abs=" << check.stats.max_abs

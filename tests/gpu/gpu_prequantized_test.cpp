@@ -206,7 +206,7 @@ TEST_P(GpuPrequantizedLayer, ComputesWhatTheBf16BuiltLayerComputes) {
           EXPECT_EQ(got, want) << "rank " << rank << " T=" << t;
         } else {
           const auto ref = from_codes.reference(0).forward(b);
-          EXPECT_TRUE(reference::check_output(got, ref, c.combine, c.math).pass)
+          EXPECT_TRUE(reference::check_output(got, ref, c.combine, c.math, c.precision).pass)
               << "rank " << rank << " T=" << t;
         }
       }

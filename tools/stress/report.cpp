@@ -81,11 +81,11 @@ void corrupt_once(std::vector<std::uint16_t>& y, bool& pending) {
 }
 
 reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16_t>& y,
-                                    const std::vector<std::uint16_t>& ref,
+                                    const std::vector<std::uint16_t>& ref, Precision precision,
                                     const LayerOptions& options, int rank, std::int64_t round,
                                     const RoundDraw& draw) {
   reference::OutputCheck check =
-      reference::check_output(y, ref, options.combine, options.expert_math);
+      reference::check_output(y, ref, options.combine, options.expert_math, precision);
   ++st.checked;
   st.mismatches += check.stats.mismatches;
   if (check.pass) return check;

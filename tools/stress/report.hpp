@@ -37,7 +37,7 @@ void corrupt_once(std::vector<std::uint16_t>& y, bool& pending);
 // Checks one round's output against the reference with reference::check_output (the rule of the
 // layer's combine and expert math) and records it in `st`.
 reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16_t>& y,
-                                    const std::vector<std::uint16_t>& ref,
+                                    const std::vector<std::uint16_t>& ref, Precision precision,
                                     const LayerOptions& options, int rank, std::int64_t round,
                                     const RoundDraw& draw);
 

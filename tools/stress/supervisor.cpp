@@ -351,7 +351,8 @@ void Supervisor::reap() {
 int Supervisor::report(double wall_s) {
   std::int64_t rounds_seen = 0;
   const RankStats all = print_load_summary(
-      stats_, o_, reference::output_rule(s_.layer_options.combine, s_.layer_options.expert_math),
+      stats_, o_,
+      reference::output_rule(s_.layer_options.combine, s_.layer_options.expert_math, s_.precision),
       wall_s, rounds_seen);
   bool fault_ok = problems_.empty();
   for (KillEpisode& e : episodes_) fault_ok &= print_kill_episode(e, o_.timeout_ms, cuda_);

@@ -29,11 +29,11 @@ std::string MmaBackend::can_implement(const LayerConfig& config) {
   // NOTES: the bf16 operands must be exact codes times one scale per matrix (or row). MXFP4's
   // e2m1 * 2^e and MXFP8's e4m3 * 2^e are bf16 values; fp8_block128's e4m3 * fp32 scale is not,
   // and its scale changes every 128 along K, so it needs the partial sums of each 128-run promoted
-  // in fp32 with their scales: the planned sm90 backend (docs/design.md §4.1).
+  // in fp32 with their scales: the wgmma backend's E4M3 GEMMs (docs/design.md §4.1).
   if (config.precision() == Precision::fp8_block128)
     return "precision=fp8_block128: its fp32 block scales are not exact in bf16 and change every "
-           "128 along K; the bf16 tensor cores would need per-128 scale promotion (the planned "
-           "sm90 backend). Use expert_math=exact";
+           "128 along K; the bf16 tensor cores would need per-128 scale promotion. Use "
+           "expert_math=wgmma (E4M3 GEMMs with the block scales) or exact";
   if (s.hidden % kSlabK != 0)
     return "hidden=" + std::to_string(s.hidden) + ": the mma tile takes K in slabs of " +
            std::to_string(kSlabK);
