@@ -4,14 +4,7 @@
 // (expert, m-block, n-block) reading each expert's M from device memory). The epilogue stores fp32
 // D with TMA; scales, biases, the activation and the token-back stores run after it
 // (wgmma_backend.cu), so one instantiation serves FC1 and FC2.
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#include "cuda/cuda_check.hpp"
-#include "cuda/experts/wgmma/grouped_gemm.hpp"
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
+#include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -49,7 +42,6 @@ using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-// Per-group strides (the arguments take device arrays of them): rows of K, of K, of N elements.
 using StrideA = GemmKernel::InternalStrideA;
 using StrideB = GemmKernel::InternalStrideB;
 using StrideD = GemmKernel::InternalStrideD;
@@ -57,11 +49,7 @@ using StrideD = GemmKernel::InternalStrideD;
 static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
               "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
 
-void check(cutlass::Status status, const char* what) {
-  if (status != cutlass::Status::kSuccess)
-    throw std::runtime_error(std::string("wgmma grouped GEMM: ") + what + ": " +
-                             cutlassGetStatusString(status));
-}
+constexpr const char* kName = "wgmma bf16 grouped GEMM";
 
 }  // namespace
 
@@ -79,56 +67,36 @@ const char* Bf16GroupedGemm::cannot_take(int n, int k) {
 Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device)
     : kernel_(std::make_unique<Kernel>()) {
   const auto g = static_cast<std::size_t>(groups);
-  // One allocation: problems, pointers, strides (aligned slices).
-  std::size_t at = 0;
-  const auto take = [&](std::size_t bytes) {
-    const std::size_t offset = (at + 255) / 256 * 256;
-    at = offset + bytes;
-    return offset;
-  };
-  const std::size_t problems = take(g * sizeof(GemmProblem));
-  const std::size_t a = take(g * sizeof(void*)), b = take(g * sizeof(void*));
-  const std::size_t d = take(g * sizeof(void*));
-  const std::size_t stride_a = take(g * sizeof(StrideA)), stride_b = take(g * sizeof(StrideB));
-  const std::size_t stride_d = take(g * sizeof(StrideD));
-  const std::size_t arrays_bytes = at;
-
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = device;
-  hw.sm_count = sm_count;
-  typename Gemm::Arguments args;
-  // Placeholder pointers for sizing; the real ones are set below once memory exists.
-  args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                  {groups, nullptr, nullptr},
-                                  {nullptr, nullptr, nullptr, nullptr},
-                                  {{}, nullptr, nullptr, nullptr, nullptr},
-                                  hw};
-  const std::size_t workspace = take(Gemm::get_workspace_size(args));
-  device_bytes_ = at;
+  parts::Carve carve;  // one allocation: problems, pointers, strides, CUTLASS's workspace
+  const std::size_t problems = carve.take(g * sizeof(GemmProblem));
+  const std::size_t a = carve.take(g * sizeof(void*)), b = carve.take(g * sizeof(void*));
+  const std::size_t d = carve.take(g * sizeof(void*));
+  const std::size_t stride_a = carve.take(g * sizeof(StrideA));
+  const std::size_t stride_b = carve.take(g * sizeof(StrideB));
+  const std::size_t stride_d = carve.take(g * sizeof(StrideD));
+  const cutlass::KernelHardwareInfo hw = parts::hardware(device, sm_count);
+  const typename Gemm::Arguments sizing{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                        {groups, nullptr, nullptr},
+                                        {nullptr, nullptr, nullptr, nullptr},
+                                        {{}, nullptr, nullptr, nullptr, nullptr},
+                                        hw};
+  const std::size_t workspace = carve.take(Gemm::get_workspace_size(sizing));
+  device_bytes_ = carve.end;
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
   kernel_->workspace = memory_ + workspace;
-  (void)arrays_bytes;
 
   arrays_.problems = reinterpret_cast<GemmProblem*>(memory_ + problems);
   arrays_.a = reinterpret_cast<const std::uint16_t**>(memory_ + a);
   arrays_.b = reinterpret_cast<const std::uint16_t**>(memory_ + b);
   arrays_.d = reinterpret_cast<float**>(memory_ + d);
-  // Every group has the same N and K: strides once, here.
-  const std::vector<StrideA> sa(g, StrideA(std::int64_t{k}, _1{}, _0{}));
-  const std::vector<StrideB> sb(g, StrideB(std::int64_t{k}, _1{}, _0{}));
-  const std::vector<StrideD> sd(g, StrideD(std::int64_t{n}, _1{}, _0{}));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_a, sa.data(), g * sizeof(StrideA), cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_b, sb.data(), g * sizeof(StrideB), cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_d, sd.data(), g * sizeof(StrideD), cudaMemcpyHostToDevice));
+  parts::upload_strides<GemmKernel>(memory_ + stride_a, memory_ + stride_b, memory_ + stride_d, g,
+                                    n, k);
   EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
 
   typename Epilogue::FusionCallbacks::Arguments fusion{};
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
-  args = typename Gemm::Arguments{
+  const typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems), nullptr},
       {reinterpret_cast<const ElementA**>(arrays_.a),
@@ -138,8 +106,8 @@ Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int dev
       {fusion, nullptr, reinterpret_cast<StrideD*>(memory_ + stride_d), arrays_.d,
        reinterpret_cast<StrideD*>(memory_ + stride_d)},
       hw};
-  check(kernel_->gemm.can_implement(args), "can_implement");
-  check(kernel_->gemm.initialize(args, kernel_->workspace), "initialize");
+  parts::check(kernel_->gemm.can_implement(args), kName, "can_implement");
+  parts::check(kernel_->gemm.initialize(args, kernel_->workspace), kName, "initialize");
 }
 
 Bf16GroupedGemm::~Bf16GroupedGemm() {
@@ -147,7 +115,7 @@ Bf16GroupedGemm::~Bf16GroupedGemm() {
 }
 
 void Bf16GroupedGemm::run(cudaStream_t stream) const {
-  check(kernel_->gemm.run(stream), "run");
+  parts::check(kernel_->gemm.run(stream), kName, "run");
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -5,14 +5,7 @@
 // per k128, as DeepSeek-V3's recipe does), and the persistent group scheduler reading each
 // expert's M from device memory. The scale layouts depend on M, so a small kernel derives them
 // from the round's problems before the GEMM.
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#include "cuda/cuda_check.hpp"
-#include "cuda/experts/wgmma/grouped_gemm.hpp"
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
+#include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -65,11 +58,7 @@ using StrideD = GemmKernel::InternalStrideD;
 static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
               "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
 
-void check(cutlass::Status status, const char* what) {
-  if (status != cutlass::Status::kSuccess)
-    throw std::runtime_error(std::string("wgmma E4M3 grouped GEMM: ") + what + ": " +
-                             cutlassGetStatusString(status));
-}
+constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
 // Each group's scale layouts from its problem (they fold M, N and K in).
 __global__ void scale_layouts_kernel(const GemmProblem* problems, int groups, LayoutSFA* sfa,
@@ -98,31 +87,24 @@ const char* Fp8BlockwiseGroupedGemm::cannot_take(int n, int k) {
 Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device)
     : kernel_(std::make_unique<Kernel>()), groups_(groups) {
   const auto g = static_cast<std::size_t>(groups);
-  std::size_t at = 0;
-  const auto take = [&](std::size_t bytes) {
-    const std::size_t offset = (at + 255) / 256 * 256;
-    at = offset + bytes;
-    return offset;
-  };
-  const std::size_t problems = take(g * sizeof(GemmProblem));
-  const std::size_t a = take(g * sizeof(void*)), b = take(g * sizeof(void*));
-  const std::size_t d = take(g * sizeof(void*));
-  const std::size_t sfa = take(g * sizeof(void*)), sfb = take(g * sizeof(void*));
-  const std::size_t stride_a = take(g * sizeof(StrideA)), stride_b = take(g * sizeof(StrideB));
-  const std::size_t stride_d = take(g * sizeof(StrideD));
-  const std::size_t sfa_layouts = take(g * sizeof(LayoutSFA));
-  const std::size_t sfb_layouts = take(g * sizeof(LayoutSFB));
-
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = device;
-  hw.sm_count = sm_count;
-  typename Gemm::Arguments sizing{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                  {groups, nullptr, nullptr},
-                                  {},
-                                  {{}, nullptr, nullptr, nullptr, nullptr},
-                                  hw};
-  const std::size_t workspace = take(Gemm::get_workspace_size(sizing));
-  device_bytes_ = at;
+  parts::Carve carve;  // one allocation: problems, pointers, strides, layouts, CUTLASS's workspace
+  const std::size_t problems = carve.take(g * sizeof(GemmProblem));
+  const std::size_t a = carve.take(g * sizeof(void*)), b = carve.take(g * sizeof(void*));
+  const std::size_t d = carve.take(g * sizeof(void*));
+  const std::size_t sfa = carve.take(g * sizeof(void*)), sfb = carve.take(g * sizeof(void*));
+  const std::size_t stride_a = carve.take(g * sizeof(StrideA));
+  const std::size_t stride_b = carve.take(g * sizeof(StrideB));
+  const std::size_t stride_d = carve.take(g * sizeof(StrideD));
+  const std::size_t sfa_layouts = carve.take(g * sizeof(LayoutSFA));
+  const std::size_t sfb_layouts = carve.take(g * sizeof(LayoutSFB));
+  const cutlass::KernelHardwareInfo hw = parts::hardware(device, sm_count);
+  const typename Gemm::Arguments sizing{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                        {groups, nullptr, nullptr},
+                                        {},
+                                        {{}, nullptr, nullptr, nullptr, nullptr},
+                                        hw};
+  const std::size_t workspace = carve.take(Gemm::get_workspace_size(sizing));
+  device_bytes_ = carve.end;
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
 
   arrays_.problems = reinterpret_cast<GemmProblem*>(memory_ + problems);
@@ -133,15 +115,8 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   arrays_.sfb = reinterpret_cast<const float**>(memory_ + sfb);
   kernel_->sfa_layouts = reinterpret_cast<LayoutSFA*>(memory_ + sfa_layouts);
   kernel_->sfb_layouts = reinterpret_cast<LayoutSFB*>(memory_ + sfb_layouts);
-  const std::vector<StrideA> sa(g, StrideA(std::int64_t{k}, _1{}, _0{}));
-  const std::vector<StrideB> sb(g, StrideB(std::int64_t{k}, _1{}, _0{}));
-  const std::vector<StrideD> sd(g, StrideD(std::int64_t{n}, _1{}, _0{}));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_a, sa.data(), g * sizeof(StrideA), cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_b, sb.data(), g * sizeof(StrideB), cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(
-      cudaMemcpy(memory_ + stride_d, sd.data(), g * sizeof(StrideD), cudaMemcpyHostToDevice));
+  parts::upload_strides<GemmKernel>(memory_ + stride_a, memory_ + stride_b, memory_ + stride_d, g,
+                                    n, k);
   EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
   scale_layouts_kernel<<<1, 256>>>(arrays_.problems, groups, kernel_->sfa_layouts,
                                    kernel_->sfb_layouts);
@@ -151,7 +126,7 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   typename Epilogue::FusionCallbacks::Arguments fusion{};
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
-  typename Gemm::Arguments args{
+  const typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems), nullptr},
       {reinterpret_cast<const ElementA**>(arrays_.a),
@@ -162,8 +137,8 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
       {fusion, nullptr, reinterpret_cast<StrideD*>(memory_ + stride_d), arrays_.d,
        reinterpret_cast<StrideD*>(memory_ + stride_d)},
       hw};
-  check(kernel_->gemm.can_implement(args), "can_implement");
-  check(kernel_->gemm.initialize(args, memory_ + workspace), "initialize");
+  parts::check(kernel_->gemm.can_implement(args), kName, "can_implement");
+  parts::check(kernel_->gemm.initialize(args, memory_ + workspace), kName, "initialize");
 }
 
 Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
@@ -174,7 +149,7 @@ void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
   scale_layouts_kernel<<<1, 256, 0, stream>>>(arrays_.problems, groups_, kernel_->sfa_layouts,
                                               kernel_->sfb_layouts);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  check(kernel_->gemm.run(stream), "run");
+  parts::check(kernel_->gemm.run(stream), kName, "run");
 }
 
 }  // namespace epmoe::cuda::experts::wgmma
