@@ -5,10 +5,8 @@
 // D with TMA; scales, biases, the activation and the token-back stores run after it
 // (wgmma_backend.cu), so one instantiation serves FC1 and FC2.
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
 namespace epmoe::cuda::experts::wgmma {
@@ -16,22 +14,16 @@ namespace {
 
 using namespace cute;
 
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using parts::ProblemShape;
 using ElementA = cutlass::bfloat16_t;
 using ElementB = cutlass::bfloat16_t;
-using ElementD = float;
-using LayoutA = cutlass::layout::RowMajor;            // [M, K], K contiguous: the expert's rows
-using LayoutB = cutlass::layout::ColumnMajor;         // [N, K], K contiguous: the weights as stored
-using LayoutD = cutlass::layout::RowMajor;            // [M, N]
-constexpr int kAlignA = 8, kAlignB = 8, kAlignD = 4;  // 16 bytes: TMA
+using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous: the expert's rows
+using LayoutB = cutlass::layout::ColumnMajor;  // [N, K], K contiguous: the weights as stored
+constexpr int kAlignA = 8, kAlignB = 8;        // 16 bytes: TMA
 using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 
-using Epilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
-    ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void>>::CollectiveOp;
+using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
 
 using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA, ElementB,
@@ -46,9 +38,6 @@ using StrideA = GemmKernel::InternalStrideA;
 using StrideB = GemmKernel::InternalStrideB;
 using StrideD = GemmKernel::InternalStrideD;
 
-static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
-              "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
-
 constexpr const char* kName = "wgmma bf16 grouped GEMM";
 
 }  // namespace
@@ -60,7 +49,8 @@ struct Bf16GroupedGemm::Kernel {
 
 const char* Bf16GroupedGemm::cannot_take(int n, int k) {
   if (k % kAlignA != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
-  if (n % kAlignD != 0) return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
+  if (n % parts::kAlignD != 0)
+    return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
   return nullptr;
 }
 

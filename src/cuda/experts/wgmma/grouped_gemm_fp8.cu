@@ -7,10 +7,8 @@
 // from the round's problems before the GEMM.
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
 namespace epmoe::cuda::experts::wgmma {
@@ -18,14 +16,12 @@ namespace {
 
 using namespace cute;
 
-using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
+using parts::ProblemShape;
 using ElementA = cutlass::float_e4m3_t;
 using ElementB = cutlass::float_e4m3_t;
-using ElementD = float;
 using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous
 using LayoutB = cutlass::layout::ColumnMajor;  // [N, K], K contiguous
-using LayoutD = cutlass::layout::RowMajor;
-constexpr int kAlignAB = 16, kAlignD = 4;  // 16 bytes: TMA
+constexpr int kAlignAB = 16;                   // 16 bytes: TMA
 constexpr int kScaleBlock = 128;
 using TileShape = Shape<_128, _128, _128>;
 using ClusterShape = Shape<_1, _1, _1>;
@@ -35,11 +31,7 @@ using ScaleConfig =
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
-using Epilogue = cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD,
-    ElementD, LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-    cutlass::epilogue::fusion::LinearCombination<ElementD, float, void>>::CollectiveOp;
+using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
 
 using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
@@ -54,9 +46,6 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 using StrideA = GemmKernel::InternalStrideA;
 using StrideB = GemmKernel::InternalStrideB;
 using StrideD = GemmKernel::InternalStrideD;
-
-static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
-              "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
 
 constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
@@ -80,7 +69,8 @@ struct Fp8BlockwiseGroupedGemm::Kernel {
 
 const char* Fp8BlockwiseGroupedGemm::cannot_take(int n, int k) {
   if (k % kScaleBlock != 0) return "K must be a multiple of 128 (whole scale blocks)";
-  if (n % kAlignD != 0) return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
+  if (n % parts::kAlignD != 0)
+    return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
   return nullptr;
 }
 

@@ -16,9 +16,27 @@
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
 namespace epmoe::cuda::experts::wgmma::parts {
+
+// (M, N, K) per group, M read on the device each round.
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
+              "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
+
+// Both kernels' epilogue: D = the fp32 accumulators, row-major [M, N], stored with TMA (16-byte
+// rows); no C operand. The scales, biases and activation run after it (steps.cu).
+using LayoutD = cutlass::layout::RowMajor;
+inline constexpr int kAlignD = 4;
+template <class TileShape, class ClusterShape>
+using Fp32Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, float,
+    LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+    cutlass::epilogue::fusion::LinearCombination<float, float, void>>::CollectiveOp;
 
 // Offsets of 256-byte aligned slices of one allocation, taken in order.
 struct Carve {
