@@ -13,6 +13,7 @@
 
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "formats/codec.hpp"
+#include "support/device_vectors.hpp"
 
 namespace epmoe {
 namespace {
@@ -33,23 +34,8 @@ int sm_count() {
   return sms;
 }
 
-// A device copy of a host vector (or `count` elements of 0xFF bytes), freed with the object.
-template <class T>
-struct DeviceCopy {
-  T* ptr = nullptr;
-  explicit DeviceCopy(const std::vector<T>& host) {
-    EXPECT_EQ(cudaMalloc(&ptr, host.size() * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
-  }
-  explicit DeviceCopy(std::size_t count) {
-    EXPECT_EQ(cudaMalloc(&ptr, count * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(ptr, 0xFF, count * sizeof(T)), cudaSuccess);
-  }
-  ~DeviceCopy() { cudaFree(ptr); }
-  DeviceCopy(const DeviceCopy&) = delete;
-  DeviceCopy& operator=(const DeviceCopy&) = delete;
-};
+using test::DeviceCopy;
+using test::from_device;
 
 // A host array into a device array the GEMM reads.
 template <class T>
@@ -99,14 +85,6 @@ double worst_relative_error(const Groups& g, int n, int k, const std::vector<flo
   return worst;
 }
 
-std::vector<float> download(const float* device, std::size_t count) {
-  std::vector<float> host(count);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(host.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  return host;
-}
-
 TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   const int n = 384, k = 2048;
@@ -135,7 +113,7 @@ TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
   upload(arrays.b, b_ptr);
   upload(arrays.d, d_ptr);
   gemm.run(nullptr);
-  const std::vector<float> d = download(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  const std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
 
   const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int c, int i) {
     return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
@@ -188,7 +166,7 @@ TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
   upload(arrays.sfb, sb_ptr);
   upload(arrays.d, d_ptr);
   gemm.run(nullptr);
-  const std::vector<float> d = download(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  const std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
 
   const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int c, int i) {
     const std::size_t row = static_cast<std::size_t>(r),

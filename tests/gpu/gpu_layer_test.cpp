@@ -25,6 +25,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "math/quantize.hpp"
+#include "support/device_vectors.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -533,12 +534,7 @@ std::vector<float> special_weights(std::int64_t experts, std::int64_t per_expert
   return w;
 }
 
-template <class T>
-std::vector<T> from_device(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using test::from_device;
 
 // First index where the bits differ, with both values, or "" when identical.
 template <class T>

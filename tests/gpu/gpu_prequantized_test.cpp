@@ -20,6 +20,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "math/quantize.hpp"
+#include "support/device_vectors.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -50,12 +51,7 @@ reference::LayerWeights special_weights(std::uint64_t seed) {
   return w;
 }
 
-template <class T>
-std::vector<T> from_device(const T* d, std::size_t n) {
-  std::vector<T> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using test::from_device;
 
 // The index of the first element whose bits differ, or -1.
 template <class T>
