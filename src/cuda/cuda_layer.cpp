@@ -23,82 +23,85 @@ class CudaLayer final : public LayerImpl {
   CudaLayer(NcclCommunicator& comm, const LayerConfig& config, const ExpertWeights& weights)
       : LayerImpl(config), comm_(comm), device_(comm.cuda_device()) {
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
-    const Device d = comm.device();
-    // Weights: on this GPU or on the host, bf16 or f32 values or codes already in the precision;
-    // the expert backend prepares them on this GPU (docs/design.md §4.1). So are the optional
-    // biases, each checked under its own name.
-    for (const TensorView* t : {&weights.w13, &weights.w2})
-      if (given(*t) && !(t->device == d) && t->device.kind != DeviceKind::cpu)
-        throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
-                                                     to_string(t->device) + ", expected cpu or " +
-                                                     to_string(d));
-    validate_weights(config, weights, d, /*host_allowed=*/true);
+    // A throw part-way (a peer that never joins, a bad weight tensor) frees what was made so far:
+    // a serving engine retries creation, and each try must not leak a stream or buffers.
+    try {
+      const Device d = comm.device();
+      // Weights: on this GPU or on the host, bf16 or f32 values or codes already in the precision;
+      // the expert backend prepares them on this GPU (docs/design.md §4.1). So are the optional
+      // biases, each checked under its own name.
+      for (const TensorView* t : {&weights.w13, &weights.w2})
+        if (given(*t) && !(t->device == d) && t->device.kind != DeviceKind::cpu)
+          throw Error(ErrorCode::invalid_argument, std::string("Layer: weights are on ") +
+                                                       to_string(t->device) + ", expected cpu or " +
+                                                       to_string(d));
+      validate_weights(config, weights, d, /*host_allowed=*/true);
 
-    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    check_same_config_on_every_rank();
-    // The same config on every rank, so every rank gets the same answer here.
-    backend_ = experts::make_expert_backend(config, device_);
+      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      check_same_config_on_every_rank();
+      // The same config on every rank, so every rank gets the same answer here.
+      backend_ = experts::make_expert_backend(config, device_);
 
-    // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank; the
-    // registration is bounded and names who gave up (SymmetricWindow, nccl_comm.hpp).
-    const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
-    window_ = SymmetricWindow(comm, layout.total);
-    peer_windows_ = window_.peers();
+      // The window: one ncclMemAlloc'd region, registered once, symmetric on every rank; the
+      // registration is bounded and names who gave up (SymmetricWindow, nccl_comm.hpp).
+      const protocol::WorkspaceLayout layout = protocol::make_workspace_layout(config);
+      window_ = SymmetricWindow(comm, layout.total);
+      peer_windows_ = window_.peers();
 
-    // Round state (device), health record and reset outcome (mapped pinned host memory).
-    RoundState state{};
-    state.round = protocol::kFirstRound;
-    EPMOE_CUDA_CHECK(cudaMalloc(&state_, sizeof(RoundState)));
-    EPMOE_CUDA_CHECK(cudaMemcpy(state_, &state, sizeof state, cudaMemcpyHostToDevice));
-    EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&health_host_), sizeof(HealthRecord),
-                                   cudaHostAllocMapped));
-    std::memset(health_host_, 0, sizeof(HealthRecord));
-    EPMOE_CUDA_CHECK(
-        cudaHostGetDevicePointer(reinterpret_cast<void**>(&health_device_), health_host_, 0));
-    EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&reset_outcome_host_),
-                                   sizeof(std::int32_t), cudaHostAllocMapped));
-    EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&reset_outcome_device_),
-                                              reset_outcome_host_, 0));
+      // Round state (device), health record and reset outcome (mapped pinned host memory).
+      RoundState state{};
+      state.round = protocol::kFirstRound;
+      EPMOE_CUDA_CHECK(cudaMalloc(&state_, sizeof(RoundState)));
+      EPMOE_CUDA_CHECK(cudaMemcpy(state_, &state, sizeof state, cudaMemcpyHostToDevice));
+      EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&health_host_), sizeof(HealthRecord),
+                                     cudaHostAllocMapped));
+      std::memset(health_host_, 0, sizeof(HealthRecord));
+      EPMOE_CUDA_CHECK(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&health_device_), health_host_, 0));
+      EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&reset_outcome_host_),
+                                     sizeof(std::int32_t), cudaHostAllocMapped));
+      EPMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&reset_outcome_device_),
+                                                reset_outcome_host_, 0));
 
-    const LayerShape& s = config.shape();
-    base_ = RoundParams{};
-    base_.layout = layout;
-    base_.peer_windows = peer_windows_;
-    base_.rank = config.rank();
-    base_.world = config.world();
-    base_.hidden = s.hidden;
-    base_.top_k = s.top_k;
-    base_.local_experts = config.local_experts();
-    base_.num_experts = s.num_experts;
-    base_.precision = config.precision();
-    base_.combine = config.options().combine;
-    base_.rounding = config.options().mxfp8_scale_rounding;
-    base_.timeout_ms = config.options().timeout_ms;
-    base_.state = state_;
-    base_.health = health_device_;
-    base_.staged = backend_->staged_rows();
-    EPMOE_CUDA_CHECK(cudaMalloc(&route_scratch_, route_scratch_bytes(base_)));
-    base_.scratch = route_scratch(route_scratch_, base_);
-    dispatch_ = dispatch_shape(base_, device_);
-    experts_ = experts_shape(base_, device_);
-    combine_ = combine_shape(base_, device_);
+      const LayerShape& s = config.shape();
+      base_ = RoundParams{};
+      base_.layout = layout;
+      base_.peer_windows = peer_windows_;
+      base_.rank = config.rank();
+      base_.world = config.world();
+      base_.hidden = s.hidden;
+      base_.top_k = s.top_k;
+      base_.local_experts = config.local_experts();
+      base_.num_experts = s.num_experts;
+      base_.precision = config.precision();
+      base_.combine = config.options().combine;
+      base_.rounding = config.options().mxfp8_scale_rounding;
+      base_.timeout_ms = config.options().timeout_ms;
+      base_.state = state_;
+      base_.health = health_device_;
+      base_.staged = backend_->staged_rows();
+      EPMOE_CUDA_CHECK(cudaMalloc(&route_scratch_, route_scratch_bytes(base_)));
+      base_.scratch = route_scratch(route_scratch_, base_);
+      dispatch_ = dispatch_shape(base_, device_);
+      experts_ = experts_shape(base_, device_);
+      combine_ = combine_shape(base_, device_);
 
-    // The legacy default stream, as the host copy of the weights used before: ordered after
-    // pending work on blocking streams that may still be writing the caller's device tensors.
-    backend_->prepare(weights, cudaStreamLegacy);
-    EPMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+      // The legacy default stream, as the host copy of the weights used before: ordered after
+      // pending work on blocking streams that may still be writing the caller's device tensors.
+      backend_->prepare(weights, cudaStreamLegacy);
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+
+    } catch (...) {
+      release();
+      throw;
+    }
   }
 
   ~CudaLayer() override {
     cudaSetDevice(device_);
     cudaDeviceSynchronize();  // every kernel's waits are bounded: this returns
+    release();
     // window_ deregisters (local in NCCL 2.28, skipped after an abort) and frees itself last.
-    cudaFree(state_);
-    backend_.reset();
-    cudaFree(route_scratch_);
-    cudaFreeHost(health_host_);
-    cudaFreeHost(reset_outcome_host_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
@@ -233,7 +236,24 @@ class CudaLayer final : public LayerImpl {
                                   " refused until a collective reset(): " + health_.what);
   }
 
+  // Frees what the constructor made (whatever of it exists), on the layer's device.
+  void release() noexcept {
+    cudaSetDevice(device_);
+    cudaFree(state_);
+    state_ = nullptr;
+    backend_.reset();
+    cudaFree(route_scratch_);
+    route_scratch_ = nullptr;
+    cudaFreeHost(health_host_);
+    health_host_ = nullptr;
+    cudaFreeHost(reset_outcome_host_);
+    reset_outcome_host_ = nullptr;
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+
   NcclCommunicator& comm_;
+
   int device_;
   cudaStream_t stream_ = nullptr;       // creation and reset
   cudaStream_t last_stream_ = nullptr;  // the caller's stream of the last forward
