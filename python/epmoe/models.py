@@ -458,12 +458,12 @@ def _fp8_from_per_expert(spec: MoeSpec, mats: list, scales: list, keys: list,
     shapes = _fp8_shapes(spec)
     codes, inv = [], []
     for weights, scale_invs, names in zip(mats, scales, keys):
-        for t, s, name, kind in zip(weights, scale_invs, names, ("gate_up", "gate_up", "down")):
-            _expect(t, shapes[kind][0], name)
-            _expect(s, shapes[kind][1], name + "_scale_inv")
         codes.append(tuple(_fp8_codes(t, name) for t, name in zip(weights, names)))
         inv.append(tuple(_fp8_scales(s, name + "_scale_inv")
                          for s, name in zip(scale_invs, names)))
+        for t, s, name, kind in zip(codes[-1], inv[-1], names, ("gate_up", "gate_up", "down")):
+            _expect(t, shapes[kind][0], name)
+            _expect(s, shapes[kind][1], name + "_scale_inv")
     (w13, w2), (s13, s2) = _stack_gate_up(codes), _stack_gate_up(inv)
     return _fp8_experts(w13, s13, w2, s2, where)
 
