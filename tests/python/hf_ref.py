@@ -167,7 +167,8 @@ def shipped_checkpoint(block: torch.nn.Module, model: str, prefix: str):
 
     * FP8 (not gpt-oss): per expert ``...experts.{e}.{gate_proj,up_proj,down_proj}.weight``
       float8_e4m3fn [out, in] with ``.weight_scale_inv`` float32 [ceil(out/128), ceil(in/128)],
-      amax / 448 per 128 x 128 tile (Mixtral: w1, w3, w2 under block_sparse_moe).
+      amax / 448 per 128 x 128 tile (Mixtral: w1, w3, w2 under block_sparse_moe), of the
+      block's weights times a factor per tile.
     * gpt-oss MXFP4: ``experts.{gate_up,down}_proj_blocks`` [E, N, K/32, 16] uint8 and
       ``_scales`` [E, N, K/32] uint8, N x K = 2I x H (rows 0::2 gate, 1::2 up, as
       gate_up_proj's columns) and H x I.
@@ -194,8 +195,14 @@ def shipped_checkpoint(block: torch.nn.Module, model: str, prefix: str):
     sd = checkpoint_state_dict(block, model, prefix)
     fp8 = Fp8Dequantize(None)
     i = block.experts.down_proj.shape[2]
+    g = torch.Generator().manual_seed(0)
     for key in [k for k in sd if ".experts." in k and k.endswith(".weight")]:
-        codes, scale_inv = epmoe.quantize_fp8_block128(sd[key].float(), "tile_128x128")
+        # Each 128 x 128 tile scaled by its own 2^U(-2, 1): the tiles' scales differ (with the
+        # block's uniform weights they would all be equal, and a mix-up of them would not show).
+        rows, cols = sd[key].shape
+        tiles = torch.rand(-(-rows // 128), -(-cols // 128), generator=g) * 3 - 2
+        factor = tiles.exp2().repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        codes, scale_inv = epmoe.quantize_fp8_block128(sd[key].float() * factor, "tile_128x128")
         sd[key] = codes.view(torch.float8_e4m3fn)
         sd[key + "_scale_inv"] = scale_inv
         e, name = int(key.split(".experts.")[1].split(".")[0]), key.split(".")[-2]
@@ -207,3 +214,13 @@ def shipped_checkpoint(block: torch.nn.Module, model: str, prefix: str):
                 rows = slice(0, i) if name in ("gate_proj", "w1") else slice(i, 2 * i)
                 experts.gate_up_proj[e, rows].copy_(values)
     return sd, dequantized
+
+
+def values_state_dict(block: torch.nn.Module, dequantized: torch.nn.Module, model: str,
+                      prefix: str) -> dict:
+    """The checkpoint of :func:`shipped_checkpoint`'s dequantized experts (float32 values) with
+    the block's own bf16 router, shared experts and biases: the shipped layer, given as values."""
+    sd = checkpoint_state_dict(dequantized, model, prefix)
+    sd.update({k: v for k, v in checkpoint_state_dict(block, model, prefix).items()
+               if ".experts." not in k or k.endswith("_bias")})
+    return sd

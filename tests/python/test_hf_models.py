@@ -39,6 +39,7 @@ from hf_ref import (  # noqa: E402
     reference64,
     rel_l2,
     shipped_checkpoint,
+    values_state_dict,
 )
 
 MAX_TOKENS = 32
@@ -213,15 +214,6 @@ def test_gpt_oss_alpha_other_than_1702_is_refused():
 # --------------------------------------------------------------- quantized checkpoints as shipped
 
 
-def values_state_dict(block, dequantized, model):
-    """The checkpoint of the dequantized experts (float32 values) with the block's own bf16
-    router, shared experts and biases: the same layer as the shipped one, given as values."""
-    sd = checkpoint_state_dict(dequantized, model, PREFIX)
-    sd.update({k: v for k, v in checkpoint_state_dict(block, model, PREFIX).items()
-               if ".experts." not in k or k.endswith("_bias")})
-    return sd
-
-
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("model,precision", SHIPPED)
 def test_shipped_checkpoint_gives_the_layer_of_its_values_and_transformers_parity(
@@ -232,7 +224,7 @@ def test_shipped_checkpoint_gives_the_layer_of_its_values_and_transformers_parit
     transformers' block run on those values in float64 within the format's bound."""
     block, config = make_block(model, seed=11)
     sd, dequantized = shipped_checkpoint(block, model, PREFIX)
-    values = values_state_dict(block, dequantized, model)
+    values = values_state_dict(block, dequantized, model, PREFIX)
     shared = getattr(block, "shared_experts", None)
     xs = [[make_tokens(t, seed=100 * r + rank) for rank, t in enumerate(tokens)]
           for r, tokens in enumerate(TOKENS[world])]
