@@ -338,7 +338,7 @@ def _from_fused(spec: MoeSpec, gate_up: Any, down: Any, chosen: range, where: st
     and up interleaved, gate0, up0, gate1, ...) -> this rank's w13 [E_local, 2I, H], w2. FP8
     (float8_e4m3fn, or ``scale_inv`` given: gate_up_proj_scale_inv, down_proj_scale_inv) ->
     :func:`_fp8_from_fused`."""
-    fp8 = _dtype_name(gate_up).startswith("float8") or scale_inv != (None, None)
+    fp8 = _dtype_name(gate_up).startswith("float8") or any(t is not None for t in scale_inv)
     if fp8 and (transposed, concatenated) == (False, True):  # transformers' FP8Experts
         return _fp8_from_fused(spec, gate_up, scale_inv[0], down, scale_inv[1], chosen, where)
     _refuse_dtype(spec, f"{where}.gate_up_proj", gate_up)
