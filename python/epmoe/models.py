@@ -17,8 +17,24 @@ keeps its experts transposed with gate and up interleaved, and has biases::
     experts.down_proj_bias    [E, H]                                  -> b2  [E_local, H]
 
 with ``activation="swiglu_oai"`` and its ``swiglu_limit``. Expert e lives on rank e // E_local;
-only this rank's experts are read. Tensors keep their dtype (bf16 as shipped; the layer quantizes
-them to its precision itself).
+only this rank's experts are read. bf16 tensors keep their dtype (the layer quantizes them to its
+precision itself). Quantized checkpoints are taken as shipped, their codes and scales handed to
+the layer as :class:`epmoe.QuantizedWeights` in the checkpoint's own format, with no dequantizing
+and re-quantizing::
+
+    FP8 (DeepSeek-V3/R1; Qwen3-MoE and Mixtral FP8 checkpoints alike), precision fp8_block128:
+    experts.{e}.gate_proj.weight float8_e4m3fn [I, H] + .weight_scale_inv f32 [I/128, ceil(H/128)]
+    experts.{e}.up_proj ... , experts.{e}.down_proj ... [H, I] + [ceil(H/128), ceil(I/128)]
+        -> w13 codes [E_local, 2I, H] (gate rows, then up rows), scales [E_local, 2I/128, ...]
+    (I must be a multiple of 128, so that no 128-row tile straddles gate and up rows)
+
+    MXFP4 (gpt-oss), precision mxfp4:
+    experts.gate_up_proj_blocks u8 [E, 2I, H/32, 16], _scales u8 [E, 2I, H/32] (rows 0::2 gate,
+    1::2 up) -> w13 blocks and scales, gate rows then up rows
+    experts.down_proj_blocks u8 [E, H, I/32, 16], _scales u8 [E, H, I/32] -> w2 as they are
+
+A layer built from such weights runs at the checkpoint's precision (the default when none is
+given); asking for another is refused.
 
 From a block (the module object)::
 
@@ -35,11 +51,10 @@ Lower level: :func:`expert_weights` / :func:`expert_weights_from_state_dict` (th
 b2``), :func:`layer_shape`, :func:`route` (the block's own router) and :class:`Router` (the same
 router from a state dict).
 
-Not supported yet, refused with :class:`UnsupportedModel`: checkpoints in a quantized format as
-shipped, i.e. gpt-oss's MXFP4 ``*_blocks`` / ``*_scales`` and DeepSeek-V3/R1's float8_e4m3 weights
-with 128x128 ``weight_scale_inv`` blocks: the pre-quantized weight input is not done yet
-(docs/design.md §6, "Planned"). Dequantize them to bf16 first; epmoe's ``mxfp4`` and
-``fp8_block128`` precisions quantize them again in the same formats.
+Refused with :class:`UnsupportedModel`: other models and activations, FP8 with tiles other than
+128 x 128 or static activation scales, other quantization methods, and transformers' MXFP4
+experts module (its codes and scales are swizzled for triton's kernels; build from the
+checkpoint's state dict instead).
 
 torch is imported when a function here is called, not when ``epmoe`` is imported.
 """
@@ -48,7 +63,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 from ._epmoe import Communicator, LayerShape
 
@@ -71,16 +86,17 @@ __all__ = [
 #: model_type values (``config.model_type``) the adapters take.
 SUPPORTED_MODELS = ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss")
 
-_FP8_WHAT = ("FP8 checkpoints (float8_e4m3 weights with 128x128 block scales, "
-             "'weight_scale_inv') are not supported yet: the adapters do not read a checkpoint's "
-             "own scales (docs/design.md §6, planned). Load the bf16 weights (dequantize the "
-             "checkpoint to bf16 first) and let epmoe quantize them (precision bf16, mxfp8, nvfp4, "
-             "or fp8_block128, DeepSeek's own 128x128 / 1x128 blocks)")
-_MXFP4_WHAT = ("gpt-oss's MXFP4 checkpoint tensors as shipped (uint8 '*_blocks' of E2M1 pairs and "
-               "'*_scales' of UE8M0 per 32) are not supported yet: the adapters do not take "
-               "pre-quantized weights (docs/design.md §6, planned). Load the bf16 weights "
-               "(transformers: quantization_config=Mxfp4Config(dequantize=True)) and let epmoe "
-               "quantize them (precision bf16, mxfp8, or mxfp4, gpt-oss's own format)")
+# The precision a layer takes each checkpoint format at, as shipped.
+_FP8 = "fp8_block128"  # float8_e4m3fn weights + float32 weight_scale_inv per 128 x 128 tile
+_MXFP4 = "mxfp4"  # uint8 *_blocks (E2M1 pairs) + uint8 *_scales (UE8M0 per 32)
+_FP8_TILE = 128
+_MXFP4_BLOCK = 32
+_MXFP4_BLOCKS_FROM_STATE_DICT = (
+    "gpt-oss's MXFP4 experts as transformers holds them (Mxfp4GptOssExperts) are not read: its "
+    "codes and scales are swizzled for triton's kernels. Build the layer from the checkpoint's "
+    "state dict (EPMoE.from_state_dict: experts.gate_up_proj_blocks / _scales, "
+    "down_proj_blocks / _scales, taken as shipped at precision mxfp4), or load the model "
+    "dequantized (Mxfp4Config(dequantize=True))")
 # transformers' GptOssExperts.alpha; epmoe's swiglu_oai fixes it (kSwigluOaiAlpha, config.hpp).
 _SWIGLU_OAI_ALPHA = 1.702
 _SWIGLU_OAI_DEFAULT_LIMIT = 7.0  # GptOssExperts.limit; Mxfp4GptOssExperts: config.swiglu_limit
@@ -133,36 +149,50 @@ def _get(config: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _refuse_quantized(config: Any) -> None:
+def _check_quantization(config: Any) -> None:
+    """The checkpoint formats the adapters read as shipped: FP8 in 128 x 128 tiles with dynamic
+    activation scales (DeepSeek-V3's ``quant_method="fp8"``) and MXFP4 (gpt-oss's). Whether a
+    layer's weights are quantized is read from the tensors themselves."""
     q = _get(config, "quantization_config")
     if q is None:
         return
-    method = q.get("quant_method") if isinstance(q, Mapping) else getattr(q, "quant_method", q)
+
+    def field(name: str) -> Any:
+        return q.get(name) if isinstance(q, Mapping) else getattr(q, name, None)
+
+    method = field("quant_method")
     method = str(getattr(method, "value", method)).lower()
-    if "fp8" in method:
-        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_FP8_WHAT}")
-    if "mxfp4" in method:
-        dequantize = q.get("dequantize") if isinstance(q, Mapping) else getattr(q, "dequantize",
-                                                                                  False)
-        if dequantize:  # transformers dequantized the checkpoint to bf16 on load
-            return
-        raise UnsupportedModel(f"quantization_config.quant_method={method!r}: {_MXFP4_WHAT}")
-    raise UnsupportedModel(f"quantization_config.quant_method={method!r}: epmoe takes bf16 or f32 "
-                           "expert weights and quantizes them itself; load an unquantized "
-                           "checkpoint")
+    if method == "mxfp4":
+        return
+    if method == "fp8":
+        block = field("weight_block_size")
+        if block is not None and [int(b) for b in block] != [_FP8_TILE, _FP8_TILE]:
+            raise UnsupportedModel(f"quantization_config.weight_block_size={list(block)}: epmoe's "
+                                   f"{_FP8} takes weights in {_FP8_TILE} x {_FP8_TILE} tiles "
+                                   "(DeepSeek-V3's) only")
+        scheme = field("activation_scheme")
+        if scheme not in (None, "dynamic"):
+            raise UnsupportedModel(f"quantization_config.activation_scheme={scheme!r}: epmoe "
+                                   f"scales {_FP8} activations per 1 x 128 run as it sends them "
+                                   "(dynamic); a checkpoint's static activation scales are not "
+                                   "taken")
+        return
+    raise UnsupportedModel(f"quantization_config.quant_method={method!r}: the adapters read bf16 "
+                           "or f32 weights, FP8 (quant_method 'fp8', 128 x 128 tiles) and MXFP4 "
+                           "(gpt-oss) checkpoints; load an unquantized checkpoint")
 
 
 def model_spec(config: Any) -> MoeSpec:
     """The :class:`MoeSpec` of a transformers config (or a config.json dict). Raises
-    :class:`UnsupportedModel` for quantized checkpoints as shipped (FP8, MXFP4 not dequantized),
-    other models and, but for gpt-oss, activations other than SiLU (epmoe computes
+    :class:`UnsupportedModel` for other models, quantization methods other than FP8 in 128 x 128
+    tiles and MXFP4, and, but for gpt-oss, activations other than SiLU (epmoe computes
     silu(gate) * up)."""
     config = _cfg(config)
     model_type = str(_get(config, "model_type", default=""))
     if model_type not in SUPPORTED_MODELS:
         raise UnsupportedModel(f"model_type={model_type!r}: the adapters take "
                                f"{', '.join(SUPPORTED_MODELS)}")
-    _refuse_quantized(config)
+    _check_quantization(config)
     hidden = int(config.hidden_size)
     if model_type == "gpt_oss":  # hidden_act is unused: its experts hard-code their activation
         # The router's softmax over the top-k logits is normalised by construction.
@@ -211,15 +241,33 @@ def local_experts(num_experts: int, rank: int, world: int) -> range:
 # --------------------------------------------------------------------------- weights
 
 
+class _Experts(NamedTuple):
+    """This rank's experts for the layer: w13, w2 as values (``precision`` None), or as
+    :class:`epmoe.QuantizedWeights` in the checkpoint's own format (``precision``), read from the
+    tensors ``where`` names."""
+
+    w13: Any
+    w2: Any
+    precision: Optional[str] = None
+    where: str = ""
+
+
+def _dtype_name(t: Any) -> str:
+    return str(getattr(t, "dtype", "")).replace("torch.", "")
+
+
 def _refuse_dtype(spec: MoeSpec, name: str, t: Any) -> None:
-    dtype = str(getattr(t, "dtype", ""))
-    if "float8" in dtype:
-        raise UnsupportedModel(f"{name} is {dtype}: {_FP8_WHAT}")
-    if dtype in ("torch.uint8", "uint8", "torch.int8", "int8"):
+    """Values must be floats: quantized codes reach here only without their scales."""
+    dtype = _dtype_name(t)
+    if dtype.startswith("float8"):
+        raise UnsupportedModel(f"{name} is {dtype} without its 'weight_scale_inv' (FP8 weights "
+                               f"are read with their {_FP8_TILE} x {_FP8_TILE} block scales, as "
+                               "DeepSeek-V3 ships them)")
+    if dtype in ("uint8", "int8"):
         if spec.model_type == "gpt_oss":
-            raise UnsupportedModel(f"{name} is {dtype}: {_MXFP4_WHAT}")
-        raise UnsupportedModel(f"{name} is {dtype} (packed quantized weights): epmoe takes bf16 "
-                               "or f32 expert weights and quantizes them itself")
+            raise UnsupportedModel(f"{name} is {dtype}: {_MXFP4_BLOCKS_FROM_STATE_DICT}")
+        raise UnsupportedModel(f"{name} is {dtype} (packed quantized weights): epmoe reads bf16 "
+                               "or f32 values, FP8 with 'weight_scale_inv' and gpt-oss's MXFP4")
 
 
 def _router_module(block: Any) -> Any:
@@ -284,10 +332,15 @@ def _check_shapes(spec: MoeSpec, w13: Any, w2: Any, n: int, names: str) -> None:
 
 
 def _from_fused(spec: MoeSpec, gate_up: Any, down: Any, chosen: range, where: str,
-                transposed: bool, concatenated: bool):
+                transposed: bool, concatenated: bool, scale_inv: tuple = (None, None)) -> _Experts:
     """transformers 5's fused experts: gate_up_proj [E, 2I, H] (gate rows, then up rows) and
     down_proj [E, H, I] (``transposed``: [E, H, 2I] and [E, I, H]; not ``concatenated``: gate
-    and up interleaved, gate0, up0, gate1, ...) -> this rank's w13 [E_local, 2I, H], w2."""
+    and up interleaved, gate0, up0, gate1, ...) -> this rank's w13 [E_local, 2I, H], w2. FP8
+    (float8_e4m3fn, or ``scale_inv`` given: gate_up_proj_scale_inv, down_proj_scale_inv) ->
+    :func:`_fp8_from_fused`."""
+    fp8 = _dtype_name(gate_up).startswith("float8") or any(t is not None for t in scale_inv)
+    if fp8 and (transposed, concatenated) == (False, True):  # transformers' FP8Experts
+        return _fp8_from_fused(spec, gate_up, scale_inv[0], down, scale_inv[1], chosen, where)
     _refuse_dtype(spec, f"{where}.gate_up_proj", gate_up)
     _refuse_dtype(spec, f"{where}.down_proj", down)
     sel = slice(chosen.start, chosen.stop)
@@ -297,7 +350,7 @@ def _from_fused(spec: MoeSpec, gate_up: Any, down: Any, chosen: range, where: st
     if not concatenated:
         w13 = _deinterleave(w13)
     _check_shapes(spec, w13, w2, len(chosen), f"{where}.gate_up_proj / down_proj")
-    return w13.contiguous(), w2.contiguous()
+    return _Experts(w13.contiguous(), w2.contiguous())
 
 
 def _biases_from_fused(spec: MoeSpec, gate_up_bias: Any, down_bias: Any, chosen: range,
@@ -316,17 +369,151 @@ def _biases_from_fused(spec: MoeSpec, gate_up_bias: Any, down_bias: Any, chosen:
     return b13.contiguous(), b2.contiguous()
 
 
-def _from_per_expert(spec: MoeSpec, mats: list, where: str):
-    """One (gate [I, H], up [I, H], down [H, I]) per local expert -> w13, w2."""
+def _stack_gate_up(mats: list) -> tuple:
+    """One (gate [I, ...], up [I, ...], down) per local expert -> ([E_local, 2I, ...] gate rows,
+    then up rows; the downs stacked): weights, and FP8's row-block scales alike."""
     import torch
 
+    return (torch.stack([torch.cat([g.detach(), u.detach()]) for g, u, _ in mats]),
+            torch.stack([d.detach() for _, _, d in mats]))
+
+
+def _from_per_expert(spec: MoeSpec, mats: list, where: str) -> _Experts:
+    """One (gate [I, H], up [I, H], down [H, I]) per local expert -> w13, w2."""
     for n, (g, u, d) in enumerate(mats):
         for what, t in (("gate", g), ("up", u), ("down", d)):
             _refuse_dtype(spec, f"{where} (local expert {n}, {what})", t)
-    w13 = torch.stack([torch.cat([g.detach(), u.detach()]) for g, u, _ in mats])
-    w2 = torch.stack([d.detach() for _, _, d in mats])
+    w13, w2 = _stack_gate_up(mats)
     _check_shapes(spec, w13, w2, len(mats), where)
-    return w13.contiguous(), w2.contiguous()
+    return _Experts(w13.contiguous(), w2.contiguous())
+
+
+def _expect(t: Any, shape: tuple, name: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise UnsupportedModel(f"{name} has shape {tuple(t.shape)} (this rank's part), expected "
+                               f"{tuple(shape)} from the config")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _fp8_codes(t: Any, name: str) -> Any:
+    """float8_e4m3fn weights as their uint8 view: the codes the layer takes."""
+    import torch
+
+    if _dtype_name(t) != "float8_e4m3fn":
+        raise UnsupportedModel(f"{name} is {_dtype_name(t)}, expected float8_e4m3fn: it comes "
+                               "with a 'weight_scale_inv' (FP8 block scales)")
+    return t.detach().view(torch.uint8)
+
+
+def _fp8_scales(t: Any, name: str) -> Any:
+    """weight_scale_inv as float32: as shipped, or from transformers' E8M0 (scale_fmt "ue8m0"),
+    whose powers of two float32 holds exactly."""
+    import torch
+
+    if t is None:
+        raise UnsupportedModel(f"{name} is missing: FP8 weights are read with their "
+                               f"{_FP8_TILE} x {_FP8_TILE} block scales")
+    dtype = _dtype_name(t)
+    if dtype == "float8_e8m0fnu":
+        return t.detach().to(torch.float32)
+    if dtype != "float32":
+        raise UnsupportedModel(f"{name} is {dtype}, expected float32 (or float8_e8m0fnu) scales, "
+                               f"one per {_FP8_TILE} x {_FP8_TILE} tile")
+    return t.detach()
+
+
+def _fp8_tiles(spec: MoeSpec, name: str) -> None:
+    """w13 stacks gate's I rows on up's: its 128-row tiles are gate's and up's own tiles (and
+    the scales concatenate exactly) only when 128 divides I."""
+    if spec.intermediate % _FP8_TILE:
+        raise UnsupportedModel(f"{name}: I={spec.intermediate} is not a multiple of {_FP8_TILE}: "
+                               f"one of w13's {_FP8_TILE}-row tiles ({_FP8}) would hold rows of "
+                               "gate and of up, which the checkpoint scales separately")
+
+
+def _fp8_shapes(spec: MoeSpec) -> dict:
+    """Per expert: codes and weight_scale_inv of gate / up [I, H] and down [H, I]."""
+    h, i = spec.hidden, spec.intermediate
+    th, ti = _ceil_div(h, _FP8_TILE), _ceil_div(i, _FP8_TILE)
+    return {"gate_up": ((i, h), (ti, th)), "down": ((h, i), (th, ti))}
+
+
+def _fp8_experts(w13: Any, s13: Any, w2: Any, s2: Any, where: str) -> _Experts:
+    from . import QuantizedWeights
+
+    return _Experts(QuantizedWeights(w13.contiguous(), s13.contiguous()),
+                    QuantizedWeights(w2.contiguous(), s2.contiguous()), _FP8, where)
+
+
+def _fp8_from_per_expert(spec: MoeSpec, mats: list, scales: list, keys: list,
+                         where: str) -> _Experts:
+    """FP8 checkpoints' (DeepSeek-V3's) matrices: per local expert (gate, up, down) float8_e4m3fn
+    [out, in] with their weight_scale_inv float32 [ceil(out/128), ceil(in/128)], ``keys`` their
+    names -> w13 codes [E_local, 2I, H] and scales [E_local, 2I/128, ceil(H/128)] (gate's, then
+    up's), w2 codes and scales stacked."""
+    _fp8_tiles(spec, keys[0][0] + "_scale_inv")
+    shapes = _fp8_shapes(spec)
+    codes, inv = [], []
+    for weights, scale_invs, names in zip(mats, scales, keys):
+        codes.append(tuple(_fp8_codes(t, name) for t, name in zip(weights, names)))
+        inv.append(tuple(_fp8_scales(s, name + "_scale_inv")
+                         for s, name in zip(scale_invs, names)))
+        for t, s, name, kind in zip(codes[-1], inv[-1], names, ("gate_up", "gate_up", "down")):
+            _expect(t, shapes[kind][0], name)
+            _expect(s, shapes[kind][1], name + "_scale_inv")
+    (w13, w2), (s13, s2) = _stack_gate_up(codes), _stack_gate_up(inv)
+    return _fp8_experts(w13, s13, w2, s2, where)
+
+
+def _fp8_from_fused(spec: MoeSpec, gate_up: Any, gate_up_scale_inv: Any, down: Any,
+                    down_scale_inv: Any, chosen: range, where: str) -> _Experts:
+    """transformers' FP8 experts (``FP8Experts``, and its state dict): gate_up_proj [E, 2I, H]
+    float8_e4m3fn (gate rows, then up rows) with gate_up_proj_scale_inv [E, 2I/128, ceil(H/128)],
+    down_proj [E, H, I] with down_proj_scale_inv -> this rank's codes and scales."""
+    names = [f"{where}.{n}" for n in ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj",
+                                      "down_proj_scale_inv")]
+    _fp8_tiles(spec, names[1])
+    sel = slice(chosen.start, chosen.stop)
+    w13, w2 = _fp8_codes(gate_up, names[0])[sel], _fp8_codes(down, names[2])[sel]
+    s13 = _fp8_scales(gate_up_scale_inv, names[1])[sel]
+    s2 = _fp8_scales(down_scale_inv, names[3])[sel]
+    (gate, gate_tiles), (down_shape, down_tiles) = _fp8_shapes(spec).values()
+    n = len(chosen)
+    for t, shape, name in zip((w13, s13, w2, s2),
+                              ((2 * gate[0], gate[1]), (2 * gate_tiles[0], gate_tiles[1]),
+                               down_shape, down_tiles), names):
+        _expect(t, (n, *shape), name)
+    return _fp8_experts(w13, s13, w2, s2, f"{names[0]} / {names[2]}")
+
+
+def _mxfp4_from_blocks(spec: MoeSpec, tensor: Any, chosen: range, where: str) -> _Experts:
+    """gpt-oss's MXFP4 checkpoint, ``tensor(name)`` its tensors under ``where``: *_blocks
+    [E, N, K/32, 16] uint8 (E2M1 pairs, element 2j in the low nibble) and *_scales [E, N, K/32]
+    uint8 (UE8M0), N x K = 2I x H for gate_up_proj, whose rows interleave gate (0::2) and up
+    (1::2), and H x I for down_proj -> this rank's codes and scales, gate rows first."""
+    from . import QuantizedWeights
+
+    sel = slice(chosen.start, chosen.stop)
+    n, h, i = len(chosen), spec.hidden, spec.intermediate
+    shapes = {"gate_up_proj": (2 * i, h // _MXFP4_BLOCK), "down_proj": (h, i // _MXFP4_BLOCK)}
+    parts = {}
+    for proj, (rows, blocks) in shapes.items():
+        for kind, shape in (("blocks", (n, rows, blocks, 16)), ("scales", (n, rows, blocks))):
+            name = f"{where}.{proj}_{kind}"
+            t = tensor(f"{proj}_{kind}").detach()[sel]
+            if _dtype_name(t) != "uint8":
+                raise UnsupportedModel(f"{name} is {_dtype_name(t)}, expected uint8 (MXFP4 "
+                                       "E2M1 pairs and UE8M0 scales)")
+            _expect(t, shape, name)
+            parts[f"{proj}_{kind}"] = t
+    w13 = QuantizedWeights(_deinterleave(parts["gate_up_proj_blocks"]).contiguous(),
+                           _deinterleave(parts["gate_up_proj_scales"]).contiguous())
+    w2 = QuantizedWeights(parts["down_proj_blocks"].contiguous(),
+                          parts["down_proj_scales"].contiguous())
+    return _Experts(w13, w2, _MXFP4, f"{where}.gate_up_proj_blocks / down_proj_blocks")
 
 
 def _fused_layout(spec: MoeSpec, experts: Any, where: str) -> tuple:
@@ -341,12 +528,14 @@ def _fused_layout(spec: MoeSpec, experts: Any, where: str) -> tuple:
     return have
 
 
-def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
+def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str) -> _Experts:
     """w13 [E_local, 2I, H] (gate rows, then up rows) and w2 [E_local, H, I] of a transformers
-    experts module: fused 3D parameters (transformers 5) or a ModuleList of per-expert MLPs."""
+    experts module: fused 3D parameters (transformers 5; FP8 ones with their ``*_scale_inv``) or
+    a ModuleList of per-expert MLPs."""
     import torch
 
-    has_bias = bool(getattr(experts, "has_bias", False)) or hasattr(experts, "gate_up_proj_bias")
+    has_bias = bool(getattr(experts, "has_bias", False)) or \
+        getattr(experts, "gate_up_proj_bias", None) is not None
     if has_bias != spec.has_biases:
         theirs = "have them" if spec.has_biases else "have none"
         raise UnsupportedModel(f"{where}: the experts have {'' if has_bias else 'no '}biases; "
@@ -354,10 +543,14 @@ def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
     if getattr(experts, "has_gate", True) is False:
         raise UnsupportedModel(f"{where}: the experts have no gate projection (has_gate=False); "
                                "epmoe computes silu(gate) * up")
+    if getattr(experts, "gate_up_proj_precision_config", None) is not None:
+        raise UnsupportedModel(f"{where}: {_MXFP4_BLOCKS_FROM_STATE_DICT}")
     if hasattr(experts, "gate_up_proj"):  # transformers 5: one 3D parameter each
         transposed, concatenated = _fused_layout(spec, experts, where)
+        scale_inv = (getattr(experts, "gate_up_proj_scale_inv", None),
+                     getattr(experts, "down_proj_scale_inv", None))
         return _from_fused(spec, experts.gate_up_proj, experts.down_proj, chosen, where,
-                           transposed, concatenated)
+                           transposed, concatenated, scale_inv)
     if isinstance(experts, torch.nn.ModuleList):  # per-expert MLPs (transformers 4, custom)
         def mats(m):
             if hasattr(m, "gate_proj"):
@@ -368,12 +561,18 @@ def _stack_experts(spec: MoeSpec, experts: Any, chosen: range, where: str):
                            "down_proj nor a ModuleList of per-expert MLPs")
 
 
-def expert_weights(block: Any, rank: int = 0, world: int = 1):
-    """This rank's ``(w13 [E_local, 2I, H], w2 [E_local, H, I])`` of a transformers MoE block,
-    in the parameters' dtype and device (views of them where already contiguous)."""
+def _block_experts(block: Any, rank: int, world: int) -> _Experts:
     spec = _block_spec(block)
     return _stack_experts(spec, block.experts, local_experts(spec.num_experts, rank, world),
                           type(block).__name__ + ".experts")
+
+
+def expert_weights(block: Any, rank: int = 0, world: int = 1):
+    """This rank's ``(w13 [E_local, 2I, H], w2 [E_local, H, I])`` of a transformers MoE block,
+    in the parameters' dtype and device (views of them where already contiguous). An FP8 block
+    (transformers' ``FP8Experts``: float8_e4m3fn ``gate_up_proj`` / ``down_proj`` with their
+    ``*_scale_inv``) gives two :class:`epmoe.QuantizedWeights` in ``fp8_block128``."""
+    return tuple(_block_experts(block, rank, world)[:2])
 
 
 def expert_biases(block: Any, rank: int = 0, world: int = 1):
@@ -407,15 +606,39 @@ def _prefixes(prefix: str) -> list:
     return out
 
 
-def _refuse_quantized_tensors(state_dict: Mapping, p: str) -> None:
-    """A checkpoint's quantized tensors as shipped: FP8 scales, MXFP4 blocks and scales."""
-    keys = list(state_dict.keys()) if hasattr(state_dict, "keys") else []
-    if any(k.startswith(p) and k.endswith("weight_scale_inv") for k in keys):
-        raise UnsupportedModel(f"{p or 'state dict'}: the state dict has "
-                               f"'weight_scale_inv' tensors: {_FP8_WHAT}")
-    blocks = _key(state_dict, f"{p}experts.gate_up_proj_blocks", f"{p}experts.down_proj_blocks")
-    if blocks is not None:
-        raise UnsupportedModel(f"{blocks}: {_MXFP4_WHAT}")
+def _optional(state_dict: Mapping, key: str) -> Any:
+    return state_dict[key] if key in state_dict else None
+
+
+def _experts_from_state_dict(state_dict: Mapping, spec: MoeSpec, prefix: str,
+                             chosen: range) -> _Experts:
+    prefixes = _prefixes(prefix)
+    for p in prefixes:
+        if _key(state_dict, f"{p}experts.gate_up_proj_blocks") is not None:  # gpt-oss MXFP4
+            return _mxfp4_from_blocks(spec, lambda name: state_dict[f"{p}experts.{name}"], chosen,
+                                      f"{p}experts")
+        fused = _key(state_dict, f"{p}experts.gate_up_proj")
+        if fused is not None:
+            scale_inv = tuple(_optional(state_dict, f"{p}experts.{n}_scale_inv")
+                              for n in ("gate_up_proj", "down_proj"))
+            return _from_fused(spec, state_dict[fused], state_dict[f"{p}experts.down_proj"],
+                               chosen, f"{p}experts", *_model_layout(spec), scale_inv)
+        for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
+            # Qwen3-MoE / DeepSeek-V3 checkpoints; Mixtral's: w1 gate, w3 up, w2 down
+            if _key(state_dict, f"{p}experts.{chosen.start}.{names[0]}.weight") is None:
+                continue
+            keys = [tuple(f"{p}experts.{e}.{n}.weight" for n in names) for e in chosen]
+            mats = [tuple(state_dict[k] for k in ks) for ks in keys]
+            where = f"{p}experts.N.{{{','.join(names)}}}.weight"
+            if _key(state_dict, keys[0][0] + "_scale_inv") is not None:  # FP8 as shipped
+                scales = [tuple(_optional(state_dict, k + "_scale_inv") for k in ks)
+                          for ks in keys]
+                return _fp8_from_per_expert(spec, mats, scales, keys, where)
+            return _from_per_expert(spec, mats, where)
+    raise KeyError(f"no routed experts under {' or '.join(repr(p) for p in prefixes)}: expected "
+                   f"'{prefixes[0]}experts.gate_up_proj' or '{prefixes[0]}experts.{chosen.start}."
+                   "gate_proj.weight' (Mixtral: '.w1.weight'; gpt-oss MXFP4: "
+                   f"'{prefixes[0]}experts.gate_up_proj_blocks')")
 
 
 def expert_weights_from_state_dict(state_dict: Mapping, config: Any, prefix: str, rank: int = 0,
@@ -428,26 +651,15 @@ def expert_weights_from_state_dict(state_dict: Mapping, config: Any, prefix: str
     [E, H, 2I] interleaved and [E, I, H], as its bf16 checkpoints have them too) or the
     checkpoint's per-expert names (``{prefix}.experts.{e}.gate_proj.weight`` [I, H], ``up_proj``,
     ``down_proj`` [H, I]; Mixtral ``w1`` gate, ``w3`` up, ``w2`` down). Only this rank's experts
-    are read, so a lazy mapping loads no more than it needs."""
+    are read, so a lazy mapping loads no more than it needs.
+
+    Quantized checkpoints give two :class:`epmoe.QuantizedWeights` as shipped: FP8 (float8_e4m3fn
+    weights with their ``weight_scale_inv``, per expert or fused as ``gate_up_proj_scale_inv``)
+    in ``fp8_block128``; gpt-oss's ``experts.{gate_up,down}_proj_{blocks,scales}`` in
+    ``mxfp4``."""
     spec = model_spec(config)
-    chosen = local_experts(spec.num_experts, rank, world)
-    prefixes = _prefixes(prefix)
-    for p in prefixes:
-        _refuse_quantized_tensors(state_dict, p)
-        fused = _key(state_dict, f"{p}experts.gate_up_proj")
-        if fused is not None:
-            return _from_fused(spec, state_dict[fused], state_dict[f"{p}experts.down_proj"],
-                               chosen, f"{p}experts", *_model_layout(spec))
-        for names in (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")):
-            # Qwen3-MoE / DeepSeek-V3 checkpoints; Mixtral's: w1 gate, w3 up, w2 down
-            if _key(state_dict, f"{p}experts.{chosen.start}.{names[0]}.weight") is None:
-                continue
-            mats = [tuple(state_dict[f"{p}experts.{e}.{n}.weight"] for n in names)
-                    for e in chosen]
-            return _from_per_expert(spec, mats, f"{p}experts.N.{{{','.join(names)}}}.weight")
-    raise KeyError(f"no routed experts under {' or '.join(repr(p) for p in prefixes)}: expected "
-                   f"'{prefixes[0]}experts.gate_up_proj' or '{prefixes[0]}experts.{chosen.start}."
-                   "gate_proj.weight' (Mixtral: '.w1.weight')")
+    return tuple(_experts_from_state_dict(state_dict, spec, prefix,
+                                          local_experts(spec.num_experts, rank, world))[:2])
 
 
 def expert_biases_from_state_dict(state_dict: Mapping, config: Any, prefix: str, rank: int = 0,
@@ -461,7 +673,6 @@ def expert_biases_from_state_dict(state_dict: Mapping, config: Any, prefix: str,
     chosen = local_experts(spec.num_experts, rank, world)
     prefixes = _prefixes(prefix)
     for p in prefixes:
-        _refuse_quantized_tensors(state_dict, p)
         key = _key(state_dict, f"{p}experts.gate_up_proj_bias")
         if key is not None:
             return _biases_from_fused(spec, state_dict[key],
@@ -590,17 +801,35 @@ class Router:
 # --------------------------------------------------------------------------- the layer
 
 
-def _make_layer(comm: Communicator, spec: MoeSpec, precision: Any, max_tokens_per_rank: int,
-                device: Any, weights: tuple, biases: Optional[tuple], options: dict) -> Any:
-    """The :class:`epmoe.Layer` of this rank's (w13, w2) and (b13, b2) or None, moved to
-    ``device`` when given; the caller's ``options`` override the model's layer options."""
-    from . import Layer
+def _layer_precision(experts: _Experts, precision: Any) -> Any:
+    """The layer's precision: a quantized checkpoint's own (it is read as shipped, never
+    dequantized and re-quantized), else the caller's, bf16 by default."""
+    if experts.precision is None:
+        return "bf16" if precision is None else precision
+    if precision is not None and str(precision) != experts.precision:
+        raise UnsupportedModel(f"{experts.where}: the checkpoint ships {experts.precision} codes "
+                               f"and scales, which a layer takes as shipped at precision "
+                               f"{experts.precision} only, not {str(precision)!r} (epmoe does "
+                               "not dequantize and re-quantize them)")
+    return experts.precision
 
-    tensors = list(weights) + list(biases or (None, None))
-    if device is not None:
-        tensors = [None if t is None else t.to(device) for t in tensors]
-    return Layer(comm, spec.layer_shape(max_tokens_per_rank), precision, *tensors,
-                 **{**spec.layer_options(), **options})
+
+def _make_layer(comm: Communicator, spec: MoeSpec, precision: Any, max_tokens_per_rank: int,
+                device: Any, experts: _Experts, biases: Optional[tuple], options: dict) -> Any:
+    """The :class:`epmoe.Layer` of this rank's experts and (b13, b2) or None, moved to
+    ``device`` when given; the caller's ``options`` override the model's layer options."""
+    from . import Layer, QuantizedWeights
+
+    def moved(t: Any) -> Any:
+        if t is None or device is None:
+            return t
+        if isinstance(t, QuantizedWeights):
+            return QuantizedWeights(*(moved(part) for part in t))
+        return t.to(device)
+
+    tensors = [moved(t) for t in (experts.w13, experts.w2, *(biases or (None, None)))]
+    return Layer(comm, spec.layer_shape(max_tokens_per_rank), _layer_precision(experts, precision),
+                 *tensors, **{**spec.layer_options(), **options})
 
 
 class EPMoE:
@@ -617,30 +846,34 @@ class EPMoE:
         self.shared_experts = shared_experts
 
     @classmethod
-    def from_block(cls, comm: Communicator, block: Any, precision: Any = "bf16", *,
+    def from_block(cls, comm: Communicator, block: Any, precision: Any = None, *,
                    max_tokens_per_rank: int, device: Any = None, **options: Any) -> "EPMoE":
         """From a transformers MoE block: this rank's experts and their biases (``device``:
         where the layer gets them, default where they are), the block's own router and shared
-        experts. ``options`` go to :class:`epmoe.Layer`; the model's activation (gpt-oss:
-        ``swiglu_oai`` with the block's limit) is the default."""
+        experts. ``precision``: by default bf16, or an FP8 block's own ``fp8_block128`` (the
+        only one it takes). ``options`` go to :class:`epmoe.Layer`; the model's activation
+        (gpt-oss: ``swiglu_oai`` with the block's limit) is the default."""
         spec = _block_spec(block)
         layer = _make_layer(comm, spec, precision, max_tokens_per_rank, device,
-                            expert_weights(block, comm.rank, comm.world),
+                            _block_experts(block, comm.rank, comm.world),
                             expert_biases(block, comm.rank, comm.world), options)
         return cls(layer, spec, lambda h: route(block, h), getattr(block, "shared_experts", None))
 
     @classmethod
     def from_state_dict(cls, comm: Communicator, state_dict: Mapping, config: Any, prefix: str,
-                        precision: Any = "bf16", *, max_tokens_per_rank: int, device: Any = None,
+                        precision: Any = None, *, max_tokens_per_rank: int, device: Any = None,
                         shared_experts: Any = None, **options: Any) -> "EPMoE":
         """From a state dict and the model's config: this rank's experts and a :class:`Router`.
-        ``shared_experts``: the model's shared-expert module (DeepSeek-V3), added to the
+        ``precision``: by default bf16, or the checkpoint's own format when it ships quantized
+        experts (``fp8_block128`` for FP8, ``mxfp4`` for gpt-oss's MXFP4; the only one it
+        takes). ``shared_experts``: the model's shared-expert module (DeepSeek-V3), added to the
         output; epmoe does not run it. ``options`` as for :meth:`from_block`."""
         spec = model_spec(config)
         rank, world = comm.rank, comm.world
         layer = _make_layer(
             comm, spec, precision, max_tokens_per_rank, device,
-            expert_weights_from_state_dict(state_dict, config, prefix, rank, world),
+            _experts_from_state_dict(state_dict, spec, prefix,
+                                     local_experts(spec.num_experts, rank, world)),
             expert_biases_from_state_dict(state_dict, config, prefix, rank, world), options)
         return cls(layer, spec, Router.from_state_dict(state_dict, config, prefix, device),
                    shared_experts)

@@ -5,6 +5,10 @@ Every block is built in code from a small config (no downloads), with random wei
 checkpoints ship them. The reference is the same block in float64 (a deep copy), run with the
 bf16 block's own routing (ids and weights), so that routing ties broken differently in float64
 do not count as error: the comparison isolates the experts (and the shared experts).
+
+:func:`shipped_checkpoint` also writes a block as its quantized checkpoints ship it (FP8 with
+``weight_scale_inv``, gpt-oss's MXFP4 ``*_blocks`` / ``*_scales``) and gives the block holding the
+values those codes decode to, dequantized by transformers' own loaders.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ MODEL_PRECISIONS = {m: PRECISIONS for m in MODELS} | {"gpt_oss": ("bf16", "mxfp8
 CASES = [(m, p) for m in MODELS for p in MODEL_PRECISIONS[m]]
 # rel-L2 against an unquantized float64 forward that each precision stays under: the bounds of
 # `epmoe run` (docs/design.md §6, docs/tuning.md "Expert math"; reference::check_output).
-BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35, "mxfp4": 0.35}
+BOUND = {"bf16": 0.02, "mxfp8": 0.10, "nvfp4": 0.35, "mxfp4": 0.35, "fp8_block128": 0.10}
+# Quantized checkpoints the adapters read as shipped: (model, its format = the layer's precision).
+# FP8 as DeepSeek-V3 ships it; Qwen3-MoE and Mixtral FP8 checkpoints use the same names.
+SHIPPED = [("deepseek_v3", "fp8_block128"), ("qwen3_moe", "fp8_block128"),
+           ("mixtral", "fp8_block128"), ("gpt_oss", "mxfp4")]
 
 H, I = 256, 128  # hidden, moe intermediate: multiples of 64 as epmoe requires
 # gpt-oss's intermediate: 2I != H, so that a transposed [E, H, 2I] read as [E, 2I, H] (or
@@ -129,3 +137,90 @@ def rel_l2(y: torch.Tensor, ref: torch.Tensor) -> float:
     y = y.detach().to("cpu", torch.float64)
     ref = ref.detach().to("cpu", torch.float64)
     return float((y - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def checkpoint_state_dict(block: torch.nn.Module, model: str, prefix: str) -> dict:
+    """The block as a checkpoint on disk names it: one matrix per expert (Mixtral: w1/w3/w2
+    under block_sparse_moe), router and shared experts as in transformers; gpt-oss's bf16
+    checkpoints keep transformers' names and layout."""
+    if model == "gpt_oss":
+        return {prefix + k: v.clone() for k, v in block.state_dict().items()}
+    sd = {}
+    i = block.experts.down_proj.shape[2]
+    on_disk = prefix.replace(".mlp.", ".block_sparse_moe.") if model == "mixtral" else prefix
+    names = ("w1", "w3", "w2") if model == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    for e in range(block.experts.gate_up_proj.shape[0]):
+        gu = block.experts.gate_up_proj[e].detach()
+        for n, w in zip(names, (gu[:i], gu[i:], block.experts.down_proj[e].detach())):
+            sd[f"{on_disk}experts.{e}.{n}.weight"] = w.clone()
+    for k, v in block.state_dict().items():
+        if not k.startswith("experts."):
+            sd[on_disk + k] = v.clone()
+    return sd
+
+
+def shipped_checkpoint(block: torch.nn.Module, model: str, prefix: str):
+    """(state dict, dequantized block): the block's bf16 experts quantized as the model's
+    checkpoints ship them, by epmoe's codecs, and a float32 copy of the block whose experts hold
+    the values those codes decode to (dequantized by transformers' loaders, the external oracle
+    of the layouts). Router, shared experts and biases stay as they are.
+
+    * FP8 (not gpt-oss): per expert ``...experts.{e}.{gate_proj,up_proj,down_proj}.weight``
+      float8_e4m3fn [out, in] with ``.weight_scale_inv`` float32 [ceil(out/128), ceil(in/128)],
+      amax / 448 per 128 x 128 tile (Mixtral: w1, w3, w2 under block_sparse_moe), of the
+      block's weights times a factor per tile.
+    * gpt-oss MXFP4: ``experts.{gate_up,down}_proj_blocks`` [E, N, K/32, 16] uint8 and
+      ``_scales`` [E, N, K/32] uint8, N x K = 2I x H (rows 0::2 gate, 1::2 up, as
+      gate_up_proj's columns) and H x I.
+    """
+    import epmoe
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    dequantized = copy.deepcopy(block).float()
+    experts = dequantized.experts
+    if model == "gpt_oss":
+        sd = {prefix + k: v.clone() for k, v in block.state_dict().items()
+              if k not in ("experts.gate_up_proj", "experts.down_proj")}
+        for name in ("gate_up_proj", "down_proj"):
+            rows = getattr(block.experts, name).detach().transpose(1, 2).float()  # [E, N, K]
+            packed, scales = epmoe.quantize_mxfp4(rows.contiguous())
+            blocks = packed.reshape(*scales.shape, 16)
+            sd[f"{prefix}experts.{name}_blocks"] = blocks
+            sd[f"{prefix}experts.{name}_scales"] = scales
+            with torch.no_grad():  # transformers' loader: [E, N, K/32, 16] -> [E, K, N]
+                getattr(experts, name).copy_(
+                    convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+        return sd, dequantized
+    sd = checkpoint_state_dict(block, model, prefix)
+    fp8 = Fp8Dequantize(None)
+    i = block.experts.down_proj.shape[2]
+    g = torch.Generator().manual_seed(0)
+    for key in [k for k in sd if ".experts." in k and k.endswith(".weight")]:
+        # Each 128 x 128 tile scaled by its own 2^U(-2, 1): the tiles' scales differ (with the
+        # block's uniform weights they would all be equal, and a mix-up of them would not show).
+        rows, cols = sd[key].shape
+        tiles = torch.rand(-(-rows // 128), -(-cols // 128), generator=g) * 3 - 2
+        factor = tiles.exp2().repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        codes, scale_inv = epmoe.quantize_fp8_block128(sd[key].float() * factor, "tile_128x128")
+        sd[key] = codes.view(torch.float8_e4m3fn)
+        sd[key + "_scale_inv"] = scale_inv
+        e, name = int(key.split(".experts.")[1].split(".")[0]), key.split(".")[-2]
+        values = fp8._dequantize_one(sd[key], scale_inv, torch.float32)
+        with torch.no_grad():
+            if name in ("down_proj", "w2"):
+                experts.down_proj[e].copy_(values)
+            else:
+                rows = slice(0, i) if name in ("gate_proj", "w1") else slice(i, 2 * i)
+                experts.gate_up_proj[e, rows].copy_(values)
+    return sd, dequantized
+
+
+def values_state_dict(block: torch.nn.Module, dequantized: torch.nn.Module, model: str,
+                      prefix: str) -> dict:
+    """The checkpoint of :func:`shipped_checkpoint`'s dequantized experts (float32 values) with
+    the block's own bf16 router, shared experts and biases: the shipped layer, given as values."""
+    sd = checkpoint_state_dict(dequantized, model, prefix)
+    sd.update({k: v for k, v in checkpoint_state_dict(block, model, prefix).items()
+               if ".experts." not in k or k.endswith("_bias")})
+    return sd

@@ -11,6 +11,8 @@ without torch or transformers (CI has neither).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 try:
@@ -26,15 +28,18 @@ from epmoe_ref import raise_first, run_ranks  # noqa: E402
 from hf_ref import (  # noqa: E402
     BOUND,
     CASES,
-    H,
     MODELS,
+    SHIPPED,
     block_forward,
+    checkpoint_state_dict,
     float64_copy,
     make_block,
     make_config,
     make_tokens,
     reference64,
     rel_l2,
+    shipped_checkpoint,
+    values_state_dict,
 )
 
 MAX_TOKENS = 32
@@ -107,26 +112,6 @@ def test_activation_is_the_models(model):
     for options in changes:
         ep, _ = parity(model, "bf16", 1, **options)
         assert ep > BOUND["bf16"], (options, ep)
-
-
-def checkpoint_state_dict(block, model, prefix):
-    """The block as a checkpoint on disk names it: one matrix per expert (Mixtral: w1/w3/w2
-    under block_sparse_moe), router and shared experts as in transformers; gpt-oss's bf16
-    checkpoints keep transformers' names and layout."""
-    if model == "gpt_oss":
-        return {prefix + k: v.clone() for k, v in block.state_dict().items()}
-    sd = {}
-    i = block.experts.down_proj.shape[2]
-    on_disk = prefix.replace(".mlp.", ".block_sparse_moe.") if model == "mixtral" else prefix
-    names = ("w1", "w3", "w2") if model == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-    for e in range(block.experts.gate_up_proj.shape[0]):
-        gu = block.experts.gate_up_proj[e].detach()
-        for n, w in zip(names, (gu[:i], gu[i:], block.experts.down_proj[e].detach())):
-            sd[f"{on_disk}experts.{e}.{n}.weight"] = w.clone()
-    for k, v in block.state_dict().items():
-        if not k.startswith("experts."):
-            sd[on_disk + k] = v.clone()
-    return sd
 
 
 PREFIX = "model.layers.0.mlp."
@@ -219,29 +204,6 @@ def test_layer_shape_and_spec_from_configs():
     assert spec.has_biases and models.model_spec(make_config("qwen3_moe")).layer_options() == {}
 
 
-def test_gpt_oss_mxfp4_as_shipped_is_refused_naming_what_is_missing():
-    block, config = make_block("gpt_oss", seed=6)
-    shipped = dict(make_config("gpt_oss").to_dict(), quantization_config={"quant_method": "mxfp4"})
-    with pytest.raises(models.UnsupportedModel, match="MXFP4 .*Mxfp4Config\\(dequantize=True\\)"):
-        models.model_spec(shipped)
-    # the checkpoint's tensors: blocks [E, 2I, H/32, 16] and scales [E, 2I, H/32], uint8
-    e, i = config.num_local_experts, config.intermediate_size
-    sd = {PREFIX + k: v for k, v in block.state_dict().items()
-          if k not in ("experts.gate_up_proj", "experts.down_proj")}
-    sd[PREFIX + "experts.gate_up_proj_blocks"] = torch.zeros(e, 2 * i, H // 32, 16,
-                                                             dtype=torch.uint8)
-    sd[PREFIX + "experts.gate_up_proj_scales"] = torch.zeros(e, 2 * i, H // 32, dtype=torch.uint8)
-    for call in (models.expert_weights_from_state_dict, models.expert_biases_from_state_dict):
-        with pytest.raises(models.UnsupportedModel, match="gate_up_proj_blocks: .*pre-quantized"):
-            call(sd, config, PREFIX, 0, 2)
-    # transformers' MXFP4 experts module: uint8 blocks in gate_up_proj
-    with torch.no_grad():
-        block.experts.gate_up_proj = torch.nn.Parameter(
-            torch.zeros(e, 2 * i, H // 32, 16, dtype=torch.uint8), requires_grad=False)
-    with pytest.raises(models.UnsupportedModel, match="torch.uint8: gpt-oss's MXFP4"):
-        models.expert_weights(block, 0, 2)
-
-
 def test_gpt_oss_alpha_other_than_1702_is_refused():
     block, _ = make_block("gpt_oss", seed=7)
     block.experts.alpha = 1.5
@@ -249,20 +211,214 @@ def test_gpt_oss_alpha_other_than_1702_is_refused():
         models.expert_weights(block, 0, 1)
 
 
-def test_fp8_checkpoints_are_refused_naming_what_is_missing():
-    block, config = make_block("deepseek_v3", seed=4)
-    sd = checkpoint_state_dict(block, "deepseek_v3", PREFIX)
-    fp8 = {k: (v.to(torch.float8_e4m3fn) if ".experts." in k else v) for k, v in sd.items()}
-    with pytest.raises(models.UnsupportedModel, match="FP8 checkpoints .* not supported yet"):
-        models.expert_weights_from_state_dict(fp8, config, PREFIX, 0, 2)
-    scaled = dict(sd)
-    scaled[PREFIX + "experts.0.gate_proj.weight_scale_inv"] = torch.ones(1, 2)
-    with pytest.raises(models.UnsupportedModel, match="weight_scale_inv"):
-        models.expert_weights_from_state_dict(scaled, config, PREFIX, 0, 2)
-    config_fp8 = make_config("deepseek_v3")
-    config_fp8.quantization_config = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    with pytest.raises(models.UnsupportedModel, match="fp8_block128"):
-        models.model_spec(config_fp8)
+# --------------------------------------------------------------- quantized checkpoints as shipped
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("model,precision", SHIPPED)
+def test_shipped_checkpoint_gives_the_layer_of_its_values_and_transformers_parity(
+        model, precision, world):
+    """FP8 / MXFP4 codes and scales as the checkpoint ships them -> epmoe at the checkpoint's
+    precision (the default) gives, bit for bit, the layer built from the values they decode to
+    (decode -> re-encode is exact for both formats with these scale rules); and matches
+    transformers' block run on those values in float64 within the format's bound."""
+    block, config = make_block(model, seed=11)
+    sd, dequantized = shipped_checkpoint(block, model, PREFIX)
+    values = values_state_dict(block, dequantized, model, PREFIX)
+    shared = getattr(block, "shared_experts", None)
+    xs = [[make_tokens(t, seed=100 * r + rank) for rank, t in enumerate(tokens)]
+          for r, tokens in enumerate(TOKENS[world])]
+
+    def build(state_dict, layer_precision):
+        return lambda comm: models.EPMoE.from_state_dict(
+            comm, state_dict, config, PREFIX, layer_precision, max_tokens_per_rank=MAX_TOKENS,
+            shared_experts=shared, timeout_ms=30_000)
+
+    shipped = run_layers(block, None, world, xs, from_state_dict=build(sd, None))
+    from_values = run_layers(block, None, world, xs, from_state_dict=build(values, precision))
+    deq64, deq_bf16 = float64_copy(dequantized), copy.deepcopy(dequantized).to(torch.bfloat16)
+    worst_ep = worst_hf = 0.0
+    for r, tokens in enumerate(TOKENS[world]):
+        for rank, t in enumerate(tokens):
+            x, y = xs[r][rank], shipped[r][rank]
+            assert y.shape == x.shape and y.dtype == torch.bfloat16
+            assert torch.equal(y, from_values[r][rank]), (r, rank)
+            if t == 0:
+                continue
+            with torch.no_grad():
+                ids, weights = models.route(block, x)
+                ref = reference64(deq64, x, ids, weights)
+                worst_ep = max(worst_ep, rel_l2(y, ref))
+                worst_hf = max(worst_hf, rel_l2(block_forward(deq_bf16, x), ref))
+    print(f"\n{model} {precision} as shipped, world={world}: rel_l2 vs float64 of the dequantized "
+          f"block: epmoe {worst_ep:.2e}, transformers bf16 {worst_hf:.2e} "
+          f"(bound {BOUND[precision]})")
+    assert worst_hf < BOUND["bf16"], f"transformers' bf16 block: rel_l2 {worst_hf}"
+    assert worst_ep < BOUND[precision], f"epmoe {precision}: rel_l2 {worst_ep}"
+
+
+def decode(q, precision):
+    if precision == "fp8_block128":
+        return epmoe.dequantize_fp8_block128(q.codes, q.scales)
+    return epmoe.dequantize_mxfp4(q.codes.reshape(*q.scales.shape[:-1], -1), q.scales)
+
+
+@pytest.mark.parametrize("model,precision", SHIPPED)
+def test_shipped_state_dict_gives_the_checkpoints_codes_in_epmoes_layout(model, precision):
+    """The codes are the checkpoint's own bytes (no re-quantization), reordered to w13 [E_local,
+    2I, H] gate rows then up rows and w2 [E_local, H, I]: decoded, they are the values
+    transformers' loaders give, in the layout the bf16 adapter gives them."""
+    block, config = make_block(model, seed=12)
+    sd, dequantized = shipped_checkpoint(block, model, PREFIX)
+    world, i = 2, models.model_spec(config).intermediate
+    for rank in range(world):
+        q13, q2 = models.expert_weights_from_state_dict(sd, config, PREFIX, rank, world)
+        assert isinstance(q13, epmoe.QuantizedWeights) and isinstance(q2, epmoe.QuantizedWeights)
+        assert q13.codes.dtype == q2.codes.dtype == torch.uint8
+        v13, v2 = models.expert_weights(dequantized, rank, world)
+        assert torch.equal(decode(q13, precision), v13) and torch.equal(decode(q2, precision), v2)
+        first = rank * len(q13.codes)
+        if precision == "fp8_block128":
+            gate, up, down = (("w1", "w3", "w2") if model == "mixtral" else
+                              ("gate_proj", "up_proj", "down_proj"))
+            on_disk = PREFIX.replace(".mlp.", ".block_sparse_moe.") if model == "mixtral" \
+                else PREFIX
+            w = f"{on_disk}experts.{first}.{{}}.weight"
+            assert torch.equal(q13.codes[0, :i], sd[w.format(gate)].view(torch.uint8))
+            assert torch.equal(q13.codes[0, i:], sd[w.format(up)].view(torch.uint8))
+            assert torch.equal(q13.scales[0], torch.cat([sd[w.format(gate) + "_scale_inv"],
+                                                         sd[w.format(up) + "_scale_inv"]]))
+            assert torch.equal(q2.scales[0], sd[w.format(down) + "_scale_inv"])
+        else:
+            blocks = sd[PREFIX + "experts.gate_up_proj_blocks"][first]
+            assert torch.equal(q13.codes[0, :i], blocks[0::2])  # gpt-oss: even rows gate
+            assert torch.equal(q13.codes[0, i:], blocks[1::2])
+            assert torch.equal(q2.codes[0], sd[PREFIX + "experts.down_proj_blocks"][first])
+            b13, b2 = models.expert_biases_from_state_dict(sd, config, PREFIX, rank, world)
+            assert torch.equal(b13, models.expert_biases(block, rank, world)[0])
+
+
+def fp8_block(seed):
+    """A DeepSeek-V3 block whose experts are transformers' FP8Experts holding its FP8
+    checkpoint (as transformers loads it: gate_up_proj float8 [E, 2I, H], gate_up_proj_scale_inv
+    [E, 2I/128, H/128], down_proj, down_proj_scale_inv), and that checkpoint."""
+    from transformers.integrations.finegrained_fp8 import FP8Experts
+
+    block, config = make_block("deepseek_v3", seed=seed)
+    sd, _ = shipped_checkpoint(block, "deepseek_v3", PREFIX)
+    experts = FP8Experts(config, block_size=(128, 128))
+    with torch.no_grad():
+        for e in range(config.n_routed_experts):
+            w = f"{PREFIX}experts.{e}.{{}}.weight"
+            for fused, parts in (("gate_up_proj", ("gate_proj", "up_proj")),
+                                 ("down_proj", ("down_proj",))):
+                codes = torch.cat([sd[w.format(p)].view(torch.uint8) for p in parts])
+                getattr(experts, fused).view(torch.uint8)[e].copy_(codes)
+                getattr(experts, fused + "_scale_inv")[e].copy_(
+                    torch.cat([sd[w.format(p) + "_scale_inv"] for p in parts]))
+    block.experts = experts
+    return block, config, sd
+
+
+def test_fp8_block_and_its_state_dict_give_the_checkpoints_layer():
+    """transformers' FP8 block (EPMoE.from_block) and its state dict's fused names
+    (gate_up_proj + gate_up_proj_scale_inv) give the layer of the per-expert checkpoint."""
+    block, config, sd = fp8_block(seed=13)
+    fused_sd = {PREFIX + k: v for k, v in block.state_dict().items()}
+    assert fused_sd[PREFIX + "experts.gate_up_proj"].dtype == torch.float8_e4m3fn
+    world = 2
+    for rank in range(world):
+        want = models.expert_weights_from_state_dict(sd, config, PREFIX, rank, world)
+        for got in (models.expert_weights(block, rank, world),
+                    models.expert_weights_from_state_dict(fused_sd, config, PREFIX, rank, world)):
+            for a, b in zip(got, want):
+                assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+    xs = [[make_tokens(t, seed=60 + rank) for rank, t in enumerate([17, 4])]]
+    from_block = run_layers(block, None, world, xs)
+
+    def build(comm):
+        return models.EPMoE.from_state_dict(comm, sd, config, PREFIX,
+                                            max_tokens_per_rank=MAX_TOKENS,
+                                            shared_experts=block.shared_experts)
+
+    for a, b in zip(from_block[0], run_layers(block, None, world, xs, from_state_dict=build)[0]):
+        assert torch.equal(a, b)
+
+
+def test_shipped_checkpoints_refusals_name_the_tensor():
+    block, config = make_block("deepseek_v3", seed=14)
+    sd, _ = shipped_checkpoint(block, "deepseek_v3", PREFIX)
+    w = PREFIX + "experts.{}.{}.weight"
+    comm = epmoe.HostGroup(1).communicator(0)
+    # another precision than the checkpoint's: no dequantize / re-quantize
+    with pytest.raises(models.UnsupportedModel, match="ships fp8_block128 .*not 'mxfp8'"):
+        models.EPMoE.from_state_dict(comm, sd, config, PREFIX, "mxfp8", max_tokens_per_rank=8)
+    missing = {k: v for k, v in sd.items() if k != w.format(1, "up_proj") + "_scale_inv"}
+    with pytest.raises(models.UnsupportedModel,
+                       match=r"experts\.1\.up_proj\.weight_scale_inv is missing"):
+        models.expert_weights_from_state_dict(missing, config, PREFIX, 0, 2)
+    unscaled = {k: v for k, v in sd.items() if not k.endswith("_scale_inv")}
+    with pytest.raises(models.UnsupportedModel, match="is float8_e4m3fn without its "
+                       "'weight_scale_inv'"):
+        models.expert_weights_from_state_dict(unscaled, config, PREFIX, 0, 2)
+    bad = dict(sd)
+    bad[w.format(2, "down_proj") + "_scale_inv"] = torch.ones(2, 2)
+    with pytest.raises(models.UnsupportedModel, match=r"experts\.2\.down_proj\.weight_scale_inv "
+                       r"has shape \(2, 2\) .*expected \(2, 1\)"):
+        models.expert_weights_from_state_dict(bad, config, PREFIX, 0, 2)
+    # I = 192: a 128-row tile of w13 would hold gate and up rows
+    odd = make_config("qwen3_moe")
+    odd.moe_intermediate_size = 192
+    odd_sd = {}
+    for e in range(odd.num_experts):
+        for name, shape in (("gate_proj", (192, 256)), ("up_proj", (192, 256)),
+                            ("down_proj", (256, 192))):
+            odd_sd[w.format(e, name)] = torch.zeros(shape).to(torch.float8_e4m3fn)
+            odd_sd[w.format(e, name) + "_scale_inv"] = torch.ones(-(-shape[0] // 128), 2)
+    with pytest.raises(models.UnsupportedModel, match=r"experts\.0\.gate_proj\.weight_scale_inv: "
+                       "I=192 is not a multiple of 128"):
+        models.expert_weights_from_state_dict(odd_sd, odd, PREFIX, 0, 1)
+    # gpt-oss: MXFP4 tensors of another dtype or shape
+    gpt, gpt_config = make_block("gpt_oss", seed=15)
+    mx, _ = shipped_checkpoint(gpt, "gpt_oss", PREFIX)
+    wrong = dict(mx, **{PREFIX + "experts.down_proj_scales":
+                        mx[PREFIX + "experts.down_proj_scales"].to(torch.int32)})
+    with pytest.raises(models.UnsupportedModel, match="down_proj_scales is torch.int32|"
+                       "down_proj_scales is int32, expected uint8"):
+        models.expert_weights_from_state_dict(wrong, gpt_config, PREFIX, 0, 2)
+    short = dict(mx, **{PREFIX + "experts.gate_up_proj_blocks":
+                        mx[PREFIX + "experts.gate_up_proj_blocks"][:, :-2]})
+    with pytest.raises(models.UnsupportedModel, match=r"gate_up_proj_blocks has shape "
+                       r"\(4, 382, 8, 16\) .*expected \(4, 384, 8, 16\)"):
+        models.expert_weights_from_state_dict(short, gpt_config, PREFIX, 0, 2)
+    # transformers' MXFP4 experts module (uint8 blocks, scales swizzled for triton's kernels)
+    e, i, h = gpt_config.num_local_experts, gpt_config.intermediate_size, gpt_config.hidden_size
+    with torch.no_grad():
+        gpt.experts.gate_up_proj = torch.nn.Parameter(
+            torch.zeros(e, 2 * i, h // 32, 16, dtype=torch.uint8), requires_grad=False)
+    with pytest.raises(models.UnsupportedModel, match="torch.uint8|uint8: .*Mxfp4GptOssExperts.*"
+                       "from_state_dict"):
+        models.expert_weights(gpt, 0, 2)
+
+
+def test_quantization_configs():
+    """The config's quantization_config: FP8 in 128 x 128 tiles with dynamic activation scales
+    and MXFP4 are read (as shipped, or dequantized by transformers); others are refused."""
+    def with_quantization(model, **q):
+        return dict(make_config(model).to_dict(), quantization_config=q)
+
+    for q in ({"quant_method": "fp8", "weight_block_size": [128, 128],
+               "activation_scheme": "dynamic", "fmt": "e4m3"}, {"quant_method": "fp8"}):
+        assert models.model_spec(with_quantization("deepseek_v3", **q)).intermediate == 128
+    assert models.model_spec(with_quantization("gpt_oss", quant_method="mxfp4")).has_biases
+    with pytest.raises(models.UnsupportedModel, match=r"weight_block_size=\[1, 128\]"):
+        models.model_spec(with_quantization("deepseek_v3", quant_method="fp8",
+                                            weight_block_size=[1, 128]))
+    with pytest.raises(models.UnsupportedModel, match="activation_scheme='static'"):
+        models.model_spec(with_quantization("qwen3_moe", quant_method="fp8",
+                                            activation_scheme="static"))
+    with pytest.raises(models.UnsupportedModel, match="quant_method='gptq'"):
+        models.model_spec(with_quantization("mixtral", quant_method="gptq"))
 
 
 def test_other_activations_and_models_are_refused():
