@@ -80,8 +80,9 @@ struct LayerOptions {
   // exact: float64 sums of exact products (bit-exact vs the emulating reference with staged
   // combine); tensor_core: bf16 mma.sync tiles with fp32 accumulation on the CUDA executor,
   // agreeing with the reference to accumulation-order noise (reference::check_output); wgmma: the
-  // same operands and check rule on Hopper's TMA + WGMMA grouped GEMMs (CUTLASS). Neither tensor
-  // path takes fp8_block128 yet. The CPU executor always computes exactly.
+  // same operands on Hopper's TMA + WGMMA grouped GEMMs (CUTLASS), with a looser check rule, and
+  // E4M3 GEMMs with the block scales for fp8_block128 (tensor_core refuses that precision). The
+  // CPU executor always computes exactly.
   ExpertMath expert_math = ExpertMath::exact;
 };
 

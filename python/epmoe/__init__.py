@@ -134,8 +134,9 @@ class ExpertMath(_Named):
     """How the expert GEMMs sum: ``exact`` (float64 sums of exact products: bit-exact against the
     emulating reference with staged combine) or ``tensor_core`` (bf16 tensor cores with fp32
     accumulation on the CUDA executor: agrees with the reference to accumulation-order noise,
-    docs/tuning.md gives the rule) or ``wgmma`` (the same operands and rule on Hopper's TMA +
-    WGMMA grouped GEMMs). The CPU executor always computes exactly."""
+    docs/tuning.md gives the rule) or ``wgmma`` (the same operands on Hopper's TMA + WGMMA grouped
+    GEMMs, a looser rule; E4M3 GEMMs for fp8_block128, which tensor_core refuses). The CPU executor
+    always computes exactly."""
 
     exact = "exact"
     tensor_core = "tensor_core"

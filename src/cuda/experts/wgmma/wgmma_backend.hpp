@@ -1,7 +1,8 @@
 // The Hopper backend (LayerOptions::expert_math = wgmma; docs/design.md §4.1): the expert GEMMs as
 // CUTLASS SM90 grouped GEMMs (grouped_gemm.hpp: TMA, WGMMA, a persistent scheduler reading each
 // expert's row count on the device) on exact bf16 codes of the rows and weights with fp32
-// accumulation — the same operands and check rule as tensor_core, with Hopper's tensor-core path.
+// accumulation — the same operands as tensor_core, with Hopper's tensor-core path (its check rule
+// allows more outliers: reference::outlier_fraction).
 // A round is six launches on the caller's stream (steps.cu):
 //   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
 //   gather    each pair's staged row into the expert-contiguous FC1 operand
