@@ -5,7 +5,7 @@
 
 One PNG per model shape (latency_<model>.png): median latency (p50, line; p90, shaded) against T
 (tokens per rank), one panel per world size, a line per implementation / precision / combine /
-expert math (circles: exact; triangles and dash-dots: tensor_core), and the floor of each
+expert math (circles: exact; triangles and dash-dots: tensor_core; diamonds and dashes: wgmma), and the floor of each
 precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that `epmoe bench` derives
 from its measured ceilings). --table prints (and writes table.md) the p50 latencies of every
 implementation side by side (a column per precision / combine / expert math), with the bf16 floor
@@ -47,8 +47,8 @@ def math_of(p):
 
 def series_name(p):
     if p["impl"] == "epmoe":
-        tc = " tensor_core" if math_of(p) == "tensor_core" else ""
-        return f'epmoe {p["precision"]} {p["combine"]}{tc}'
+        math = "" if math_of(p) == "exact" else f" {math_of(p)}"
+        return f'epmoe {p["precision"]} {p["combine"]}{math}'
     return f'{p["impl"]} {p["precision"]}'
 
 
@@ -57,8 +57,14 @@ def ok(p):
 
 
 COMBINE_SHORT = {"staged": "st", "in_kernel_reduce": "ikr"}
-MATH_SHORT = {"exact": "", "tensor_core": " tc"}
-PRECISION_COLOR = {"bf16": "tab:blue", "mxfp8": "tab:orange", "nvfp4": "tab:green"}
+MATH_SHORT = {"exact": "", "tensor_core": " tc", "wgmma": " wg"}
+PRECISIONS = ["bf16", "mxfp8", "nvfp4", "fp8_block128", "mxfp4"]
+PRECISION_COLOR = {"bf16": "tab:blue", "mxfp8": "tab:orange", "nvfp4": "tab:green",
+                   "fp8_block128": "tab:red", "mxfp4": "tab:purple"}
+# Line style and marker per expert math: (staged, in_kernel_reduce) styles, marker.
+MATH_STYLE = {"exact": ("-", ":", "o"),
+              "tensor_core": ("-.", (0, (3, 1, 1, 1, 1, 1)), "^"),
+              "wgmma": ("--", (0, (5, 1, 1, 1)), "D")}
 
 
 def plot(points, out_dir):
@@ -86,12 +92,9 @@ def plot(points, out_dir):
                 p90 = [p["latency_ms_p90"] or p["latency_ms_p50"] for p in s]
                 if s[0]["impl"] == "epmoe":
                     color = PRECISION_COLOR.get(s[0]["precision"])
-                    tc = math_of(s[0]) == "tensor_core"
-                    if s[0]["combine"] == "staged":
-                        style = "-." if tc else "-"
-                    else:
-                        style = (0, (3, 1, 1, 1, 1, 1)) if tc else ":"
-                    marker = "^" if tc else "o"
+                    staged_style, reduce_style, marker = MATH_STYLE.get(math_of(s[0]),
+                                                                        MATH_STYLE["exact"])
+                    style = staged_style if s[0]["combine"] == "staged" else reduce_style
                 else:
                     color, style, marker = "black", "-", "s"
                 ax.plot(xs, p50, linestyle=style, marker=marker, color=color, label=name,
@@ -159,9 +162,10 @@ def table(points, meta):
         key = (p["impl"], p["precision"], p["combine"], math_of(p))
         if key not in cols:
             cols.append(key)
-    cols.sort(key=lambda k: (k[0] != "torch_ep", ["bf16", "mxfp8", "nvfp4"].index(k[1])
-                             if k[1] in ("bf16", "mxfp8", "nvfp4") else 9, k[2] != "staged",
-                             k[3] == "tensor_core"))
+    maths = list(MATH_SHORT)
+    cols.sort(key=lambda k: (k[0] != "torch_ep",
+                             PRECISIONS.index(k[1]) if k[1] in PRECISIONS else 9,
+                             k[2] != "staged", maths.index(k[3]) if k[3] in maths else 9))
 
     def col_name(k):
         if k[0] == "epmoe":
@@ -202,7 +206,8 @@ def table(points, meta):
     lines.append("")
     lines.append("p50 latency per forward in ms (the slowest rank, median over rounds); W = GPUs; "
                  "T = tokens per rank; st = staged, ikr = in_kernel_reduce combine; tc = "
-                 "tensor_core expert math (bf16 tensor cores, fp32 accumulation), else exact; "
+                 "tensor_core expert math (bf16 mma.sync, fp32 accumulation), wg = wgmma (Hopper "
+                 "TMA + WGMMA grouped GEMMs), else exact; "
                  "floor bf16 = "
                  "the largest of the HBM / matmul / NVLink floors of the bf16 layer; best epmoe / "
                  "torch < 1 means epmoe is faster.")

@@ -39,6 +39,7 @@ export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
 deps=${EPMOE_GPU_DEPS:-.gpu_deps}
 extra=()
 [ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
+[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 bin=build/bench-gpu/tools/epmoe

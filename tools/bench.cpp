@@ -1108,9 +1108,11 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--combines", o->combines, "comma list of staged, in_kernel_reduce")
       ->capture_default_str();
-  cmd->add_option("--math", o->maths,
-                  "comma list of expert math: exact, tensor_core, wgmma (bf16 tensor cores, fp32 "
-                  "accumulation; the CPU executor always computes exactly)")
+  cmd->add_option(
+         "--math", o->maths,
+         "comma list of expert math: exact, tensor_core (bf16 mma.sync, fp32 accumulation), "
+         "wgmma (Hopper TMA + WGMMA grouped GEMMs: bf16, or E4M3 for fp8_block128); the "
+         "CPU executor always computes exactly")
       ->capture_default_str();
   cmd->add_option("--worlds", o->worlds,
                   "comma list of ranks (GPUs); auto = 2,1 clipped to the visible GPUs")

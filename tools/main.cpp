@@ -33,9 +33,9 @@ int main(int argc, char** argv) {
   run_cmd
       ->add_option(
           "--math", run.math,
-          "expert math: exact | tensor_core | wgmma (bf16 tensor cores, fp32 accumulation, "
-          "mma.sync or Hopper WGMMA; CUDA executor only, the CPU executor always computes "
-          "exactly)")
+          "expert math: exact | tensor_core | wgmma (tensor_core: bf16 mma.sync, fp32 "
+          "accumulation; wgmma: Hopper TMA + WGMMA grouped GEMMs, bf16 operands or E4M3 for "
+          "fp8_block128; CUDA executor only, the CPU executor always computes exactly)")
       ->capture_default_str();
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
   run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")

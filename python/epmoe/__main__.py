@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--math",
         default="exact",
-        help="expert math: exact | tensor_core | wgmma (bf16 tensor cores, fp32 accumulation, "
-        "mma.sync or Hopper WGMMA; CUDA executor only, the CPU executor always computes exactly)",
+        help="expert math: exact | tensor_core | wgmma (tensor_core: bf16 mma.sync, fp32 "
+        "accumulation; wgmma: Hopper TMA + WGMMA grouped GEMMs, bf16 operands or E4M3 for "
+        "fp8_block128; CUDA executor only, the CPU executor always computes exactly)",
     )
     run.add_argument("--executor", default="auto", help="auto | cpu | cuda")
     run.add_argument("--rounds", type=int, default=2, help="rounds to run (each checked)")

@@ -84,7 +84,7 @@ EPMOE_HD float decode_weight_block(const QuantizedMatrixData& q, std::int64_t e,
       // would be NaN codes), where 1 keeps them exact (v is 0 or tiny: bf16(v) is what v decodes to
       // in the GEMM's exponent range).
       const float inverse = 1.0f / global;
-      return inverse <= 3.0e38f ? inverse : 1.0f;
+      return inverse <= kFloatMax ? inverse : 1.0f;  // false for +Inf and NaN
     }
     case Precision::fp8_block128: {
       const std::int64_t tile = fp8_block128_tile(q.rows, q.cols, e, at);

@@ -213,12 +213,14 @@ TEST_P(GpuPrequantizedLayer, ComputesWhatTheBf16BuiltLayerComputes) {
 
 std::vector<LayerCase> layer_cases() {
   std::vector<LayerCase> out;
-  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
     for (int world : {1, 2})
       for (Precision p :
            {Precision::mxfp8, Precision::nvfp4, Precision::fp8_block128, Precision::mxfp4})
         for (Combine c : {Combine::staged, Combine::in_kernel_reduce})
-          if (!(p == Precision::fp8_block128 && m == ExpertMath::tensor_core))
+          // fp8_block128: no mma.sync backend, and wgmma's E4M3 GEMM needs H = 192 in whole
+          // 128-blocks (its pre-quantized E4M3 path: tests/python/gpu, checkpoints as shipped).
+          if (!(p == Precision::fp8_block128 && m != ExpertMath::exact))
             out.push_back({p, c, world, m});
   return out;
 }

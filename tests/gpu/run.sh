@@ -77,13 +77,13 @@ for m in tensor_core wgmma; do
 done
 cat "$out/run_bf16_staged.log"
 grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"
-# deepseek-v3 with all 256 experts (issue 11), every precision in exact and tensor_core math:
+# deepseek-v3 with all 256 experts (issue 11), every precision in exact, tensor_core and wgmma math:
 # 22.5 GB of weights drawn on every host core, each rank's copied up and prepared on its GPU; the
 # host checks the first tokens of each round (--check-tokens auto: 11 of 16).
 # EPMOE_GPU_RUN_DEEPSEEK=0 skips it.
 if [ "${EPMOE_GPU_RUN_DEEPSEEK:-1}" = 1 ]; then
   for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
-    for m in exact tensor_core; do
+    for m in exact tensor_core wgmma; do
       [ "$p/$m" = fp8_block128/tensor_core ] && continue
       log="$out/run_deepseek_${p}_${m}.log"
       build/gpu/tools/epmoe run --model deepseek-v3 --ranks "$gpus" --tokens 16 --rounds 2 \
