@@ -14,8 +14,23 @@
 
 namespace epmoe::cuda::experts {
 
-// The chunk an item belongs to: chunks are numbered expert by expert (chunk_offset, written by
-// the route kernel); the expert is the last one whose first chunk is <= chunk.
+// The expert whose part of a per-expert numbering holds `index`: offsets[e] is expert e's first
+// index (pair_offset, chunk_offset, written by the route kernel), so it is the last expert whose
+// offset is <= index (an expert with none shares its offset with the next one, which then wins).
+__device__ inline int expert_holding(const std::uint32_t* offsets, std::int64_t local_experts,
+                                     std::uint32_t index) {
+  int lo = 0, hi = static_cast<int>(local_experts) - 1;  // offsets[lo] <= index
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= index)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// The chunk an item belongs to: chunks are numbered expert by expert (chunk_offset).
 struct Chunk {
   int expert;
   std::uint32_t first_pair;  // index into the pair list (and into a backend's per-pair scratch)
@@ -24,33 +39,16 @@ struct Chunk {
 
 __device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_experts,
                                    std::uint32_t chunk) {
-  const std::uint32_t* chunk_offset = in.chunk_offset;
-  int lo = 0, hi = static_cast<int>(local_experts) - 1;  // chunk_offset[lo] <= chunk
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (chunk_offset[mid] <= chunk)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const std::uint32_t first = in.pair_offset[lo] + (chunk - chunk_offset[lo]) * kChunkRows;
-  const std::uint32_t end = in.pair_offset[lo + 1];
-  return Chunk{lo, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
+  const int e = expert_holding(in.chunk_offset, local_experts, chunk);
+  const std::uint32_t first = in.pair_offset[e] + (chunk - in.chunk_offset[e]) * kChunkRows;
+  const std::uint32_t end = in.pair_offset[e + 1];
+  return Chunk{e, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
 }
 
-// The local expert whose part of the pair list holds `pair`: the last one whose first pair is
-// <= pair (an expert without pairs shares its offset with the next one, which then wins).
+// The local expert whose part of the pair list holds `pair`.
 __device__ inline int expert_of_pair(const ExpertInputs& in, std::int64_t local_experts,
                                      std::uint32_t pair) {
-  int lo = 0, hi = static_cast<int>(local_experts) - 1;  // pair_offset[lo] <= pair
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (in.pair_offset[mid] <= pair)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
+  return expert_holding(in.pair_offset, local_experts, pair);
 }
 
 // A pair's row in the staged x (ExpertInputs::x, x16, x_scale).

@@ -7,6 +7,7 @@
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 #include "cuda/experts/mma/params.hpp"
 #include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
 
 namespace epmoe::cuda::experts::mma {
 namespace {
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
     // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
     const WarpTile tile = warp_tile();
     const float w_scale = p.weights.w13_scale[chunk.expert];
-    // b13 as w13's rows: gate j0 + column, up I + j0 + column; added in fp32 to the scaled sums.
+    // b13 as w13's rows: gate j0 + column, up I + j0 + column; added as math::biased does.
     const float* b13 = p.biases.b13 == nullptr
                            ? nullptr
                            : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
@@ -63,12 +64,9 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni) {
           const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
-          float gate = acc[mi][ni][2 * half] / x_scale / w_scale;
-          float up = acc[mi][ni][2 * half + 1] / x_scale / w_scale;
-          if (b13 != nullptr) {
-            gate += b13[column];
-            up += b13[inter + column];
-          }
+          const float gate = math::biased(acc[mi][ni][2 * half] / x_scale / w_scale, b13, column);
+          const float up = math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_scale,
+                                        b13 == nullptr ? nullptr : b13 + inter, column);
           h_of(r)[column] =
               static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
         }

@@ -6,6 +6,7 @@
 // Two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 #include "cuda/experts/mma/params.hpp"
+#include "math/expert_row.hpp"  // math::biased
 
 namespace epmoe::cuda::experts::mma {
 namespace {
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
           [&](int c) { return w2 + w_row(c) * inter; }, acc);
       const WarpTile tile = warp_tile();
       const float w_scale = p.weights.w2_scale[chunk.expert];
-      // b2 added in fp32 to each scaled sum before it goes home.
+      // b2 added to each scaled sum as math::biased does, before it goes home.
       const float* b2 = p.biases.b2 == nullptr
                             ? nullptr
                             : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
@@ -58,9 +59,8 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
             for (int v = 0; v < 2; ++v) {
               const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
               if (c < hidden) {
-                float out = acc[mi][ni][2 * half + v] / h_scale / w_scale;
-                if (b2 != nullptr) out += b2[c];
-                send_home(p.step.home, home_of[r], c, out);
+                send_home(p.step.home, home_of[r], c,
+                          math::biased(acc[mi][ni][2 * half + v] / h_scale / w_scale, b2, c));
               }
             }
         }

@@ -5,6 +5,7 @@
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
 #include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -17,7 +18,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
   for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
     const std::uint32_t first = start.skip ? 0u : p.step.in.pair_offset[e];
     const int m = start.skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
-    if (p.fp8) {
+    if (p.fp8()) {
       const Fp8BlockWeights& w = p.fp8_weights;
       p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const std::int64_t hidden = p.problem.hidden;
   const std::int64_t vectors = hidden / 8;
   const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p.fp8) {
+  if (p.fp8()) {
     const TokenBackTarget& t = p.step.home;
     const std::int64_t blocks = hidden / formats::kFp8Block128;
     for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
@@ -102,24 +103,21 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
     // fp8: the GEMM applied both scales (per k128 block).
-    const float x_scale = p.fp8 ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
-    const float w_scale = p.fp8 ? 1.0f : p.weights.w13_scale[e];
+    const float x_scale = p.fp8() ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
+    const float w_scale = p.fp8() ? 1.0f : p.weights.w13_scale[e];
     const float* d = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
     const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
     __syncthreads();  // the previous pair is done with h
     for (std::int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-      float gate = d[j] / x_scale / w_scale;
-      float up = d[inter + j] / x_scale / w_scale;
-      if (b13 != nullptr) {
-        gate += b13[j];
-        up += b13[inter + j];
-      }
+      const float gate = math::biased(d[j] / x_scale / w_scale, b13, j);
+      const float up =
+          math::biased(d[inter + j] / x_scale / w_scale, b13 == nullptr ? nullptr : b13 + inter, j);
       h[j] =
           static_cast<float>(math::activation(problem.activation, gate, up, problem.swiglu_limit));
     }
     __syncthreads();  // the row is complete before its quantization
     const std::size_t at = static_cast<std::size_t>(pair) * inter;
-    if (p.fp8)
+    if (p.fp8())
       encode_h_row_fp8(problem, quantize_smem, h, p.scratch.h8 + at,
                        p.scratch.h8_scale + at / formats::kFp8Block128);
     else
@@ -148,8 +146,8 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.fp8 ? 1.0f : p.scratch.h_scale[pair];
-      const float w_scale = p.fp8 ? 1.0f : p.weights.w2_scale[e];
+      const float h_scale = p.fp8() ? 1.0f : p.scratch.h_scale[pair];
+      const float w_scale = p.fp8() ? 1.0f : p.weights.w2_scale[e];
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
@@ -159,9 +157,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const std::int64_t c = 4 * c4 + i;
-          float out = sums[i] / h_scale / w_scale;
-          if (b2 != nullptr) out += b2[c];
-          send_home(p.step.home, home, c, out);
+          send_home(p.step.home, home, c, math::biased(sums[i] / h_scale / w_scale, b2, c));
         }
       }
     }

@@ -30,16 +30,22 @@ struct Scratch {
   float* h8_scale;   // [max_pairs, I / 128]
 };
 
+// fp8_block128 runs E4M3 operands and GEMMs with the format's block scales; every other precision
+// bf16 codes.
+EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
+  return problem.precision == Precision::fp8_block128;
+}
+
 struct Params {
   ExpertStep step;
   ExpertProblem problem;
-  bool fp8;                     // precision fp8_block128: the E4M3 operands and GEMMs
   Bf16CodeWeights weights;      // !fp8
   Fp8BlockWeights fp8_weights;  // fp8
   Biases biases;                // fp32, never quantized; nullptr = none
   Scratch scratch;
   GroupedGemmArrays fc1, fc2;             // the GEMMs' device arrays, written by plan (!fp8)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;  // (fp8)
+  EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
 };
 
 struct StepShapes {

@@ -13,7 +13,7 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   ScratchCursor cursor{base};
   Scratch s{};
   s.d = cursor.take<float>(pairs * std::max(2 * i, h));
-  if (e.precision == Precision::fp8_block128) {
+  if (runs_e4m3(e)) {
     s.a8 = cursor.take<std::uint8_t>(pairs * h);
     s.a8_scale = cursor.take<float>(pairs * (h / formats::kFp8Block128));
     s.h8 = cursor.take<std::uint8_t>(pairs * i);
@@ -38,7 +38,7 @@ int sm_count(int device) {
 std::string WgmmaBackend::can_implement(const LayerConfig& config) {
   const LayerShape& s = config.shape();
   const int h = static_cast<int>(s.hidden), i = static_cast<int>(s.intermediate);
-  const bool fp8 = config.precision() == Precision::fp8_block128;
+  const bool fp8 = runs_e4m3(expert_problem(config));
   const auto cannot_take =
       fp8 ? Fp8BlockwiseGroupedGemm::cannot_take : Bf16GroupedGemm::cannot_take;
   if (const char* why = cannot_take(2 * i, h))
@@ -93,10 +93,9 @@ Params WgmmaBackend::params(const ExpertStep& step) const {
   Params p{};
   p.step = step;
   p.problem = problem_;
-  p.fp8 = fp8();
   p.biases = biases_.biases();
   p.scratch = scratch_;
-  if (p.fp8) {
+  if (p.fp8()) {
     p.fp8_weights = fp8_weights_->weights();
     p.fp8_fc1 = fp8_fc1_->arrays();
     p.fp8_fc2 = fp8_fc2_->arrays();
@@ -112,7 +111,7 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const
   const Params p = params(step);
   launch_plan(p, stream);
   launch_gather(p, shapes_, stream);
-  if (p.fp8)
+  if (p.fp8())
     fp8_fc1_->run(stream);
   else
     fc1_->run(stream);

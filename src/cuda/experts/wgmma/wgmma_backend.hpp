@@ -36,7 +36,7 @@ class WgmmaBackend final : public ExpertBackend {
 
   const char* name() const override { return "wgmma_grouped"; }
   StagedRows staged_rows() const override {
-    return fp8() ? StagedRows::fp32 : StagedRows::bf16_codes;
+    return fp8() ? StagedRows::wire : StagedRows::bf16_codes;
   }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
   std::size_t weight_bytes() const override;
@@ -46,7 +46,7 @@ class WgmmaBackend final : public ExpertBackend {
 
  private:
   Params params(const ExpertStep& step) const;
-  bool fp8() const { return problem_.precision == Precision::fp8_block128; }
+  bool fp8() const { return runs_e4m3(problem_); }
 
   ExpertProblem problem_;
   // One kind of weights and GEMMs: bf16 codes, or (fp8_block128) E4M3 with block scales.
