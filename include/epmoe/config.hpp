@@ -99,8 +99,10 @@ const char* to_string(TokenBucket b);
 // (validated, adjusted by with_knobs, compared across ranks, walked by the knob property test) for
 // the sm90 TMA + WGMMA expert GEMMs and the persistent kernel that will read them; until then the
 // CUDA executor runs fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
-// with tensor cores), dispatch uses all 8 warps of each of its CTAs, grids are sized from occupancy
-// on every SM, FC2 rows go home from the FC2 tile itself, and a forward is a chain of kernels.
+// with tensor_core; wgmma: CUTLASS's 128 x 128 x 64 tile, x 128 for fp8_block128, as many stages
+// as fit, one CTA per SM), dispatch uses all 8 warps of each of its CTAs, grids are sized from
+// occupancy on every SM, FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel),
+// and a forward is a chain of kernels.
 struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).
