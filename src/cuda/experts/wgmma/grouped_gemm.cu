@@ -44,7 +44,6 @@ constexpr const char* kName = "wgmma bf16 grouped GEMM";
 
 struct Bf16GroupedGemm::Kernel {
   Gemm gemm;
-  std::uint8_t* workspace = nullptr;
 };
 
 const char* Bf16GroupedGemm::cannot_take(int n, int k) {
@@ -73,7 +72,6 @@ Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int dev
   const std::size_t workspace = carve.take(Gemm::get_workspace_size(sizing));
   device_bytes_ = carve.end;
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
-  kernel_->workspace = memory_ + workspace;
 
   arrays_.problems = reinterpret_cast<GemmProblem*>(memory_ + problems);
   arrays_.a = reinterpret_cast<const std::uint16_t**>(memory_ + a);
@@ -97,7 +95,7 @@ Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int dev
        reinterpret_cast<StrideD*>(memory_ + stride_d)},
       hw};
   parts::check(kernel_->gemm.can_implement(args), kName, "can_implement");
-  parts::check(kernel_->gemm.initialize(args, kernel_->workspace), kName, "initialize");
+  parts::check(kernel_->gemm.initialize(args, memory_ + workspace), kName, "initialize");
 }
 
 Bf16GroupedGemm::~Bf16GroupedGemm() {

@@ -108,10 +108,7 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   parts::upload_strides<GemmKernel>(memory_ + stride_a, memory_ + stride_b, memory_ + stride_d, g,
                                     n, k);
   EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
-  scale_layouts_kernel<<<1, 256>>>(arrays_.problems, groups, kernel_->sfa_layouts,
-                                   kernel_->sfb_layouts);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  // The scale layouts are written by run(), before each GEMM, from that round's problems.
 
   typename Epilogue::FusionCallbacks::Arguments fusion{};
   fusion.alpha = 1.0f;
