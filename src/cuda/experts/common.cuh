@@ -45,6 +45,18 @@ __device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_ex
   return Chunk{e, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
 }
 
+// This CTA's work items, grid-stride over (chunk, tile) with the tile fastest: item(chunk, tile)
+// for each. Every thread of the CTA walks the same items, so the body may use CTA barriers; it
+// returns to go on to the next item.
+template <class Item>
+__device__ __forceinline__ void for_each_chunk_tile(const ExpertInputs& in,
+                                                    std::int64_t local_experts, std::uint32_t tiles,
+                                                    Item item) {
+  const std::uint32_t items = in.chunk_offset[local_experts] * tiles;
+  for (std::uint32_t i = blockIdx.x; i < items; i += gridDim.x)
+    item(find_chunk(in, local_experts, i / tiles), i % tiles);
+}
+
 // The local expert whose part of the pair list holds `pair`.
 __device__ inline int expert_of_pair(const ExpertInputs& in, std::int64_t local_experts,
                                      std::uint32_t pair) {

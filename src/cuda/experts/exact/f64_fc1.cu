@@ -27,49 +27,51 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kColumnsPerTile);
-  const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
-  for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
-    const std::int64_t j0 = std::int64_t{item % tiles} * kColumnsPerTile;
-    __syncthreads();  // the previous item's epilogue is done with x_row_of
-    if (threadIdx.x < chunk.rows)
-      x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
-    __syncthreads();
-    const auto h_of = [&](int r) {  // row r's part of h in this tile
-      return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
-    };
+  for_each_chunk_tile(
+      in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+        const std::int64_t j0 = std::int64_t{column_tile} * kColumnsPerTile;
+        __syncthreads();  // the previous item's epilogue is done with x_row_of
+        if (threadIdx.x < chunk.rows)
+          x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
+        __syncthreads();
+        const auto h_of = [&](int r) {  // row r's part of h in this tile
+          return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
+        };
 
-    const float* w13 = p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
-    const WarpRole role = warp_role(chunk.rows);
-    Accumulators acc;
-    tile_gemm(
-        *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, hidden,
-        [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; },
-        [&](int c) {
-          const std::int64_t row = c < kColumnsPerTile ? j0 + c : inter + j0 + c - kColumnsPerTile;
-          return w13 + row * hidden;
-        },
-        acc);
+        const float* w13 =
+            p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+        const WarpRole role = warp_role(chunk.rows);
+        Accumulators acc;
+        tile_gemm(
+            *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, hidden,
+            [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+            [&](int c) {
+              const std::int64_t row =
+                  c < kColumnsPerTile ? j0 + c : inter + j0 + c - kColumnsPerTile;
+              return w13 + row * hidden;
+            },
+            acc);
 
-    // Epilogue (k group 0 of each row group): the activation of the float-rounded (biased) gate
-    // and up. b13 is indexed as w13's rows: gate j0 + column, up I + j0 + column.
-    if (role.k_group != 0) continue;
-    const float* b13 = p.biases.b13 == nullptr
-                           ? nullptr
-                           : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int r = role.row_group * kRowsPerWarp + i;
-      if (r >= chunk.rows) break;
-      for (int q = 0; q < kColsPerLane / 2; ++q) {
-        const int column = lane + 32 * q;
-        const float gate = math::biased(acc[i][q], b13, column);
-        const float up =
-            math::biased(acc[i][q + 2], b13 == nullptr ? nullptr : b13 + inter, column);
-        h_of(r)[column] =
-            static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
-      }
-    }
-  }
+        // Epilogue (k group 0 of each row group): the activation of the float-rounded (biased) gate
+        // and up. b13 is indexed as w13's rows: gate j0 + column, up I + j0 + column.
+        if (role.k_group != 0) return;
+        const float* b13 =
+            p.biases.b13 == nullptr
+                ? nullptr
+                : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
+        for (int i = 0; i < kRowsPerWarp; ++i) {
+          const int r = role.row_group * kRowsPerWarp + i;
+          if (r >= chunk.rows) break;
+          for (int q = 0; q < kColsPerLane / 2; ++q) {
+            const int column = lane + 32 * q;
+            const float gate = math::biased(acc[i][q], b13, column);
+            const float up =
+                math::biased(acc[i][q + 2], b13 == nullptr ? nullptr : b13 + inter, column);
+            h_of(r)[column] =
+                static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
+          }
+        }
+      });
 }
 
 }  // namespace

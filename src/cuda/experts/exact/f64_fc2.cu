@@ -21,43 +21,43 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
     const auto tiles = static_cast<std::uint32_t>((hidden + kTileCols - 1) / kTileCols);
-    const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
-    for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
-      const std::int64_t c0 = std::int64_t{item % tiles} * kTileCols;
-      __syncthreads();  // the previous item's epilogue is done with home_of
-      if (threadIdx.x < chunk.rows)
-        home_of[threadIdx.x] =
-            home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
-      __syncthreads();
-      // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
-      const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+    for_each_chunk_tile(
+        in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+          const std::int64_t c0 = std::int64_t{column_tile} * kTileCols;
+          __syncthreads();  // the previous item's epilogue is done with home_of
+          if (threadIdx.x < chunk.rows)
+            home_of[threadIdx.x] =
+                home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
+          __syncthreads();
+          // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never
+          // stored.
+          const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-      const float* w2 = p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
-      const WarpRole role = warp_role(chunk.rows);
-      Accumulators acc;
-      tile_gemm(
-          *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, inter,
-          [&](int r) { return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
-          [&](int c) { return w2 + w_row(c) * inter; }, acc);
+          const float* w2 = p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+          const WarpRole role = warp_role(chunk.rows);
+          Accumulators acc;
+          tile_gemm(
+              *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, inter,
+              [&](int r) { return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
+              [&](int c) { return w2 + w_row(c) * inter; }, acc);
 
-      // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
-      // warp's stores to a row are contiguous.
-      // Each result is the float64 sum plus b2 (when given), rounded once (math::biased).
-      if (role.k_group != 0) continue;
-      const float* b2 = p.biases.b2 == nullptr
-                            ? nullptr
-                            : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
-      for (int i = 0; i < kRowsPerWarp; ++i) {
-        const int r = role.row_group * kRowsPerWarp + i;
-        if (r >= chunk.rows) break;
-        for (int q = 0; q < kColsPerLane; ++q) {
-          const std::int64_t c = c0 + lane + 32 * q;
-          if (c >= hidden) break;
-          send_home(p.step.home, home_of[r], c, math::biased(acc[i][q], b2, c));
-        }
-      }
-    }
+          // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
+          // warp's stores to a row are contiguous.
+          // Each result is the float64 sum plus b2 (when given), rounded once (math::biased).
+          if (role.k_group != 0) return;
+          const float* b2 = p.biases.b2 == nullptr
+                                ? nullptr
+                                : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
+          for (int i = 0; i < kRowsPerWarp; ++i) {
+            const int r = role.row_group * kRowsPerWarp + i;
+            if (r >= chunk.rows) break;
+            for (int q = 0; q < kColsPerLane; ++q) {
+              const std::int64_t c = c0 + lane + 32 * q;
+              if (c >= hidden) break;
+              send_home(p.step.home, home_of[r], c, math::biased(acc[i][q], b2, c));
+            }
+          }
+        });
   });
 }
 

@@ -27,51 +27,52 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kColumnsPerTile);
-  const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
-  for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
-    const std::int64_t j0 = std::int64_t{item % tiles} * kColumnsPerTile;
-    __syncthreads();  // the previous item's epilogue is done with x_row_of
-    if (threadIdx.x < chunk.rows)
-      x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
-    __syncthreads();
-    const auto h_of = [&](int r) {  // row r's part of h in this tile
-      return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
-    };
+  for_each_chunk_tile(
+      in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+        const std::int64_t j0 = std::int64_t{column_tile} * kColumnsPerTile;
+        __syncthreads();  // the previous item's epilogue is done with x_row_of
+        if (threadIdx.x < chunk.rows)
+          x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
+        __syncthreads();
+        const auto h_of = [&](int r) {  // row r's part of h in this tile
+          return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
+        };
 
-    const std::uint16_t* w13 =
-        p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
-    Accumulators acc;
-    tile_mma(
-        *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
-        [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
-        [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
-    // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
-    const WarpTile tile = warp_tile();
-    const float w_scale = p.weights.w13_scale[chunk.expert];
-    // b13 as w13's rows: gate j0 + column, up I + j0 + column; added as math::biased does.
-    const float* b13 = p.biases.b13 == nullptr
-                           ? nullptr
-                           : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
+        const std::uint16_t* w13 =
+            p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+        Accumulators acc;
+        tile_mma(
+            *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
+            [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+            [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
+        // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
+        const WarpTile tile = warp_tile();
+        const float w_scale = p.weights.w13_scale[chunk.expert];
+        // b13 as w13's rows: gate j0 + column, up I + j0 + column; added as math::biased does.
+        const float* b13 =
+            p.biases.b13 == nullptr
+                ? nullptr
+                : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+        for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-        if (r >= chunk.rows) continue;
-        // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
-        const float x_scale = in.x_scale[x_row_of[r]];
+          for (int half = 0; half < 2; ++half) {
+            const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+            if (r >= chunk.rows) continue;
+            // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+            const float x_scale = in.x_scale[x_row_of[r]];
 #pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni) {
-          const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
-          const float gate = math::biased(acc[mi][ni][2 * half] / x_scale / w_scale, b13, column);
-          const float up = math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_scale,
-                                        b13 == nullptr ? nullptr : b13 + inter, column);
-          h_of(r)[column] =
-              static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
-        }
-      }
-  }
+            for (int ni = 0; ni < kNTiles; ++ni) {
+              const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
+              const float gate =
+                  math::biased(acc[mi][ni][2 * half] / x_scale / w_scale, b13, column);
+              const float up = math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_scale,
+                                            b13 == nullptr ? nullptr : b13 + inter, column);
+              h_of(r)[column] = static_cast<float>(
+                  math::activation(kActivation, gate, up, p.problem.swiglu_limit));
+            }
+          }
+      });
 }
 
 }  // namespace

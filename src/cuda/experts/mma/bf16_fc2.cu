@@ -20,51 +20,53 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
     const auto tiles = static_cast<std::uint32_t>((hidden + kCols - 1) / kCols);
-    const std::uint32_t items = in.chunk_offset[p.problem.local_experts] * tiles;
-    for (std::uint32_t item = blockIdx.x; item < items; item += gridDim.x) {
-      const Chunk chunk = find_chunk(in, p.problem.local_experts, item / tiles);
-      const std::int64_t c0 = std::int64_t{item % tiles} * kCols;
-      __syncthreads();  // the previous item's epilogue is done with home_of
-      if (threadIdx.x < chunk.rows)
-        home_of[threadIdx.x] =
-            home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
-      __syncthreads();
-      // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never stored.
-      const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+    for_each_chunk_tile(
+        in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+          const std::int64_t c0 = std::int64_t{column_tile} * kCols;
+          __syncthreads();  // the previous item's epilogue is done with home_of
+          if (threadIdx.x < chunk.rows)
+            home_of[threadIdx.x] =
+                home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
+          __syncthreads();
+          // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never
+          // stored.
+          const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-      const std::uint16_t* w2 =
-          p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
-      Accumulators acc;
-      tile_mma(
-          *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
-          [&](int r) { return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
-          [&](int c) { return w2 + w_row(c) * inter; }, acc);
-      const WarpTile tile = warp_tile();
-      const float w_scale = p.weights.w2_scale[chunk.expert];
-      // b2 added to each scaled sum as math::biased does, before it goes home.
-      const float* b2 = p.biases.b2 == nullptr
-                            ? nullptr
-                            : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
+          const std::uint16_t* w2 =
+              p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+          Accumulators acc;
+          tile_mma(
+              *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
+              [&](int r) {
+                return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+              },
+              [&](int c) { return w2 + w_row(c) * inter; }, acc);
+          const WarpTile tile = warp_tile();
+          const float w_scale = p.weights.w2_scale[chunk.expert];
+          // b2 added to each scaled sum as math::biased does, before it goes home.
+          const float* b2 = p.biases.b2 == nullptr
+                                ? nullptr
+                                : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
+          for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-          if (r >= chunk.rows) continue;
-          // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
-          const float h_scale = p.h_scale[chunk.first_pair + r];
+            for (int half = 0; half < 2; ++half) {
+              const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+              if (r >= chunk.rows) continue;
+              // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+              const float h_scale = p.h_scale[chunk.first_pair + r];
 #pragma unroll
-          for (int ni = 0; ni < kNTiles; ++ni)
+              for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
-            for (int v = 0; v < 2; ++v) {
-              const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
-              if (c < hidden) {
-                send_home(p.step.home, home_of[r], c,
-                          math::biased(acc[mi][ni][2 * half + v] / h_scale / w_scale, b2, c));
-              }
+                for (int v = 0; v < 2; ++v) {
+                  const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
+                  if (c < hidden) {
+                    send_home(p.step.home, home_of[r], c,
+                              math::biased(acc[mi][ni][2 * half + v] / h_scale / w_scale, b2, c));
+                  }
+                }
             }
-        }
-    }
+        });
   });
 }
 
