@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/device_common.cuh"
 #include "cuda/experts/inputs.hpp"
@@ -55,6 +56,15 @@ __device__ __forceinline__ void for_each_chunk_tile(const ExpertInputs& in,
   const std::uint32_t items = in.chunk_offset[local_experts] * tiles;
   for (std::uint32_t i = blockIdx.x; i < items; i += gridDim.x)
     item(find_chunk(in, local_experts, i / tiles), i % tiles);
+}
+
+// f(std::integral_constant<Activation, a>{}) for the layer's activation `a`: an FC1 kernel is a
+// template on the activation, so each instance holds one activation's code (registers).
+template <class F>
+decltype(auto) with_activation(Activation a, F f) {
+  if (a == Activation::swiglu_oai)
+    return f(std::integral_constant<Activation, Activation::swiglu_oai>{});
+  return f(std::integral_constant<Activation, Activation::swiglu>{});
 }
 
 // The local expert whose part of the pair list holds `pair`.

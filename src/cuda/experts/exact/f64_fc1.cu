@@ -77,16 +77,15 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
 }  // namespace
 
 KernelShape fc1_shape(const ExpertProblem& problem, int device) {
-  return problem.activation == Activation::swiglu_oai
-             ? occupancy_shape(f64_fc1_kernel<Activation::swiglu_oai>, kTileSmemBytes, device)
-             : occupancy_shape(f64_fc1_kernel<Activation::swiglu>, kTileSmemBytes, device);
+  return with_activation(problem.activation, [&](auto activation) {
+    return occupancy_shape(f64_fc1_kernel<decltype(activation)::value>, kTileSmemBytes, device);
+  });
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  if (p.problem.activation == Activation::swiglu_oai)
-    f64_fc1_kernel<Activation::swiglu_oai><<<s.grid, kThreads, s.smem, stream>>>(p);
-  else
-    f64_fc1_kernel<Activation::swiglu><<<s.grid, kThreads, s.smem, stream>>>(p);
+  with_activation(p.problem.activation, [&](auto activation) {
+    f64_fc1_kernel<decltype(activation)::value><<<s.grid, kThreads, s.smem, stream>>>(p);
+  });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

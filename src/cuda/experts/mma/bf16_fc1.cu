@@ -78,16 +78,15 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 }  // namespace
 
 KernelShape fc1_shape(const ExpertProblem& problem, int device) {
-  return problem.activation == Activation::swiglu_oai
-             ? occupancy_shape(bf16_fc1_kernel<Activation::swiglu_oai>, kSmemBytes, device)
-             : occupancy_shape(bf16_fc1_kernel<Activation::swiglu>, kSmemBytes, device);
+  return with_activation(problem.activation, [&](auto activation) {
+    return occupancy_shape(bf16_fc1_kernel<decltype(activation)::value>, kSmemBytes, device);
+  });
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  if (p.problem.activation == Activation::swiglu_oai)
-    bf16_fc1_kernel<Activation::swiglu_oai><<<s.grid, kThreads, s.smem, stream>>>(p);
-  else
-    bf16_fc1_kernel<Activation::swiglu><<<s.grid, kThreads, s.smem, stream>>>(p);
+  with_activation(p.problem.activation, [&](auto activation) {
+    bf16_fc1_kernel<decltype(activation)::value><<<s.grid, kThreads, s.smem, stream>>>(p);
+  });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 
