@@ -47,7 +47,9 @@ nvidia-smi -L
 
 echo "== GPU tests"
 build/gpu/tests/gpu/gpu_layer_test --gtest_filter="${EPMOE_GPU_FILTER:-*}" 2>&1 | tee "$out/gpu_tests.log" |
-  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|Expected|Which is|HANG|error' | head -120
+  grep -E '^\[ *(OK|FAILED|PASSED) *\]|Failure|Expected|Which is|HANG|error' | awk 'NR <= 120'
+# (awk, not head: head would close the pipe and kill the test binary with SIGPIPE mid-run; the
+# SKIPPED lines of multi-GPU cases are in the log, counted in the summary.)
 tests_rc=${PIPESTATUS[0]}
 
 if [ -n "${EPMOE_GPU_TESTS_ONLY:-}" ]; then
@@ -133,7 +135,7 @@ else
 fi
 
 echo "== summary ($(( $(date +%s) - start )) s)"
-grep -E '^\[  (PASSED|FAILED)  \]|tests? from .* ran' "$out/gpu_tests.log" | tail -3
+grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\] [0-9]+ tests?|tests? from .* ran' "$out/gpu_tests.log" | tail -4
 echo "gpu tests rc=$tests_rc  epmoe run rc=$run_rc  epmoe stress rc=$stress_rc  faults rc=$fault_rc  killed rank rc=$kill_rc"
 [ "$tests_rc" -eq 0 ] && [ "$run_rc" -eq 0 ] && [ "$stress_rc" -eq 0 ] && [ "$fault_rc" -eq 0 ] &&
   [ "$kill_rc" -eq 0 ]
