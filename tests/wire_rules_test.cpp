@@ -101,6 +101,17 @@ TEST(SendHome, InKernelReduceAddsWeightTimesResultIntoTheTokensAccumulator) {
   EXPECT_EQ(b.combine.accumulator_row(0)[3], 0.0f);
 }
 
+TEST(SendHome, FourColumnsAtOnceStoreWhatFourSingleSendsStore) {
+  const float values[4] = {1.00390625f, -3.5f, 0.1f, 65504.0f};
+  for (const Combine mode : {Combine::staged, Combine::in_kernel_reduce}) {
+    Buffer one(mode), four(mode);
+    const HomeSlot to{0, 1, 2, 0.75f};
+    for (int i = 0; i < 4; ++i) send_home(one.combine, to, i, values[i]);
+    send_home4(four.combine, to, 0, values);
+    EXPECT_EQ(one.bytes, four.bytes) << (mode == Combine::staged ? "staged" : "in_kernel_reduce");
+  }
+}
+
 TEST(CombinedOutput, StagedSumsRoutedSlotsInSlotOrderRoundingEveryStep) {
   Buffer b(Combine::staged);
   // Every slot's row holds 1.0; in slot order 2^25 + 1 rounds back to 2^25 and -2^25 then gives

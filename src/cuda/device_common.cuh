@@ -159,21 +159,54 @@ __device__ inline double warp_sum(double v) {
   return v;
 }
 
-// Max of |x| over finite values (the NVFP4 group amax) across the CTA; `scratch` holds one float
-// per warp. Max is order-free, so this equals the host's formats::nvfp4_group_amax exactly.
-__device__ inline float block_finite_amax(const float* x, std::int64_t n, float* scratch) {
+// The threads that encode or decode one row together (row_codec.cuh): the whole CTA, or one of
+// the CTA's equal slices of `size` threads (a multiple of 32), each slice with its own row and
+// its own barrier. A slice keeps a short row (qwen3's I = 768 floats) from leaving most of 256
+// threads idle between barriers, and lets a CTA have several rows' loads in flight at once.
+struct RowGroup {
+  int rank;     // this thread within the group
+  int size;     // threads in the group
+  int index;    // the slice's index within the CTA (0 for the CTA itself)
+  int barrier;  // 0: the CTA's barrier (__syncthreads); else the slice's named barrier
+
+  __device__ static RowGroup cta() {
+    return RowGroup{static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), 0, 0};
+  }
+  // Slice threadIdx.x / size of the CTA; named barrier 1 + that (15 slices at most).
+  __device__ static RowGroup slice(int size) {
+    const int index = static_cast<int>(threadIdx.x) / size;
+    return RowGroup{static_cast<int>(threadIdx.x) % size, size, index, 1 + index};
+  }
+  __device__ int warp() const { return rank / 32; }
+  __device__ int warps() const { return size / 32; }
+  __device__ void sync() const {
+    if (barrier == 0)
+      __syncthreads();
+    else if (size == 32)
+      __syncwarp();
+    else
+      asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(size) : "memory");
+  }
+};
+
+// Max of |x| over finite values (the NVFP4 group amax) across the group; `scratch` holds one float
+// per warp of the group. Max is order-free, so this equals the host's formats::nvfp4_group_amax
+// exactly.
+__device__ inline float group_finite_amax(const RowGroup& g, const float* x, std::int64_t n,
+                                          float* scratch) {
   float m = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (std::int64_t i = g.rank; i < n; i += g.size) {
     const float a = fabsf(x[i]);
     if (a <= 3.402823466e38f) m = fmaxf(m, a);  // skips NaN and Inf
   }
   for (int offset = 16; offset > 0; offset /= 2)
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x / 32] = m;
-  __syncthreads();
+  if (g.warps() == 1) return m;
+  if (g.rank % 32 == 0) scratch[g.warp()] = m;
+  g.sync();
   float r = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) r = fmaxf(r, scratch[w]);
-  __syncthreads();
+  for (int w = 0; w < g.warps(); ++w) r = fmaxf(r, scratch[w]);
+  g.sync();
   return r;
 }
 

@@ -65,7 +65,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
     for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
       x[i] = formats::bf16_to_float(p.x[t * p.hidden + i]);
     __syncthreads();
-    const float s_enc = encode_row_block(x, p.hidden, p.precision, p.rounding, payload, scratch);
+    const float s_enc =
+        encode_row_block(RowGroup::cta(), x, p.hidden, p.precision, p.rounding, payload, scratch);
     for (int dest = 0; dest < p.world; ++dest) {
       if (threadIdx.x == 0) {
         std::int32_t n = 0;
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
         }
       }
       __syncthreads();
-      if (destination != nullptr) copy_16B(destination, row, p.layout.row_bytes);
+      if (destination != nullptr) copy_16B(RowGroup::cta(), destination, row, p.layout.row_bytes);
       __syncthreads();
     }
   }

@@ -119,12 +119,12 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
     if (p.staged != StagedRows::wire) {
       const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
       float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);
-      decode_row_block(row + protocol::wire_payload_offset(p.top_k), p.hidden, p.precision,
-                       header.row_scale, x);
+      decode_row_block(RowGroup::cta(), row + protocol::wire_payload_offset(p.top_k), p.hidden,
+                       p.precision, header.row_scale, x);
       if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand and its row scale
         const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
         __syncthreads();  // the row is complete (decode spreads it over the CTA's threads)
-        to_bf16_codes(x, p.hidden, scale,
+        to_bf16_codes(RowGroup::cta(), x, p.hidden, scale,
                       p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
         if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
       }

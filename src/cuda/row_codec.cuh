@@ -1,5 +1,6 @@
-// One activation row encoded into / decoded from its wire payload by a whole CTA: each thread
-// takes whole blocks of the format (32 for MXFP8, 16 for NVFP4, a 1 x 128 run for fp8_block128),
+// One activation row encoded into / decoded from its wire payload by a RowGroup (the CTA, or a
+// slice of it: device_common.cuh): each thread takes whole blocks of the format (32 for MXFP8, 16
+// for NVFP4), a warp takes a 1 x 128 fp8_block128 run (its amax a max of bit patterns, order-free),
 // so the bytes are exactly those of the serial protocol/wire_codec.hpp the CPU executor and the
 // reference use. The layer's precision picks its activation_format (mxfp4 layers: MXFP8).
 #pragma once
@@ -13,25 +14,25 @@
 namespace epmoe::cuda {
 
 // x: [n] floats in shared memory; payload: wire bytes (shared or global). Returns s_enc (NVFP4)
-// or 1. `scratch`: one float per warp. Every thread of the CTA must call it.
-__device__ inline float encode_row_block(const float* x, std::int64_t n, Precision precision,
-                                         ScaleRounding rounding, std::uint8_t* payload,
-                                         float* scratch) {
+// or 1. `scratch`: one float per warp of the group. Every thread of the group must call it.
+__device__ inline float encode_row_block(const RowGroup& g, const float* x, std::int64_t n,
+                                         Precision precision, ScaleRounding rounding,
+                                         std::uint8_t* payload, float* scratch) {
   using namespace formats;
   switch (protocol::activation_format(precision)) {
     case Precision::bf16: {
       auto* out = reinterpret_cast<std::uint16_t*>(payload);
-      for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = float_to_bf16(x[i]);
+      for (std::int64_t i = g.rank; i < n; i += g.size) out[i] = float_to_bf16(x[i]);
       return 1.0f;
     }
     case Precision::mxfp8:
-      for (std::int64_t b = threadIdx.x; b * kMxfp8Block < n; b += blockDim.x)
+      for (std::int64_t b = g.rank; b * kMxfp8Block < n; b += g.size)
         mxfp8_encode_block(x + b * kMxfp8Block, kMxfp8Block, rounding, payload + b * kMxfp8Block,
                            payload + n + b);
       return 1.0f;
     case Precision::nvfp4: {
-      const float s_enc = nvfp4_tensor_scale(block_finite_amax(x, n, scratch));
-      for (std::int64_t b = threadIdx.x; b * kNvfp4Block < n; b += blockDim.x)
+      const float s_enc = nvfp4_tensor_scale(group_finite_amax(g, x, n, scratch));
+      for (std::int64_t b = g.rank; b * kNvfp4Block < n; b += g.size)
         nvfp4_encode_block(x + b * kNvfp4Block, kNvfp4Block, s_enc, payload + b * (kNvfp4Block / 2),
                            payload + n / 2 + b);
       return s_enc;
@@ -39,11 +40,21 @@ __device__ inline float encode_row_block(const float* x, std::int64_t n, Precisi
     case Precision::fp8_block128: {
       // NOTES: n is a multiple of 64, so the last run is 64 or 128 long and the fp32 scales after
       // the n E4M3 bytes are 4-byte aligned (the payload itself is 16-byte aligned).
+      // A warp per run, the lanes over its elements: fp8_block128_encode_block's bytes (the run's
+      // amax is abs_max_bits, a max of |x|'s bit patterns, so the order does not matter).
       auto* scales = reinterpret_cast<float*>(payload + n);
-      for (std::int64_t b = threadIdx.x; b * kFp8Block128 < n; b += blockDim.x) {
+      const int lane = g.rank % 32;
+      for (std::int64_t b = g.warp(); b * kFp8Block128 < n; b += g.warps()) {
         const std::int64_t off = b * kFp8Block128;
         const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
-        fp8_block128_encode_block(x + off, len, payload + off, scales + b);
+        std::uint32_t amax_bits = 0;
+        for (int i = lane; i < len; i += 32)
+          amax_bits = max(amax_bits, float_bits(x[off + i]) & kF32AbsMask);
+        amax_bits = __reduce_max_sync(0xffffffffu, amax_bits);
+        const float scale = fp8_block128_scale(bits_float(amax_bits));
+        if (lane == 0) scales[b] = scale;
+        for (int i = lane; i < len; i += 32)
+          payload[off + i] = fp8_block128_encode_value(x[off + i], scale);
       }
       return 1.0f;
     }
@@ -53,32 +64,31 @@ __device__ inline float encode_row_block(const float* x, std::int64_t n, Precisi
   return 1.0f;
 }
 
-__device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_t n,
-                                        Precision precision, float row_scale, float* out) {
+__device__ inline void decode_row_block(const RowGroup& g, const std::uint8_t* payload,
+                                        std::int64_t n, Precision precision, float row_scale,
+                                        float* out) {
   using namespace formats;
   switch (protocol::activation_format(precision)) {
     case Precision::bf16: {
       const auto* in = reinterpret_cast<const std::uint16_t*>(payload);
-      for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = bf16_to_float(in[i]);
+      for (std::int64_t i = g.rank; i < n; i += g.size) out[i] = bf16_to_float(in[i]);
       return;
     }
     case Precision::mxfp8:
-      for (std::int64_t b = threadIdx.x; b * kMxfp8Block < n; b += blockDim.x)
+      for (std::int64_t b = g.rank; b * kMxfp8Block < n; b += g.size)
         mxfp8_decode_block(payload + b * kMxfp8Block, payload[n + b], kMxfp8Block,
                            out + b * kMxfp8Block);
       return;
     case Precision::nvfp4:
-      for (std::int64_t b = threadIdx.x; b * kNvfp4Block < n; b += blockDim.x)
+      for (std::int64_t b = g.rank; b * kNvfp4Block < n; b += g.size)
         nvfp4_decode_block(payload + b * (kNvfp4Block / 2), payload[n / 2 + b], row_scale,
                            kNvfp4Block, out + b * kNvfp4Block);
       return;
     case Precision::fp8_block128: {
+      // Element by element (fp8_block128_decode_block's values), every thread busy.
       const auto* scales = reinterpret_cast<const float*>(payload + n);
-      for (std::int64_t b = threadIdx.x; b * kFp8Block128 < n; b += blockDim.x) {
-        const std::int64_t off = b * kFp8Block128;
-        const int len = static_cast<int>(n - off < kFp8Block128 ? n - off : kFp8Block128);
-        fp8_block128_decode_block(payload + off, scales[b], len, out + off);
-      }
+      for (std::int64_t i = g.rank; i < n; i += g.size)
+        out[i] = fp8_block128_decode_value(payload[i], scales[i / kFp8Block128]);
       return;
     }
     case Precision::mxfp4:  // activation_format: never an activation format
@@ -88,13 +98,13 @@ __device__ inline void decode_row_block(const std::uint8_t* payload, std::int64_
 
 // A quantization point in place (the FC2 input): decode(encode(x)). `bytes`: scratch of
 // wire_payload_bytes(precision, n). Returns the row's s_enc (NVFP4) or 1.
-__device__ inline float quantize_row_block(float* x, std::int64_t n, Precision precision,
-                                           ScaleRounding rounding, std::uint8_t* bytes,
-                                           float* scratch) {
-  const float s_enc = encode_row_block(x, n, precision, rounding, bytes, scratch);
-  __syncthreads();
-  decode_row_block(bytes, n, precision, s_enc, x);
-  __syncthreads();
+__device__ inline float quantize_row_block(const RowGroup& g, float* x, std::int64_t n,
+                                           Precision precision, ScaleRounding rounding,
+                                           std::uint8_t* bytes, float* scratch) {
+  const float s_enc = encode_row_block(g, x, n, precision, rounding, bytes, scratch);
+  g.sync();
+  decode_row_block(g, bytes, n, precision, s_enc, x);
+  g.sync();
   return s_enc;
 }
 
@@ -102,18 +112,18 @@ __device__ inline float quantize_row_block(float* x, std::int64_t n, Precision p
 // code value (NVFP4: e2m1 * block scale, at most 6 significant bits, off by at most two fp32
 // roundings; MXFP8 (mxfp8 and mxfp4 layers) and bf16: scale 1, already bf16 values). Not exact
 // for fp8_block128 (e4m3 * an fp32 scale), which the tensor-core backend rejects. Every thread of
-// the CTA calls it after the row is complete in `x`.
-__device__ inline void to_bf16_codes(const float* x, std::int64_t n, float scale,
+// the group calls it after the row is complete in `x`.
+__device__ inline void to_bf16_codes(const RowGroup& g, const float* x, std::int64_t n, float scale,
                                      std::uint16_t* out) {
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
-    out[i] = formats::float_to_bf16(x[i] * scale);
+  for (std::int64_t i = g.rank; i < n; i += g.size) out[i] = formats::float_to_bf16(x[i] * scale);
 }
 
-// 16-byte copies of a CTA-staged buffer to (peer) global memory; `bytes` is a multiple of 16.
-__device__ inline void copy_16B(std::uint8_t* dst, const std::uint8_t* src, std::size_t bytes) {
+// 16-byte copies of a group-staged buffer to (peer) global memory; `bytes` is a multiple of 16.
+__device__ inline void copy_16B(const RowGroup& g, std::uint8_t* dst, const std::uint8_t* src,
+                                std::size_t bytes) {
   auto* d = reinterpret_cast<uint4*>(dst);
   const auto* s = reinterpret_cast<const uint4*>(src);
-  for (std::size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+  for (std::size_t i = g.rank; i < bytes / 16; i += g.size) d[i] = s[i];
 }
 
 }  // namespace epmoe::cuda

@@ -82,6 +82,22 @@ EPMOE_HD void send_home(const CombineBuffer& home, const HomeSlot& to, std::int6
     add_relaxed(&home.accumulator_row(to.token)[column], mul_rn(to.weight, value));
 }
 
+// send_home of four consecutive elements, columns 4 * column4 .. 4 * column4 + 3: staged, one
+// 8-byte store of their bf16 values (a staged row is H bf16, H a multiple of 64, from an aligned
+// base, so it is 8-byte aligned); in_kernel_reduce, four atomics, as send_home.
+EPMOE_HD void send_home4(const CombineBuffer& home, const HomeSlot& to, std::int64_t column4,
+                         const float (&values)[4]) {
+  if (home.mode == Combine::staged) {
+    std::uint16_t codes[4];
+    for (int i = 0; i < 4; ++i) codes[i] = formats::float_to_bf16(values[i]);
+    std::uint64_t packed = 0;
+    for (int i = 3; i >= 0; --i) packed = packed << 16 | codes[i];  // little-endian: codes[0] first
+    reinterpret_cast<std::uint64_t*>(home.staged_row(to.token, to.slot))[column4] = packed;
+    return;
+  }
+  for (int i = 0; i < 4; ++i) send_home(home, to, 4 * column4 + i, values[i]);
+}
+
 // Step 7, on the home rank once every done has arrived: y[token, column] as bf16.
 // staged: the fp32 sum of weight[k] x row[token, k][column] over the routed slots k, from 0 to
 // top_k - 1 in that order, each product and sum rounded on its own, so y is deterministic and,

@@ -102,6 +102,14 @@ __device__ inline void send_home(const TokenBackTarget& p, const HomeSlot& home,
       out);
 }
 
+// Four consecutive elements home at once (protocol::send_home4): columns 4 * column4 .. + 3.
+__device__ inline void send_home4(const TokenBackTarget& p, const HomeSlot& home,
+                                  std::int64_t column4, const float (&out)[4]) {
+  protocol::send_home4(
+      protocol::combine_buffer(p.peer_windows[home.rank], p.layout, p.top_k, p.combine), home,
+      column4, out);
+}
+
 // 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one
 // done message per peer per round, whatever T (a CTA with no item still takes the ticket, I5).
 // Every CTA that joined the round calls it once, after its last send_home.

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     float* h = p.h + static_cast<std::size_t>(pair) * problem.intermediate;
-    quantize_row_block(h, problem.intermediate, problem.precision, problem.rounding, bytes,
-                       scratch);
+    quantize_row_block(RowGroup::cta(), h, problem.intermediate, problem.precision,
+                       problem.rounding, bytes, scratch);
   }
 }
 

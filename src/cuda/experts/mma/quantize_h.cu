@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const std::size_t at = static_cast<std::size_t>(pair) * problem.intermediate;
-    quantize_h_row(problem, smem, p.h + at, p.h16 + at, p.h_scale + pair);
+    quantize_h_row(RowGroup::cta(), problem, smem, p.h + at, p.h16 + at, p.h_scale + pair);
   }
 }
 

@@ -82,51 +82,79 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   }
 }
 
-// Shared memory of activate: the h row in fp32, then FC2's input quantization's own.
-std::size_t activate_smem(const ExpertProblem& problem) {
-  return static_cast<std::size_t>(problem.intermediate) * sizeof(float) + fc2_input_smem(problem);
+// Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.
+EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
+  return protocol::align16(static_cast<std::size_t>(problem.intermediate) * sizeof(float) +
+                           fc2_input_smem(problem));
 }
 
-// One CTA per pair: FC1's sums over both scales (one at a time: the product of two NVFP4 s_enc
-// of tiny-amax rows can overflow), b13, the activation into shared memory, then FC2's input
-// quantization point there; only h16 and its scale go back to global memory.
-__global__ void __launch_bounds__(kThreads) activate_kernel(Params p) {
+// Threads per activate row: a warp while the CTA's rows fit kActivateSmem, more for long rows.
+// A warp per row keeps 8 rows' loads in flight per CTA where one CTA per row had one, and its
+// barriers are __syncwarp (qwen3 at T = 8192: 65536 rows of 768, the kernel was at 1/6 of HBM).
+constexpr std::size_t kActivateSmem = 48 * 1024;
+int activate_group_size(const ExpertProblem& problem) {
+  int size = 32;
+  while (size < kThreads && (kThreads / size) * activate_row_smem(problem) > kActivateSmem)
+    size *= 2;
+  return size;
+}
+
+// A RowGroup (activate_group_size threads) per pair: FC1's sums over both scales (one at a time:
+// the product of two NVFP4 s_enc of tiny-amax rows can overflow), b13, the activation into the
+// group's shared memory, then FC2's input quantization point there; only h16 and its scale (fp8:
+// E4M3 codes and 1 x 128 scales) go back to global memory.
+__global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const RoundStart start = join_round(p.step.state);
   if (start.skip) return;
   const ExpertInputs& in = p.step.in;
   const ExpertProblem& problem = p.problem;
   const std::int64_t inter = problem.intermediate;
-  float* h = reinterpret_cast<float*>(smem);
-  std::uint8_t* quantize_smem = smem + inter * sizeof(float);
+  const RowGroup g = RowGroup::slice(group_size);
+  const int groups = kThreads / group_size;
+  std::uint8_t* row_smem = smem + g.index * activate_row_smem(problem);
+  float* h = reinterpret_cast<float*>(row_smem);
+  std::uint8_t* quantize_smem = row_smem + inter * sizeof(float);
   const std::uint32_t pairs = in.pair_offset[problem.local_experts];
-  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+  for (std::uint32_t pair = blockIdx.x * groups + g.index; pair < pairs;
+       pair += gridDim.x * groups) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
     // fp8: the GEMM applied both scales (per k128 block).
     const float x_scale = p.fp8() ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
     const float w_scale = p.fp8() ? 1.0f : p.weights.w13_scale[e];
-    const float* d = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+    // I is a multiple of 64, so each half of the row is float4-aligned.
+    const auto* gate4 =
+        reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter);
+    const float4* up4 = gate4 + inter / 4;
     const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-    __syncthreads();  // the previous pair is done with h
-    for (std::int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-      const float gate = math::biased(d[j] / x_scale / w_scale, b13, j);
-      const float up =
-          math::biased(d[inter + j] / x_scale / w_scale, b13 == nullptr ? nullptr : b13 + inter, j);
-      h[j] =
-          static_cast<float>(math::activation(problem.activation, gate, up, problem.swiglu_limit));
+    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+    g.sync();  // the previous pair is done with h
+    for (std::int64_t j4 = g.rank; j4 < inter / 4; j4 += g.size) {
+      const float4 gv = gate4[j4], uv = up4[j4];
+      const float gates[4] = {gv.x, gv.y, gv.z, gv.w}, ups[4] = {uv.x, uv.y, uv.z, uv.w};
+      float out[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const std::int64_t j = 4 * j4 + k;
+        const float gate = math::biased(gates[k] / x_scale / w_scale, b13, j);
+        const float up = math::biased(ups[k] / x_scale / w_scale, b13_up, j);
+        out[k] = static_cast<float>(
+            math::activation(problem.activation, gate, up, problem.swiglu_limit));
+      }
+      reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
     }
-    __syncthreads();  // the row is complete before its quantization
+    g.sync();  // the row is complete before its quantization
     const std::size_t at = static_cast<std::size_t>(pair) * inter;
     if (p.fp8())
-      encode_h_row_fp8(problem, quantize_smem, h, p.scratch.h8 + at,
+      encode_h_row_fp8(g, problem, quantize_smem, h, p.scratch.h8 + at,
                        p.scratch.h8_scale + at / formats::kFp8Block128);
     else
-      quantize_h_row(problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
+      quantize_h_row(g, problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
   }
 }
 
 // One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
-// both scales, b2, the result home (send_home), four columns per lane per step; the last CTA
+// both scales, b2, the result home (send_home4), four columns per lane per step; the last CTA
 // publishes done to every rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
   fc2_round(p.step, [&](std::uint32_t round) {
@@ -154,11 +182,11 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       for (std::int64_t c4 = lane; c4 < hidden / 4; c4 += 32) {
         const float4 v = d[c4];
         const float sums[4] = {v.x, v.y, v.z, v.w};
+        float out[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const std::int64_t c = 4 * c4 + i;
-          send_home(p.step.home, home, c, math::biased(sums[i] / h_scale / w_scale, b2, c));
-        }
+        for (int i = 0; i < 4; ++i)
+          out[i] = math::biased(sums[i] / h_scale / w_scale, b2, 4 * c4 + i);
+        send_home4(p.step.home, home, c4, out);
       }
     }
   });
@@ -167,9 +195,12 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 }  // namespace
 
 StepShapes step_shapes(const ExpertProblem& problem, int device) {
-  return StepShapes{occupancy_shape(gather_kernel, 0, device),
-                    occupancy_shape(activate_kernel, activate_smem(problem), device),
-                    occupancy_shape(home_kernel, 0, device)};
+  return StepShapes{
+      occupancy_shape(gather_kernel, 0, device),
+      occupancy_shape(activate_kernel,
+                      (kThreads / activate_group_size(problem)) * activate_row_smem(problem),
+                      device),
+      occupancy_shape(home_kernel, 0, device)};
 }
 
 void launch_plan(const Params& p, cudaStream_t stream) {
@@ -181,7 +212,8 @@ void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  activate_kernel<<<s.activate.grid, kThreads, s.activate.smem, stream>>>(p);
+  activate_kernel<<<s.activate.grid, kThreads, s.activate.smem, stream>>>(
+      p, activate_group_size(p.problem));
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
