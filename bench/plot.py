@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Plots and one combined table from `epmoe bench --json` and `tools/baselines/torch_ep.py --json`.
+"""Plots and one combined table from `epmoe bench --json` and the baselines' JSON
+(`tools/baselines/torch_ep.py --json`, `tools/baselines/flashinfer_ep.py --json`).
 
-  python3 bench/plot.py bench/out/epmoe.json bench/out/torch_ep.json --out bench/out --table
+  python3 bench/plot.py bench/out/epmoe.json bench/out/torch_ep.json bench/out/flashinfer_ep.json \
+      --out bench/out --table
 
 One PNG per model shape (latency_<model>.png): median latency (p50, line; p90, shaded) against T
 (tokens per rank), one panel per world size, a line per implementation / precision / combine /
-expert math (circles: exact; triangles and dash-dots: tensor_core; diamonds and dashes: wgmma), and the floor of each
-precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that `epmoe bench` derives
+expert math (circles: exact; triangles and dash-dots: tensor_core; diamonds and dashes: wgmma), FlashInfer's SM90 layer in brown (solid:
+eager, dashed: CUDA graph), the torch baseline in black, and the floor of each precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that `epmoe bench` derives
 from its measured ceilings). --table prints (and writes table.md) the p50 latencies of every
-implementation side by side (a column per precision / combine / expert math), with the bf16 floor
-and the best epmoe config (any column) over the torch baseline. Needs matplotlib for the plots
+implementation side by side (a column per precision / combine / expert math; a baseline's CUDA-graph
+points get a column of their own), with the bf16 floor, the best epmoe config (any column) over the
+torch baseline, and, where FlashInfer points exist, the best epmoe fp8_block128 config over
+FlashInfer's best (eager or graph). Needs matplotlib for the plots
 only.
 """
 
@@ -45,11 +49,16 @@ def math_of(p):
     return p.get("math", "exact") if p["impl"] == "epmoe" else ""
 
 
+def graph_of(p):
+    """Whether the point timed a CUDA graph replay (FlashInfer's baseline times both)."""
+    return bool(p.get("graph", False))
+
+
 def series_name(p):
     if p["impl"] == "epmoe":
         math = "" if math_of(p) == "exact" else f" {math_of(p)}"
         return f'epmoe {p["precision"]} {p["combine"]}{math}'
-    return f'{p["impl"]} {p["precision"]}'
+    return f'{p["impl"]} {p["precision"]}' + (" graph" if graph_of(p) else "")
 
 
 def ok(p):
@@ -95,6 +104,9 @@ def plot(points, out_dir):
                     staged_style, reduce_style, marker = MATH_STYLE.get(math_of(s[0]),
                                                                         MATH_STYLE["exact"])
                     style = staged_style if s[0]["combine"] == "staged" else reduce_style
+                elif s[0]["impl"] == "flashinfer_sm90":
+                    color, marker = "tab:brown", "v"
+                    style = "--" if graph_of(s[0]) else "-"
                 else:
                     color, style, marker = "black", "-", "s"
                 ax.plot(xs, p50, linestyle=style, marker=marker, color=color, label=name,
@@ -157,37 +169,47 @@ def table(points, meta):
     # tensor cores is usually the fastest epmoe config and "best epmoe / torch" must be able to
     # point at it; the short names keep the default sweep (12 epmoe columns) about 150 characters
     # wide. Within a precision: st, st tc, ikr, ikr tc.
+    # Baselines first (torch, then FlashInfer eager, then its CUDA graph), then epmoe.
+    def key_of(p):
+        return (p["impl"], p["precision"], p["combine"], math_of(p), graph_of(p))
+
     cols = []
     for p in points:
-        key = (p["impl"], p["precision"], p["combine"], math_of(p))
+        key = key_of(p)
         if key not in cols:
             cols.append(key)
     maths = list(MATH_SHORT)
-    cols.sort(key=lambda k: (k[0] != "torch_ep",
+    impls = ["torch_ep", "flashinfer_sm90"]
+    cols.sort(key=lambda k: (impls.index(k[0]) if k[0] in impls else
+                             (len(impls) + 1 if k[0] == "epmoe" else len(impls)), k[4],
                              PRECISIONS.index(k[1]) if k[1] in PRECISIONS else 9,
                              k[2] != "staged", maths.index(k[3]) if k[3] in maths else 9))
+    has_fi = any(k[0] == "flashinfer_sm90" for k in cols)
 
     def col_name(k):
         if k[0] == "epmoe":
             return f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}{MATH_SHORT.get(k[3], ' ' + k[3])}"
-        return k[0]
+        if k[0] == "flashinfer_sm90":
+            return "flashinfer graph" if k[4] else "flashinfer"
+        return k[0] + (" graph" if k[4] else "")
 
     head = ["model", "W", "T", "floor bf16"] + [col_name(k) for k in cols] + ["best epmoe / torch"]
+    if has_fi:
+        head.append("fp8_block128 epmoe / flashinfer")
     lines.append("")
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(" --- " for _ in head) + "|")
     by = {}
     for p in points:
-        by[(model_label(p), p["world"], p["tokens_per_rank"], p["impl"], p["precision"],
-            p["combine"], math_of(p))] = p
+        by[(model_label(p), p["world"], p["tokens_per_rank"]) + key_of(p)] = p
     rows = sorted({(model_label(p), p["world"], p["tokens_per_rank"]) for p in points},
                   key=lambda r: (r[0], -r[1], r[2]))
     for model, world, t in rows:
         cells = [model, str(world), str(t)]
-        floor = (by.get((model, world, t, "epmoe", "bf16", "staged", "exact"))
-                 or by.get((model, world, t, "epmoe", "bf16", "staged", "tensor_core")))
+        floor = (by.get((model, world, t, "epmoe", "bf16", "staged", "exact", False))
+                 or by.get((model, world, t, "epmoe", "bf16", "staged", "tensor_core", False)))
         cells.append(fmt(floor.get("floor_ms")) if floor and ok(floor) else "-")
-        best, torch_ms = None, None
+        best, best_fp8, torch_ms, fi_ms = None, None, None, None
         for k in cols:
             p = by.get((model, world, t) + k)
             if p is None:
@@ -197,11 +219,17 @@ def table(points, meta):
                 cells.append(fmt(v))
                 if k[0] == "epmoe":
                     best = v if best is None else min(best, v)
-                else:
+                    if k[1] == "fp8_block128":
+                        best_fp8 = v if best_fp8 is None else min(best_fp8, v)
+                elif k[0] == "flashinfer_sm90":
+                    fi_ms = v if fi_ms is None else min(fi_ms, v)
+                elif k[0] == "torch_ep" and not k[4]:
                     torch_ms = v
             else:
                 cells.append(p.get("status", "?"))
         cells.append(f"{best / torch_ms:.2f}x" if best and torch_ms else "-")
+        if has_fi:
+            cells.append(f"{best_fp8 / fi_ms:.2f}x" if best_fp8 and fi_ms else "-")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("p50 latency per forward in ms (the slowest rank, median over rounds); W = GPUs; "
@@ -210,7 +238,12 @@ def table(points, meta):
                  "TMA + WGMMA grouped GEMMs), else exact; "
                  "floor bf16 = "
                  "the largest of the HBM / matmul / NVLink floors of the bf16 layer; best epmoe / "
-                 "torch < 1 means epmoe is faster.")
+                 "torch < 1 means epmoe is faster." + (
+                     " flashinfer = FlashInfer's SM90 EP layer (sm90_fp8_fp8_bf16_push_cuda, "
+                     "fp8_block128 weights, FP8 dispatch and combine), eager and as a CUDA graph "
+                     "replay; fp8_block128 epmoe / flashinfer = the best epmoe fp8_block128 "
+                     "config over FlashInfer's better mode (< 1: epmoe is faster)."
+                     if has_fi else ""))
     return "\n".join(lines)
 
 

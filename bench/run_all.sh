@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: build `epmoe` (if needed), run `epmoe bench --json`, run the PyTorch
-# EP baseline (tools/baselines/torch_ep.py) under torchrun on the same shapes and T, draw the plots,
-# and print the combined table last. Everything lands in $OUT (the device tool's folder) or
-# bench/out: epmoe.json, torch_ep.json, epmoe_bench.log, torch_ep.log, latency_*.png, table.md.
+# EP baseline (tools/baselines/torch_ep.py) and FlashInfer's SM90 EP layer
+# (tools/baselines/flashinfer_ep.py) under torchrun on the same shapes and T, draw the plots, and
+# print the combined table last. Everything lands in $OUT (the device tool's folder) or bench/out:
+# epmoe.json, torch_ep.json, flashinfer_ep.json, their .log files, latency_*.png, table.md.
 #
 #   bench/run_all.sh                           # the default sweep; the whole run stays < 10 min
 #   bench/run_all.sh --rounds 20 --no-check    # extra arguments go to `epmoe bench`
 #   bench/run_all.sh --math tensor_core        # one expert math only (half the layers to prepare)
 #   EPMOE_BENCH_MODELS=qwen3-30b-a3b,deepseek-v3:16 bench/run_all.sh   # deepseek cut to 16 experts
+#   EPMOE_BENCH_FLASHINFER=0 bench/run_all.sh  # without the FlashInfer baseline
+#
+# FlashInfer (flashinfer-python 0.6.18 + apache-tvm-ffi 0.1.15.post2, wheels in .gpu_deps/wheels,
+# installed into build/flashinfer-site) compiles its kernels with nvcc at first use into
+# build/flashinfer-jit, which a warm machine keeps between calls: on a cold cache run
+#   python3 tools/baselines/flashinfer_ep.py --install && python3 -m torch.distributed.run \
+#     --standalone --nproc-per-node=2 tools/baselines/flashinfer_ep.py --prepare-only
+# in a call of its own first (same models and T as here), else the compile eats this script's time.
 #
 # Environment: EPMOE_BENCH_MODELS, EPMOE_BENCH_TOKENS (both lists shared by the two sides),
 # EPMOE_BENCH_TOTAL_S (wall-time target of the whole script, build included; each side skips the
 # points that no longer fit and says so), EPMOE_BENCH_TORCH_S (time kept for the baseline),
-# TORCH_EP_ARGS (extra arguments of torch_ep.py), NCCL_ROOT, EPMOE_GPU_DEPS (as tests/gpu/run.sh).
+# TORCH_EP_ARGS (extra arguments of torch_ep.py), NCCL_ROOT, EPMOE_GPU_DEPS (as tests/gpu/run.sh);
+# EPMOE_BENCH_FLASHINFER (auto: on when the wheels or an installed copy are there; 1: on, and a
+# failure to install fails the script; 0: off), EPMOE_BENCH_FLASHINFER_S (time kept for it, 90),
+# FLASHINFER_EP_ARGS (extra arguments of flashinfer_ep.py), FLASHINFER_EP_WHEELS
+# ($EPMOE_GPU_DEPS/wheels), FLASHINFER_EP_SITE (build/flashinfer-site), FLASHINFER_EP_JIT
+# (build/flashinfer-jit).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # Never NVLink multicast on these machines (NCCL, PyTorch, NVSHMEM).
@@ -27,6 +41,21 @@ models=${EPMOE_BENCH_MODELS:-qwen3-30b-a3b,deepseek-v3}
 tokens=${EPMOE_BENCH_TOKENS:-0,1,16,64,128,512,2048,8192}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 1 ] || { echo "no GPU visible (nvidia-smi -L)"; exit 1; }
+deps=${EPMOE_GPU_DEPS:-.gpu_deps}
+
+# ---- FlashInfer's baseline: on, off, or on where its wheels (or an installed copy) are here
+fi_wheels=${FLASHINFER_EP_WHEELS:-$deps/wheels}
+fi_site=${FLASHINFER_EP_SITE:-build/flashinfer-site}
+fi_jit=${FLASHINFER_EP_JIT:-build/flashinfer-jit}
+fi_on=${EPMOE_BENCH_FLASHINFER:-auto}
+if [ "$fi_on" = auto ]; then
+  fi_on=0
+  compgen -G "$fi_wheels/flashinfer_python-*.whl" >/dev/null && fi_on=1
+  [ -d "$fi_site/flashinfer" ] && fi_on=1
+  [ "$fi_on" = 1 ] || echo "FlashInfer baseline off: no wheels in $fi_wheels (EPMOE_BENCH_FLASHINFER)"
+fi
+fi_s=0
+[ "$fi_on" = 1 ] && fi_s=${EPMOE_BENCH_FLASHINFER_S:-90}
 
 # ---- build: as tests/gpu/run.sh does (NCCL from the wheel, CLI11 carried in .gpu_deps), but only
 # the `epmoe` tool, without tests or fault switches.
@@ -36,7 +65,6 @@ if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then
   exit 1
 fi
 export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
-deps=${EPMOE_GPU_DEPS:-.gpu_deps}
 extra=()
 [ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
 [ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
@@ -57,7 +85,7 @@ echo "built in $(elapsed) s"
 nvidia-smi -L
 
 # ---- epmoe bench
-budget=$((total - $(elapsed) - torch_s))
+budget=$((total - $(elapsed) - torch_s - fi_s))
 [ "$budget" -lt 60 ] && budget=60
 echo "== epmoe bench (budget ${budget} s): --models $models --tokens $tokens $*"
 "$bin" bench --models "$models" --tokens "$tokens" --budget-s "$budget" \
@@ -65,7 +93,7 @@ echo "== epmoe bench (budget ${budget} s): --models $models --tokens $tokens $*"
 bench_rc=${PIPESTATUS[0]}
 
 # ---- the PyTorch baseline, one process per GPU
-tbudget=$((total - $(elapsed) - 25))
+tbudget=$((total - $(elapsed) - fi_s - 25))
 [ "$tbudget" -lt 30 ] && tbudget=30
 echo "== torch EP baseline (torchrun, $gpus processes, budget ${tbudget} s)"
 ceilings=()
@@ -76,15 +104,43 @@ PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-nod
   "${ceilings[@]}" --json "$out/torch_ep.json" ${TORCH_EP_ARGS:-} 2>&1 | tee "$out/torch_ep.log"
 torch_rc=${PIPESTATUS[0]}
 
+# ---- FlashInfer's SM90 EP layer, one process per GPU (eager and CUDA graph)
+fi_rc=0
+if [ "$fi_on" = 1 ]; then
+  python3 tools/baselines/flashinfer_ep.py --install --wheels "$fi_wheels" --site "$fi_site" \
+    2>&1 | tee "$out/flashinfer_ep.log"
+  fi_rc=${PIPESTATUS[0]}
+  if [ "$fi_rc" -eq 0 ]; then
+    fbudget=$((total - $(elapsed) - 20))
+    [ "$fbudget" -lt 30 ] && fbudget=30
+    cold=""
+    compgen -G "$fi_jit/.cache/flashinfer/*/*/cached_ops/sm90_push_fp8_moe_gemm_*/*.so" \
+      >/dev/null || cold="; JIT cache $fi_jit cold: nvcc compiles for minutes first (--prepare-only)"
+    echo "== FlashInfer SM90 EP baseline (torchrun, $gpus processes, budget ${fbudget} s$cold)"
+    # shellcheck disable=SC2086  # FLASHINFER_EP_ARGS is a list of arguments
+    PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+      tools/baselines/flashinfer_ep.py --models "$models" --tokens "$tokens" --budget-s "$fbudget" \
+      --hard-limit-s $((fbudget + 30)) --site "$fi_site" --jit-cache "$fi_jit" "${ceilings[@]}" \
+      --json "$out/flashinfer_ep.json" ${FLASHINFER_EP_ARGS:-} 2>&1 | tee -a "$out/flashinfer_ep.log"
+    fi_rc=${PIPESTATUS[0]}
+  elif [ "${EPMOE_BENCH_FLASHINFER:-auto}" = auto ]; then
+    echo "FlashInfer baseline skipped: its wheels did not install (rc $fi_rc)"
+    fi_rc=0
+  fi
+fi
+
 # ---- plots, then the combined table last
 jsons=()
-for f in "$out/epmoe.json" "$out/torch_ep.json"; do [ -f "$f" ] && jsons+=("$f"); done
+for f in "$out/epmoe.json" "$out/torch_ep.json" "$out/flashinfer_ep.json"; do
+  [ -f "$f" ] && jsons+=("$f")
+done
 plot_rc=1
 if [ "${#jsons[@]}" -gt 0 ]; then
   python3 bench/plot.py "${jsons[@]}" --out "$out" 2>&1 | tail -4
-  echo "== summary: $(elapsed) s; epmoe bench rc=$bench_rc, torch baseline rc=$torch_rc"
+  echo "== summary: $(elapsed) s; epmoe bench rc=$bench_rc, torch baseline rc=$torch_rc," \
+    "FlashInfer baseline rc=$fi_rc"
   echo "== combined table (p50 ms)"
   python3 bench/plot.py "${jsons[@]}" --out "$out" --table --no-plots
   plot_rc=$?
 fi
-[ "$bench_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] && [ "$plot_rc" -eq 0 ]
+[ "$bench_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] && [ "$fi_rc" -eq 0 ] && [ "$plot_rc" -eq 0 ]
