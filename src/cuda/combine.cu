@@ -30,8 +30,19 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
                                             : static_cast<const std::int32_t*>(p.topk_ids)[slot];
       return id >= 0 && id < p.num_experts;
     };
-    for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
-      p.y[t * p.hidden + i] = protocol::combined_output(own, p.topk_weights, t, i, routed);
+    // Eight columns per thread per step: 16-byte loads of each staged row (H is a multiple of
+    // 64), and one 16-byte store of y where the caller's y is 16-byte aligned.
+    std::uint16_t* y = p.y + t * p.hidden;
+    const bool y_aligned = reinterpret_cast<std::uintptr_t>(p.y) % 16 == 0;
+    for (std::int64_t c8 = threadIdx.x; c8 < p.hidden / 8; c8 += blockDim.x) {
+      alignas(16) std::uint16_t out[8];
+      protocol::combined_outputs<8>(own, p.topk_weights, t, 8 * c8, routed, out);
+      if (y_aligned) {
+        reinterpret_cast<uint4*>(y)[c8] = *reinterpret_cast<const uint4*>(out);
+      } else {
+        for (int i = 0; i < 8; ++i) y[8 * c8 + i] = out[i];
+      }
+    }
   }
 
   if (last_cta_done(&p.state->tickets[kCombineTicket])) p.state->round = start.round + 1;

@@ -92,6 +92,7 @@ EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
 // A warp per row keeps 8 rows' loads in flight per CTA where one CTA per row had one, and its
 // barriers are __syncwarp (qwen3 at T = 8192: 65536 rows of 768, the kernel was at 1/6 of HBM).
 constexpr std::size_t kActivateSmem = 48 * 1024;
+constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
 int activate_group_size(const ExpertProblem& problem) {
   int size = 32;
   while (size < kThreads && (kThreads / size) * activate_row_smem(problem) > kActivateSmem)
@@ -128,20 +129,33 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
     const float4* up4 = gate4 + inter / 4;
     const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
     const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+    const std::int64_t quads = inter / 4;
     g.sync();  // the previous pair is done with h
-    for (std::int64_t j4 = g.rank; j4 < inter / 4; j4 += g.size) {
-      const float4 gv = gate4[j4], uv = up4[j4];
-      const float gates[4] = {gv.x, gv.y, gv.z, gv.w}, ups[4] = {uv.x, uv.y, uv.z, uv.w};
-      float out[4];
+    // kLoads float4 of gate and of up in flight per lane before any is used: the loads of a row
+    // are independent, and one at a time they left the kernel latency-bound.
+    for (std::int64_t first = g.rank; first < quads; first += kLoads * g.size) {
+      float4 gv[kLoads], uv[kLoads];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const std::int64_t j = 4 * j4 + k;
-        const float gate = math::biased(gates[k] / x_scale / w_scale, b13, j);
-        const float up = math::biased(ups[k] / x_scale / w_scale, b13_up, j);
-        out[k] = static_cast<float>(
-            math::activation(problem.activation, gate, up, problem.swiglu_limit));
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t j4 = first + l * g.size;
+        if (j4 < quads) gv[l] = gate4[j4], uv[l] = up4[j4];
       }
-      reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t j4 = first + l * g.size;
+        if (j4 >= quads) break;
+        const float gates[4] = {gv[l].x, gv[l].y, gv[l].z, gv[l].w};
+        const float ups[4] = {uv[l].x, uv[l].y, uv[l].z, uv[l].w};
+        float out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const std::int64_t j = 4 * j4 + k;
+          out[k] = math::activation_f32(
+              problem.activation, math::biased(gates[k] / x_scale / w_scale, b13, j),
+              math::biased(ups[k] / x_scale / w_scale, b13_up, j), problem.swiglu_limit);
+        }
+        reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
+      }
     }
     g.sync();  // the row is complete before its quantization
     const std::size_t at = static_cast<std::size_t>(pair) * inter;
@@ -179,14 +193,22 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-      for (std::int64_t c4 = lane; c4 < hidden / 4; c4 += 32) {
-        const float4 v = d[c4];
-        const float sums[4] = {v.x, v.y, v.z, v.w};
-        float out[4];
+      for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
+        float4 v[kLoads];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          out[i] = math::biased(sums[i] / h_scale / w_scale, b2, 4 * c4 + i);
-        send_home4(p.step.home, home, c4, out);
+        for (int l = 0; l < kLoads; ++l)
+          if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l) {
+          const std::int64_t c4 = first + 32 * l;
+          if (c4 >= hidden / 4) break;
+          const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
+          float out[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            out[i] = math::biased(sums[i] / h_scale / w_scale, b2, 4 * c4 + i);
+          send_home4(p.step.home, home, c4, out);
+        }
       }
     }
   });
