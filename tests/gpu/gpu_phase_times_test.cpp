@@ -106,9 +106,9 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuPhaseTimes,
                                            Scenario{ExpertMath::tensor_core, Precision::nvfp4},
                                            Scenario{ExpertMath::wgmma, Precision::bf16},
                                            Scenario{ExpertMath::wgmma, Precision::fp8_block128}),
-                         [](const auto& info) {
-                           return std::string(to_string(info.param.math)) + "_" +
-                                  to_string(info.param.precision);
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param.math)) + "_" +
+                                  to_string(param_info.param.precision);
                          });
 
 // Off by default, and off again after set_phase_timing(false): no record is read back.
