@@ -567,7 +567,8 @@ struct RoundTimes {
 
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* [round*W+r] */,
                        const ModelData& data, std::int64_t tokens, int warmup, int rounds,
-                       double cap_s, Backend backend, bool phases) {
+                       double cap_s, Backend backend,
+                       [[maybe_unused]] bool phases /* CUDA only */) {
   const int world = cluster.world();
   const LayerShape& s = cluster.layer(0).config().shape();
   RoundTimes out;
