@@ -13,10 +13,10 @@ namespace epmoe {
 // before them: wait_counts inside route (step 4), wait_done inside combine (step 7).
 enum class RoundPhase : std::uint8_t {
   dispatch = 0,     // steps 1-3: rows to their owners, counts to every rank
-  route = 1,        // step 4-5: wait for the counts, check and stage the received rows, bucket
+  route = 1,        // steps 4-5: wait for the counts, check and stage the received rows, bucket
   wait_counts = 2,  // step 4: the bounded wait for every rank's count message
-  fc1 = 3,          // step 5: FC1 + activation + FC2's input quantization (wgmma: plan, gather)
-  fc2 = 4,          // steps 5-6: FC2, results home, done to every rank (wgmma: home)
+  fc1 = 3,          // step 5: FC1 + activation + FC2's input quantization (wgmma: plan, gather too)
+  fc2 = 4,          // steps 5-6: FC2, results home (wgmma: home), done to every rank
   combine = 5,      // step 7: wait for the dones, finish y, advance the round
   wait_done = 6,    // step 7: the bounded wait for every rank's done message
 };
