@@ -9,7 +9,9 @@ One PNG per model shape (latency_<model>.png): median latency (p50, line; p90, s
 (tokens per rank), one panel per world size, a line per implementation / precision / combine /
 expert math (circles: exact; triangles and dash-dots: tensor_core; diamonds and dashes: wgmma), FlashInfer's SM90 layer in brown (solid:
 eager, dashed: CUDA graph), the torch baseline in black, and the floor of each precision dashed (the largest of the HBM, bf16-matmul and NVLink floors that `epmoe bench` derives
-from its measured ceilings). --table prints (and writes table.md) the p50 latencies of every
+from its measured ceilings). For points of `epmoe bench --phases`, one more PNG per model shape
+(phases_<model>.png): a stacked bar per T of the p50 of each chain phase (dispatch, route, fc1, fc2,
+combine), one panel per world size and epmoe config, the point's p50 latency marked. --table prints (and writes table.md) the p50 latencies of every
 implementation side by side (a column per precision / combine / expert math; a baseline's CUDA-graph
 points get a column of their own), with the bf16 floor, the best epmoe config (any column) over the
 torch baseline, and, where FlashInfer points exist, the best epmoe fp8_block128 config over
@@ -59,6 +61,10 @@ def series_name(p):
         math = "" if math_of(p) == "exact" else f" {math_of(p)}"
         return f'epmoe {p["precision"]} {p["combine"]}{math}'
     return f'{p["impl"]} {p["precision"]}' + (" graph" if graph_of(p) else "")
+
+
+def file_safe(model):
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model.replace(" ", "_"))
 
 
 def ok(p):
@@ -138,8 +144,57 @@ def plot(points, out_dir):
                 ax.text(0.5, 0.5, "no timed points (all skipped or failed: see the table)",
                         transform=ax.transAxes, ha="center", va="center", fontsize=9)
         fig.tight_layout()
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.replace(" ", "_"))
-        path = os.path.join(out_dir, f"latency_{safe}.png")
+        path = os.path.join(out_dir, f"latency_{file_safe(model)}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# The chain phases of `epmoe bench --phases` (its phases_us_p50), stacked in order; wait_counts and
+# wait_done lie inside route and combine, so they are not stacked.
+CHAIN_PHASES = ["dispatch", "route", "fc1", "fc2", "combine"]
+PHASE_COLOR = {"dispatch": "tab:blue", "route": "tab:orange", "fc1": "tab:green",
+               "fc2": "tab:red", "combine": "tab:purple"}
+
+
+def plot_phases(points, out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [p for p in points if ok(p) and p.get("phases_us_p50")]
+    written = []
+    for model in sorted({model_label(p) for p in timed}):
+        mine = [p for p in timed if model_label(p) == model]
+        panels = sorted({(p["world"], series_name(p)) for p in mine}, key=lambda k: (-k[0], k[1]))
+        cols = min(3, len(panels))
+        rows = (len(panels) + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
+        for ax, (world, name) in zip(axes.flat, panels):
+            s = sorted((p for p in mine if p["world"] == world and series_name(p) == name),
+                       key=lambda p: p["tokens_per_rank"])
+            xs = range(len(s))
+            bottom = [0.0] * len(s)
+            for phase in CHAIN_PHASES:
+                us = [p["phases_us_p50"].get(phase) or 0.0 for p in s]
+                ax.bar(xs, us, bottom=bottom, color=PHASE_COLOR[phase], label=phase)
+                bottom = [b + u for b, u in zip(bottom, us)]
+            ax.plot(xs, [p["latency_ms_p50"] * 1e3 for p in s], "k_", markersize=18,
+                    label="forward p50")
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels([str(p["tokens_per_rank"]) for p in s])
+            ax.set_xlabel("T (tokens per rank)")
+            ax.set_ylabel("µs (p50 per phase, slowest rank)")
+            ax.set_title(f"{model}, {world} GPU{'s' if world > 1 else ''}\n{name}", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"phases_{file_safe(model)}.png")
+        os.makedirs(out_dir, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
@@ -256,7 +311,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     points, meta = load([p for p in args.json if os.path.exists(p)] or args.json)
     if not args.no_plots:
-        for path in plot(points, args.out):
+        for path in plot(points, args.out) + plot_phases(points, args.out):
             print(f"wrote {path}")
     if args.table:
         text = table(points, meta)

@@ -6,10 +6,13 @@
 // CPU executor), and a point reports the median and p90 of that over its rounds. Next to each
 // latency: the bytes of the experts the round touched (in the layer's precision), the FLOPs, the
 // bytes that crossed NVLink, and the floors those give over the HBM bandwidth, bf16 matmul rate and
-// peer bandwidth measured at the start of the same run. docs/bench.md has the definitions.
+// peer bandwidth measured at the start of the same run. With --phases, each rank's layer also
+// stamps the phases of its rounds on the GPU (Layer::set_phase_timing) and a point reports the p50
+// of each phase on the slowest rank. docs/bench.md has the definitions.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -79,6 +82,7 @@ struct BenchOptions {
   std::string json;
   double hbm_gbps = 0.0, peer_gbps = 0.0, matmul_tflops = 0.0;  // 0 = measure
   bool no_measure = false;
+  bool phases = false;  // Layer::set_phase_timing on every rank; per-phase p50 columns
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -279,6 +283,10 @@ struct Point {
   std::size_t resident_bytes = 0;  // Layer::resident_weight_bytes() of rank 0 (every rank alike)
   double floor_ms = kNaN;
   std::string bound;
+  // --phases: per phase, the p50 over timed rounds of its duration on the round's slowest rank
+  // (Layer::last_phase_times); NaN where no round stamped it.
+  std::array<double, kRoundPhases> phase_p50_us;
+  Point() { phase_p50_us.fill(kNaN); }
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -552,18 +560,22 @@ struct SweepState {
 // Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
 // rank's host work never counts against its peers); returns per-rank latencies per round.
 struct RoundTimes {
-  std::vector<std::vector<double>> ms;  // [rank][round]
-  int timed = 0;                        // rounds actually timed (may stop early: --max-point-s)
+  std::vector<std::vector<double>> ms;          // [rank][round]
+  std::vector<std::vector<PhaseTimes>> phases;  // [rank][round] (--phases; else empty times)
+  int timed = 0;  // rounds actually timed (may stop early: --max-point-s)
 };
 
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* [round*W+r] */,
                        const ModelData& data, std::int64_t tokens, int warmup, int rounds,
-                       double cap_s, Backend backend) {
+                       double cap_s, Backend backend,
+                       [[maybe_unused]] bool phases /* CUDA only */) {
   const int world = cluster.world();
   const LayerShape& s = cluster.layer(0).config().shape();
   RoundTimes out;
   out.ms.assign(static_cast<std::size_t>(world),
                 std::vector<double>(static_cast<std::size_t>(warmup + rounds), kNaN));
+  out.phases.assign(static_cast<std::size_t>(world),
+                    std::vector<PhaseTimes>(static_cast<std::size_t>(warmup + rounds)));
   RoundBarrier barrier(world);
   std::atomic<bool> stop{false};
   std::atomic<int> timed{0};
@@ -614,6 +626,8 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing /* 
                         dev->y(tokens), Stream{dev->stream()});
           cuda_ok(cudaEventRecord(ev->stop, st), "cudaEventRecord");
           out.ms[r][static_cast<std::size_t>(i)] = ev->ms();
+          // After the round's stop event: reading the record is not timed.
+          if (phases) out.phases[r][static_cast<std::size_t>(i)] = layer.last_phase_times();
           if (rank == 0 && i >= warmup) ++timed;
           continue;
         }
@@ -731,6 +745,8 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   }
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s, check %s\n", what.c_str(), prep_s,
                check.c_str());
+  if (o.phases)
+    for (int r = 0; r < world; ++r) cluster->layer(r).set_phase_timing(true);
 
   double last_ms = kNaN;
   std::int64_t last_t = 0;
@@ -767,21 +783,28 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
                                        o.seed * 1000003 + static_cast<std::uint64_t>(T) * 7777 +
                                            static_cast<std::uint64_t>(i * world + r)));
     try {
-      const RoundTimes times =
-          time_rounds(*cluster, routing, data, T, warmup, rounds, o.max_point_s, st.backend);
+      const RoundTimes times = time_rounds(*cluster, routing, data, T, warmup, rounds,
+                                           o.max_point_s, st.backend, o.phases);
       pt.warmup = warmup;
       std::vector<Traffic> per_round;
+      std::array<std::vector<double>, kRoundPhases> phase_us;  // per phase, the timed rounds'
       for (int i = warmup; i < warmup + times.timed; ++i) {
-        double slowest = 0;
+        const auto round = static_cast<std::size_t>(i);
+        std::size_t slowest = 0;
         std::vector<const std::vector<std::int32_t>*> ids;
         for (int r = 0; r < world; ++r) {
-          slowest =
-              std::max(slowest, times.ms[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)]);
+          if (times.ms[static_cast<std::size_t>(r)][round] > times.ms[slowest][round])
+            slowest = static_cast<std::size_t>(r);
           ids.push_back(&routing[static_cast<std::size_t>(i * world + r)].topk_ids);
         }
-        pt.latency_ms.push_back(slowest);
+        pt.latency_ms.push_back(times.ms[slowest][round]);
         per_round.push_back(round_traffic(ids, s, world, precision, combine, st.ceilings));
+        const PhaseTimes& phases = times.phases[slowest][round];
+        for (std::size_t ph = 0; ph < phase_us.size(); ++ph)
+          if (phases.spans[ph].stamped) phase_us[ph].push_back(phases.spans[ph].us());
       }
+      for (std::size_t ph = 0; ph < phase_us.size(); ++ph)
+        pt.phase_p50_us[ph] = percentile(phase_us[ph], 0.5);
       const double n = static_cast<double>(per_round.size());
       Traffic& m = pt.traffic;
       m.hbm_floor_ms = m.compute_floor_ms = m.nvlink_floor_ms = 0;
@@ -850,10 +873,17 @@ std::string json_str(const std::string& s) {
   return out + "\"";
 }
 
-void print_table(const std::vector<Point>& points) {
-  std::printf("\n%-22s %2s %-5s %-16s %-11s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s %s\n",
-              "model", "W", "prec", "combine", "math", "T", "p50 ms", "p90 ms", "wt GB", "TB/s",
-              "TFLOPS", "NVL MB", "floor ms", "bound", "x floor", "res GB", "check");
+// The phase columns of --phases (p50 us), in RoundPhase order.
+constexpr const char* kPhaseColumns[kRoundPhases] = {"disp", "route", "w.cnt", "fc1",
+                                                     "fc2",  "comb",  "w.done"};
+
+void print_table(const std::vector<Point>& points, bool phases) {
+  std::printf("\n%-22s %2s %-5s %-16s %-11s %5s %9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s ", "model",
+              "W", "prec", "combine", "math", "T", "p50 ms", "p90 ms", "wt GB", "TB/s", "TFLOPS",
+              "NVL MB", "floor ms", "bound", "x floor", "res GB");
+  if (phases)
+    for (const char* column : kPhaseColumns) std::printf("%7s ", column);
+  std::printf("check\n");
   for (const Point& p : points) {
     std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
                 to_string(p.precision), to_string(p.combine), to_string(p.math),
@@ -865,13 +895,15 @@ void print_table(const std::vector<Point>& points) {
     const double sec = p.p50 * 1e-3;
     const double tbps = p.traffic.weight_bytes / p.world / sec / 1e12;
     const double tflops = p.traffic.flops / p.world / sec / 1e12;
-    std::printf("%9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s %s%s%s\n", fmt(p.p50).c_str(),
-                fmt(p.p90).c_str(), fmt(p.traffic.weight_bytes / 1e9, "%.3f").c_str(),
-                fmt(tbps, "%.2f").c_str(), fmt(tflops, "%.1f").c_str(),
-                fmt(p.traffic.nvlink_bytes / 1e6, "%.2f").c_str(), fmt(p.floor_ms).c_str(),
-                p.bound.empty() ? "-" : p.bound.c_str(), fmt(p.p50 / p.floor_ms, "%.1f").c_str(),
-                fmt(static_cast<double>(p.resident_bytes) / 1e9, "%.3f").c_str(), p.check.c_str(),
-                p.note.empty() ? "" : "  ", p.note.c_str());
+    std::printf("%9s %9s %8s %6s %7s %8s %9s %-5s %7s %8s ", fmt(p.p50).c_str(), fmt(p.p90).c_str(),
+                fmt(p.traffic.weight_bytes / 1e9, "%.3f").c_str(), fmt(tbps, "%.2f").c_str(),
+                fmt(tflops, "%.1f").c_str(), fmt(p.traffic.nvlink_bytes / 1e6, "%.2f").c_str(),
+                fmt(p.floor_ms).c_str(), p.bound.empty() ? "-" : p.bound.c_str(),
+                fmt(p.p50 / p.floor_ms, "%.1f").c_str(),
+                fmt(static_cast<double>(p.resident_bytes) / 1e9, "%.3f").c_str());
+    if (phases)
+      for (double us : p.phase_p50_us) std::printf("%7s ", fmt(us, "%.1f").c_str());
+    std::printf("%s%s%s\n", p.check.c_str(), p.note.empty() ? "" : "  ", p.note.c_str());
   }
 }
 
@@ -892,7 +924,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
     << ", \"matmul_how\": " << json_str(c.matmul_how) << "},\n";
   f << "  \"settings\": {\"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
     << ", \"seed\": " << o.seed << ", \"routing\": \"uniform top-k, 5% slots dropped\""
-    << ", \"max_point_s\": " << json_num(o.max_point_s) << "},\n";
+    << ", \"max_point_s\": " << json_num(o.max_point_s)
+    << ", \"phases\": " << (o.phases ? "true" : "false") << "},\n";
   f << "  \"total_s\": " << json_num(total_s) << ",\n  \"points\": [\n";
   for (std::size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
@@ -922,8 +955,15 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
       << ", \"hbm_floor_ms\": " << json_num(p.traffic.hbm_floor_ms)
       << ", \"compute_floor_ms\": " << json_num(p.traffic.compute_floor_ms)
       << ", \"nvlink_floor_ms\": " << json_num(p.traffic.nvlink_floor_ms)
-      << ", \"floor_ms\": " << json_num(p.floor_ms) << ", \"bound\": " << json_str(p.bound)
-      << ", \"latency_ms\": [";
+      << ", \"floor_ms\": " << json_num(p.floor_ms) << ", \"bound\": " << json_str(p.bound);
+    if (o.phases) {
+      f << ", \"phases_us_p50\": {";
+      for (int ph = 0; ph < kRoundPhases; ++ph)
+        f << (ph ? ", " : "") << json_str(to_string(static_cast<RoundPhase>(ph))) << ": "
+          << json_num(p.phase_p50_us[static_cast<std::size_t>(ph)]);
+      f << "}";
+    }
+    f << ", \"latency_ms\": [";
     for (std::size_t j = 0; j < p.latency_ms.size(); ++j)
       f << (j ? ", " : "") << json_num(p.latency_ms[j]);
     f << "]}" << (i + 1 < points.size() ? "," : "") << "\n";
@@ -976,6 +1016,8 @@ int bench(const BenchOptions& o) {
   }
   if (worlds.empty()) reject("--worlds: give at least one world size");
   const Backend backend = choose_backend(o.executor, 1);  // auto: the GPUs when there is one
+  if (o.phases && backend != Backend::cuda_nccl)
+    reject("--phases: per-phase timing stamps the GPU clock; the CPU executor has none");
   if (backend == Backend::cuda_nccl) {
     const int gpus = cuda_device_count();
     std::vector<int> fit;
@@ -1067,12 +1109,17 @@ int bench(const BenchOptions& o) {
   progress.finish();
   const double total_s = seconds_since(start);
 
-  print_table(points);
+  print_table(points, o.phases);
   std::printf(
       "\nW = ranks (GPUs); T = tokens per rank; p50/p90 over rounds of the slowest rank's forward; "
       "wt GB = expert weights the round touched (layer precision); TB/s, TFLOPS per GPU; NVL MB = "
       "bytes across ranks; floor = max(hbm, mma, nvl) floors; total %.0f s\n",
       total_s);
+  if (o.phases)
+    std::printf(
+        "phases (--phases): p50 us over rounds on the round's slowest rank, from its GPU clock: "
+        "disp = dispatch, route (holds w.cnt = the wait for counts), fc1, fc2, comb = combine "
+        "(holds w.done = the wait for dones)\n");
   if (!o.json.empty()) {
     write_json(o.json, o, backend, ceilings, points, total_s);
     std::printf("wrote %s\n", o.json.c_str());
@@ -1142,6 +1189,9 @@ Subcommand add_bench_command(CLI::App& parent) {
   cmd->add_option("--matmul-tflops", o->matmul_tflops,
                   "use this bf16 matmul rate instead of measuring it");
   cmd->add_flag("--no-measure", o->no_measure, "measure no ceilings (floors only from the above)");
+  cmd->add_flag("--phases", o->phases,
+                "also time each phase of a round on the GPU (Layer::set_phase_timing): p50 us "
+                "columns per phase on the slowest rank, and phases_us_p50 in the JSON (CUDA only)");
   return Subcommand{cmd, [o] { return bench(*o); }};
 }
 

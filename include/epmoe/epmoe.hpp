@@ -6,3 +6,4 @@
 #include "epmoe/errors.hpp"
 #include "epmoe/layer.hpp"
 #include "epmoe/tensor.hpp"
+#include "epmoe/timing.hpp"

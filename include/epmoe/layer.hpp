@@ -11,6 +11,7 @@
 #include "epmoe/config.hpp"
 #include "epmoe/errors.hpp"
 #include "epmoe/tensor.hpp"
+#include "epmoe/timing.hpp"
 
 namespace epmoe {
 
@@ -93,6 +94,18 @@ class Layer {
   // Bytes this rank's layer holds for its experts' weights as its expert math reads them (on the
   // GPU for the CUDA executor, scales included; docs/design.md §6 "What the GPU holds").
   std::size_t resident_weight_bytes() const;
+
+  // Per-phase timing (epmoe/timing.hpp, docs/design.md §4.2), off by default. While on, every
+  // kernel of a round stamps the GPU clock at its start and end (one thread per CTA; off, a
+  // branch); the setting lives in device memory, so a captured CUDA graph follows it too. Not
+  // collective: each rank times its own rounds. Waits for this layer's last forward's stream, so
+  // call it between rounds, not during capture. The CPU executor has no device clock: true throws
+  // Error(unsupported), false does nothing.
+  void set_phase_timing(bool on);
+  // The phases of the last round this rank finished, read from the device after waiting for the
+  // last forward's stream (call it between rounds, not during capture). Empty while timing is off,
+  // before the first timed round, and on the CPU executor.
+  PhaseTimes last_phase_times() const;
 
   LayerImpl& impl() { return *impl_; }
 

@@ -56,6 +56,12 @@ std::uint32_t Layer::next_round() const {
 std::size_t Layer::resident_weight_bytes() const {
   return impl_->resident_weight_bytes();
 }
+void Layer::set_phase_timing(bool on) {
+  impl_->set_phase_timing(on);
+}
+PhaseTimes Layer::last_phase_times() const {
+  return impl_->last_phase_times();
+}
 
 namespace testing {
 

@@ -24,6 +24,15 @@ class LayerImpl {
   virtual std::uint32_t next_round() const = 0;
   // Bytes this rank holds for its prepared expert weights (scales included).
   virtual std::size_t resident_weight_bytes() const = 0;
+  // Layer::set_phase_timing / last_phase_times (docs/design.md §4.2); executors without a device
+  // clock keep these: on throws Error(unsupported), the times are empty.
+  virtual void set_phase_timing(bool on) {
+    if (on)
+      throw Error(ErrorCode::unsupported,
+                  "set_phase_timing: per-phase timing stamps the GPU clock; the CPU executor has "
+                  "none (CUDA executor only)");
+  }
+  virtual PhaseTimes last_phase_times() const { return {}; }
   // testing::start_rounds_at; executors that cannot do it throw Error(unsupported).
   virtual void start_rounds_at(std::uint32_t round) = 0;
 

@@ -2,7 +2,8 @@
 // finishes its tokens of y (protocol::combined_output). Staged: the fp32 weighted sum of the bf16
 // FC2 rows over slots 0..K-1, in that order, with no FMA contraction, so y is deterministic and
 // equals the reference bit for bit. In-kernel reduce: y is the accumulator the experts added into,
-// rounded to bf16. The last CTA advances the round.
+// rounded to bf16. The last CTA advances the round (and, with phase timing on, clears the next
+// round's record).
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
@@ -15,9 +16,10 @@ namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
   const RoundStart start =
-      start_round(p, Phase::expert_done,
+      start_round(p, RoundPhase::combine, Phase::expert_done,
                   [](const DeviceSession& session, protocol::Deadline deadline,
                      DevicePlatform& platform) { return session.await_done(deadline, platform); });
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
 
   const protocol::CombineBuffer own =
@@ -45,7 +47,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
     }
   }
 
-  if (last_cta_done(&p.state->tickets[kCombineTicket])) p.state->round = start.round + 1;
+  if (last_cta_done(&p.state->tickets[kCombineTicket])) {
+    p.state->round = start.round + 1;
+    // The next round stamps the other record; this round's stays for Layer::last_phase_times.
+    if (start.clock.record != nullptr) clear_phase_record(p.state->phases[(start.round + 1) & 1u]);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -51,6 +52,7 @@ class CudaLayer final : public LayerImpl {
       // Round state (device), health record and reset outcome (mapped pinned host memory).
       RoundState state{};
       state.round = protocol::kFirstRound;
+      for (PhaseRecord& r : state.phases) clear_phase_record(r);
       EPMOE_CUDA_CHECK(cudaMalloc(&state_, sizeof(RoundState)));
       EPMOE_CUDA_CHECK(cudaMemcpy(state_, &state, sizeof state, cudaMemcpyHostToDevice));
       EPMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&health_host_), sizeof(HealthRecord),
@@ -155,8 +157,27 @@ class CudaLayer final : public LayerImpl {
     }
     comm_.set_peer_missing(false);
     reset_epoch_ += 2;
+    write_phase_timing(phase_timing_);  // rounds restart at 1: no stale stamps under them
     std::memset(health_host_, 0, sizeof(HealthRecord));
     health_ = Health::healthy();
+  }
+
+  void set_phase_timing(bool on) override {
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(last_stream_));  // every wait is bounded: this returns
+    write_phase_timing(on);
+    phase_timing_ = on;
+  }
+
+  PhaseTimes last_phase_times() const override {
+    if (!phase_timing_) return {};
+    EPMOE_CUDA_CHECK(cudaSetDevice(device_));
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(last_stream_));
+    RoundState s;
+    EPMOE_CUDA_CHECK(cudaMemcpy(&s, state_, sizeof s, cudaMemcpyDeviceToHost));
+    if (s.round == protocol::kFirstRound) return {};  // no round since creation or reset()
+    const std::uint32_t last = s.round - 1;  // a failed round does not advance: the one before
+    return phase_times(s.phases[last & 1u], last);
   }
 
   void start_rounds_at(std::uint32_t) override {
@@ -236,6 +257,22 @@ class CudaLayer final : public LayerImpl {
                                   " refused until a collective reset(): " + health_.what);
   }
 
+  // Phase timing's part of the round state (docs/design.md §4.2): the flag and both records,
+  // cleared. Only between rounds, once the last forward's stream has drained.
+  void write_phase_timing(bool on) {
+    static_assert(
+        offsetof(RoundState, timing) < offsetof(RoundState, phases) &&
+            offsetof(RoundState, phases) + sizeof(RoundState::phases) == sizeof(RoundState),
+        "timing and phases close RoundState: one copy writes both");
+    RoundState s{};
+    s.timing = on ? 1u : 0u;
+    for (PhaseRecord& r : s.phases) clear_phase_record(r);
+    constexpr std::size_t from = offsetof(RoundState, timing);
+    EPMOE_CUDA_CHECK(cudaMemcpy(reinterpret_cast<std::uint8_t*>(state_) + from,
+                                reinterpret_cast<const std::uint8_t*>(&s) + from,
+                                sizeof(RoundState) - from, cudaMemcpyHostToDevice));
+  }
+
   // Frees what the constructor made (whatever of it exists), on the layer's device.
   void release() noexcept {
     cudaSetDevice(device_);
@@ -270,6 +307,7 @@ class CudaLayer final : public LayerImpl {
   KernelShape dispatch_, combine_;
   ExpertShapes experts_;
   std::uint32_t reset_epoch_ = 0;
+  bool phase_timing_ = false;  // Layer::set_phase_timing (RoundState::timing on the device)
   mutable Health health_{};
 };
 

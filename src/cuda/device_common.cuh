@@ -1,5 +1,6 @@
 // Device-side pieces every epmoe kernel uses: the protocol's platform (clock + backoff), peers as
-// LSA base pointers, the failure path of a bounded wait, and the "last CTA publishes" ticket.
+// LSA base pointers, the failure path of a bounded wait, the "last CTA publishes" ticket, and the
+// per-phase timing stamps.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +33,39 @@ struct DevicePlatform {
 #endif
   }
 };
+
+// Per-phase timing (docs/design.md §4.2). Thread 0 of every CTA stamps the clock when its kernel of
+// a phase starts (atomicMin into the round's begin) and when it leaves (atomicMax into the end), so
+// a phase spans its kernels' first CTA start to last CTA end. Off (the default) the record is null
+// and a stamp costs a branch.
+struct PhaseClock {
+  PhaseRecord* record;  // this round's, or nullptr when timing is off
+
+  __device__ void begin(RoundPhase p) const {
+    if (record != nullptr && threadIdx.x == 0)
+      atomicMin(slot(record->begin[static_cast<int>(p)]), DevicePlatform{}.now_ns());
+  }
+  __device__ void end(RoundPhase p) const {
+    if (record != nullptr && threadIdx.x == 0)
+      atomicMax(slot(record->end[static_cast<int>(p)]), DevicePlatform{}.now_ns());
+  }
+
+ private:
+  __device__ static unsigned long long* slot(std::uint64_t& t) {
+    static_assert(sizeof(unsigned long long) == sizeof(std::uint64_t));
+    return reinterpret_cast<unsigned long long*>(&t);
+  }
+};
+
+// Round `round`'s record when timing is on (read by thread 0 with the round).
+__device__ inline PhaseClock phase_clock(RoundState* state, std::uint32_t round) {
+  return PhaseClock{state->timing != 0 ? &state->phases[round & 1u] : nullptr};
+}
+
+// How a kernel stamps its phase: both ends, or only the end when the kernel before it in the same
+// phase cannot stamp (wgmma's home, after CUTLASS's FC2 GEMM): that phase then begins where the one
+// before it ended (phase_times, core/phase_record.hpp).
+enum class Stamps : std::uint8_t { begin_and_end, end_only };
 
 struct DevicePeers {
   std::uint8_t* const* windows;
@@ -86,28 +120,55 @@ __device__ inline bool round_failed(RoundState* state) {
              .load(::cuda::std::memory_order_relaxed) != 0;
 }
 
-// What every CTA of a round's kernel knows when it starts: the round, and whether to do nothing
-// because this rank's round already failed (or failed in this kernel's wait).
+// What every CTA of a round's kernel knows when it starts: the round, whether to do nothing
+// because this rank's round already failed (or failed in this kernel's wait), and the phase the
+// kernel belongs to with the round's clock (PhaseEnd stamps its end).
 struct RoundStart {
   std::uint32_t round;
   bool skip;
+  RoundPhase phase;
+  PhaseClock clock;
 };
 
-// The prologue of every kernel of a round, called by every thread of the CTA: thread 0 reads the
-// round and the failed flag, and, when `wait` is given and the round has not failed, runs that
-// bounded wait (e.g. `await_counts`) and fails the round on anything but ok (I3). Every thread
-// gets the same answer.
+// Stamps the end of the kernel's phase when the kernel leaves the scope it is declared in (right
+// after the prologue), whichever way it leaves.
+struct PhaseEnd {
+  const RoundStart& start;
+  __device__ ~PhaseEnd() { start.clock.end(start.phase); }
+};
+
+// Thread 0's part of every prologue: the round, the failed flag, the clock, `phase`'s begin stamp.
+__device__ inline void read_round(RoundState* state, RoundPhase phase, Stamps stamps,
+                                  RoundStart& start) {
+  start.skip = round_failed(state);
+  start.round = state->round;
+  start.phase = phase;
+  start.clock = phase_clock(state, start.round);
+  if (stamps == Stamps::begin_and_end) start.clock.begin(phase);
+}
+
+// The wait a phase holds (PhaseClock): step 4's inside route, step 7's inside combine.
+__device__ inline RoundPhase wait_phase(Phase phase) {
+  return phase == Phase::dispatch_counts ? RoundPhase::wait_counts : RoundPhase::wait_done;
+}
+
+// The prologue of every kernel of a round that waits for its peers, called by every thread of the
+// CTA: thread 0 reads the round and the failed flag, and, when the round has not failed, runs
+// `wait`, a bounded wait (e.g. `await_counts`), and fails the round on anything but ok (I3). Every
+// thread gets the same answer.
 template <class Wait>
-__device__ RoundStart start_round(const RoundParams& p, Phase phase, Wait wait) {
+__device__ RoundStart start_round(const RoundParams& p, RoundPhase kernel_phase, Phase phase,
+                                  Wait wait) {
   __shared__ RoundStart start;
   if (threadIdx.x == 0) {
-    start.skip = round_failed(p.state);
-    start.round = p.state->round;
+    read_round(p.state, kernel_phase, Stamps::begin_and_end, start);
     if (!start.skip) {
       const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, start.round);
       DevicePlatform platform;
+      start.clock.begin(wait_phase(phase));
       const protocol::WaitOutcome w =
           wait(session, protocol::deadline_after_ms(platform, p.timeout_ms), platform);
+      start.clock.end(wait_phase(phase));
       if (w.status != protocol::WaitStatus::ok) {
         fail_round(p, session, w, phase);
         start.skip = true;
@@ -120,17 +181,15 @@ __device__ RoundStart start_round(const RoundParams& p, Phase phase, Wait wait) 
 
 // The prologue of a kernel that waits for nothing (the expert backends' kernels too): the round,
 // and whether it already failed. Every thread of the CTA calls it and gets the same answer.
-__device__ inline RoundStart join_round(RoundState* state) {
+__device__ inline RoundStart join_round(RoundState* state, RoundPhase phase,
+                                        Stamps stamps = Stamps::begin_and_end) {
   __shared__ RoundStart start;
-  if (threadIdx.x == 0) {
-    start.skip = round_failed(state);
-    start.round = state->round;
-  }
+  if (threadIdx.x == 0) read_round(state, phase, stamps, start);
   __syncthreads();
   return start;
 }
-__device__ inline RoundStart start_round(const RoundParams& p) {
-  return join_round(p.state);
+__device__ inline RoundStart start_round(const RoundParams& p, RoundPhase phase) {
+  return join_round(p.state, phase);
 }
 
 // Every CTA calls this once when its part of the kernel is done (all its stores issued); returns

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
   auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
   float* scratch = x + p.hidden;
   __shared__ std::uint8_t* destination;
-  const RoundStart start = start_round(p);
+  const RoundStart start = start_round(p, RoundPhase::dispatch);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const std::uint32_t round = start.round;
 

@@ -91,10 +91,11 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
   __shared__ bool last;
   // 4. Every CTA needs every count before it can pick rows.
   const RoundStart start = start_round(
-      p, Phase::dispatch_counts,
+      p, RoundPhase::route, Phase::dispatch_counts,
       [&](const DeviceSession& session, protocol::Deadline deadline, DevicePlatform& platform) {
         return session.await_counts(deadline, platform, rows_from);
       });
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const std::uint32_t round = start.round;
   if (blockIdx.x == 0 && threadIdx.x < p.world)
@@ -142,7 +143,8 @@ __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {
-  const RoundStart start = start_round(p);
+  const RoundStart start = start_round(p, RoundPhase::route);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   std::uint32_t rows_from[kMaxWorld];
   std::uint32_t total = 0;

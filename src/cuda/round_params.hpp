@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/phase_record.hpp"
 #include "epmoe/config.hpp"
 #include "protocol/workspace.hpp"
 
@@ -26,6 +27,10 @@ struct RoundState {
   std::uint32_t tickets[4];            // CTAs finished per kernel: the last one publishes
   std::uint32_t rows_to[kMaxWorld];    // dispatch: rows written to each rank this round
   std::uint32_t rows_from[kMaxWorld];  // counts received this round (written by the last waiter)
+  // Per-phase timing (docs/design.md §4.2), set by the host between rounds: when nonzero the
+  // kernels stamp round r into phases[r % 2], and the last combine CTA clears the next round's.
+  std::uint32_t timing;
+  PhaseRecord phases[2];
 };
 
 // The diagnostic record of docs/design.md §3 I3, in mapped pinned host memory: the host reads it

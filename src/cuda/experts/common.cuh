@@ -124,10 +124,12 @@ __device__ inline void finish_expert_step(const ExpertStep& step, std::uint32_t 
 // The frame of every backend's FC2 kernel, called by every thread: join the round (nothing at all
 // when this rank's round already failed), run `items(round)` (the kernel's work items, each
 // result sent home), then finish_expert_step. A backend's FC2 body goes inside, so it cannot
-// forget the done publication nor return before it.
-template <class Items>
+// forget the done publication nor return before it. `kStamps`: end_only when the kernel follows
+// FC2 work that cannot stamp the phase's begin (wgmma's home after CUTLASS's GEMM).
+template <Stamps kStamps = Stamps::begin_and_end, class Items>
 __device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
-  const RoundStart start = join_round(step.state);
+  const RoundStart start = join_round(step.state, RoundPhase::fc2, kStamps);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   items(start.round);
   finish_expert_step(step, start.round);

@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   std::uint8_t* bytes = smem;
   auto* scratch = reinterpret_cast<float*>(smem + protocol::align16(protocol::wire_payload_bytes(
                                                       problem.precision, problem.intermediate)));
-  const RoundStart start = join_round(p.step.state);
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {

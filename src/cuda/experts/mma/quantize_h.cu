@@ -11,7 +11,8 @@ namespace {
 __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const ExpertProblem& problem = p.problem;
-  const RoundStart start = join_round(p.step.state);
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {

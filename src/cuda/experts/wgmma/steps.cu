@@ -11,7 +11,8 @@ namespace epmoe::cuda::experts::wgmma {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
-  const RoundStart start = join_round(p.step.state);
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
   constexpr std::int64_t kBlock = formats::kFp8Block128;
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
 // received row's wire payload itself, its E4M3 codes and 1 x 128 scales (checked by route; the
 // same bytes route decoded).
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
-  const RoundStart start = join_round(p.step.state);
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const ExpertInputs& in = p.step.in;
   const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
@@ -106,7 +108,8 @@ int activate_group_size(const ExpertProblem& problem) {
 // E4M3 codes and 1 x 128 scales) go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
-  const RoundStart start = join_round(p.step.state);
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
   if (start.skip) return;
   const ExpertInputs& in = p.step.in;
   const ExpertProblem& problem = p.problem;
@@ -171,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
 // both scales, b2, the result home (send_home4), four columns per lane per step; the last CTA
 // publishes done to every rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  fc2_round(p.step, [&](std::uint32_t round) {
+  fc2_round<Stamps::end_only>(p.step, [&](std::uint32_t round) {
     const ExpertInputs& in = p.step.in;
     const std::int64_t hidden = p.problem.hidden;
     const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
