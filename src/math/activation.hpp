@@ -11,14 +11,28 @@
 
 namespace epmoe::math {
 
+// The float64 forms take IEEE exp and division. activation_f32 on the device takes the fast ones:
+// __expf (ex2.approx) and a correctly rounded reciprocal times the numerator, a few fp32 ulps from
+// the float64 value, far inside the bf16 / FP8 quantization of h that follows; IEEE fp32 division
+// and expf made the wgmma activate kernel issue-bound.
 EPMOE_HD double exp_of(double x) {
   return exp(x);
 }
 EPMOE_HD float exp_of(float x) {
 #if defined(__CUDA_ARCH__)
-  return expf(x);
+  return __expf(x);
 #else
   return std::exp(x);
+#endif
+}
+EPMOE_HD double divide(double a, double b) {
+  return a / b;
+}
+EPMOE_HD float divide(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return a * __frcp_rn(b);
+#else
+  return a * (1.0f / b);
 #endif
 }
 
@@ -30,7 +44,7 @@ EPMOE_HD Real swiglu(Real gate, Real up, float limit) {
     gate = gate < l ? gate : l;
     up = up < -l ? -l : (up > l ? l : up);
   }
-  return gate / (Real(1) + exp_of(-gate)) * up;
+  return divide(gate, Real(1) + exp_of(-gate)) * up;
 }
 
 // gpt-oss (transformers' GptOssExperts._apply_gate, 5.17):
@@ -43,7 +57,7 @@ EPMOE_HD Real swiglu_oai(Real gate, Real up, float limit) {
   gate = gate > l ? l : gate;
   up = up < -l ? -l : (up > l ? l : up);
   const Real glu =
-      gate * (Real(1) / (Real(1) + exp_of(-(gate * static_cast<Real>(kSwigluOaiAlpha)))));
+      gate * divide(Real(1), Real(1) + exp_of(-(gate * static_cast<Real>(kSwigluOaiAlpha))));
   return (up + Real(1)) * glu;
 }
 

@@ -84,6 +84,16 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   }
 }
 
+// v / s1 / s2, one scale at a time as the other backends divide (the product of two NVFP4 s_enc of
+// tiny-amax rows can overflow), skipping a division by a scale of 1 (exact; bf16, mxfp8 and
+// fp8_block128 rows and weights have no such scale): the divisions left activate and home
+// issue-bound.
+__device__ __forceinline__ float unscaled(float v, float s1, float s2) {
+  if (s1 != 1.0f) v /= s1;
+  if (s2 != 1.0f) v /= s2;
+  return v;
+}
+
 // Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.
 EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
   return protocol::align16(static_cast<std::size_t>(problem.intermediate) * sizeof(float) +
@@ -102,10 +112,9 @@ int activate_group_size(const ExpertProblem& problem) {
   return size;
 }
 
-// A RowGroup (activate_group_size threads) per pair: FC1's sums over both scales (one at a time:
-// the product of two NVFP4 s_enc of tiny-amax rows can overflow), b13, the activation into the
-// group's shared memory, then FC2's input quantization point there; only h16 and its scale (fp8:
-// E4M3 codes and 1 x 128 scales) go back to global memory.
+// A RowGroup (activate_group_size threads) per pair: FC1's sums over both scales (unscaled), b13,
+// the activation into the group's shared memory, then FC2's input quantization point there; only
+// h16 and its scale (fp8: E4M3 codes and 1 x 128 scales) go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
@@ -154,8 +163,8 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
         for (int k = 0; k < 4; ++k) {
           const std::int64_t j = 4 * j4 + k;
           out[k] = math::activation_f32(
-              problem.activation, math::biased(gates[k] / x_scale / w_scale, b13, j),
-              math::biased(ups[k] / x_scale / w_scale, b13_up, j), problem.swiglu_limit);
+              problem.activation, math::biased(unscaled(gates[k], x_scale, w_scale), b13, j),
+              math::biased(unscaled(ups[k], x_scale, w_scale), b13_up, j), problem.swiglu_limit);
         }
         reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
       }
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
           float out[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            out[i] = math::biased(sums[i] / h_scale / w_scale, b2, 4 * c4 + i);
+            out[i] = math::biased(unscaled(sums[i], h_scale, w_scale), b2, 4 * c4 + i);
           send_home4(p.step.home, home, c4, out);
         }
       }
