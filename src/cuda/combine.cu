@@ -61,7 +61,7 @@ KernelShape combine_shape(const RoundParams& /*p*/, int device) {
 }
 
 void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
-  combine_kernel<<<s.grid, kThreads, 0, stream>>>(p);
+  launch_chained(combine_kernel, KernelShape{s.grid, 0}, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -120,6 +120,13 @@ __device__ inline bool round_failed(RoundState* state) {
              .load(::cuda::std::memory_order_relaxed) != 0;
 }
 
+// Programmatic dependent launch (launch_chained): wait until the previous kernel on the stream has
+// completed and its memory is visible. Every thread of every chain kernel passes here before its
+// first global access; a kernel launched without the attribute returns at once.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // What every CTA of a round's kernel knows when it starts: the round, whether to do nothing
 // because this rank's round already failed (or failed in this kernel's wait), and the phase the
 // kernel belongs to with the round's clock (PhaseEnd stamps its end).
@@ -160,6 +167,7 @@ template <class Wait>
 __device__ RoundStart start_round(const RoundParams& p, RoundPhase kernel_phase, Phase phase,
                                   Wait wait) {
   __shared__ RoundStart start;
+  wait_for_previous_kernel();
   if (threadIdx.x == 0) {
     read_round(p.state, kernel_phase, Stamps::begin_and_end, start);
     if (!start.skip) {
@@ -184,6 +192,7 @@ __device__ RoundStart start_round(const RoundParams& p, RoundPhase kernel_phase,
 __device__ inline RoundStart join_round(RoundState* state, RoundPhase phase,
                                         Stamps stamps = Stamps::begin_and_end) {
   __shared__ RoundStart start;
+  wait_for_previous_kernel();
   if (threadIdx.x == 0) read_round(state, phase, stamps, start);
   __syncthreads();
   return start;

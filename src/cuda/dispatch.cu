@@ -47,6 +47,11 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
   __shared__ std::uint8_t* destination;
   const RoundStart start = start_round(p, RoundPhase::dispatch);
   const PhaseEnd phase_end{start};
+  // The expert step's per-expert counters (route's counts, bucket's fills) start the round at zero:
+  // dispatch runs before route on the stream, and the previous round's bucket is done with them.
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < 2 * p.local_experts;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    p.scratch.expert_rows[i] = 0;
   if (start.skip) return;
   const std::uint32_t round = start.round;
 

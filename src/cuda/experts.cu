@@ -1,7 +1,8 @@
-// The expert step (docs/design.md §3 steps 4-6) as a chain of kernels on the caller's stream; the
-// boundaries between them are the grid barriers between its phases:
+// The expert step (docs/design.md §3 steps 4-6) as a chain of kernels on the caller's stream, each
+// launched after the previous one with programmatic dependent launch (launch_chained; the CUTLASS
+// GEMMs plainly); the boundaries between them are the grid barriers between its phases. Dispatch
+// zeroes the per-expert counters route and bucket count into, so a forward has no memset node:
 //
-//   memset   per-expert counters to 0 (a graph node: captured forwards stay correct)
 //   route    wait for every count; check, decode and count every received row, staged as the
 //            backend asked (StagedRows); offsets
 //   bucket   the (row, entry) pairs grouped by local expert
@@ -29,7 +30,8 @@ RouteScratch slice(std::uint8_t* base, const RoundParams& p, std::size_t* bytes)
   const std::size_t pairs = rows * static_cast<std::size_t>(p.top_k);  // experts::max_pairs
   experts::ScratchCursor cursor{base};
   RouteScratch s{};
-  s.expert_rows = cursor.take<std::uint32_t>(2 * experts);  // expert_fill follows: one memset
+  s.expert_rows =
+      cursor.take<std::uint32_t>(2 * experts);  // expert_fill follows: zeroed by dispatch
   s.expert_fill = s.expert_rows == nullptr ? nullptr : s.expert_rows + experts;
   s.pair_offset = cursor.take<std::uint32_t>(experts + 1);
   s.chunk_offset = cursor.take<std::uint32_t>(experts + 1);
@@ -72,9 +74,6 @@ experts::ExpertStep expert_step(const RoundParams& p) {
 
 void launch_experts(const RoundParams& p, const ExpertShapes& s,
                     const experts::ExpertBackend& backend, cudaStream_t stream) {
-  EPMOE_CUDA_CHECK(cudaMemsetAsync(
-      p.scratch.expert_rows, 0,
-      2 * static_cast<std::size_t>(p.local_experts) * sizeof(std::uint32_t), stream));
   launch_route(p, s.route, stream);
   launch_bucket(p, s.bucket, stream);
   const experts::ExpertStep step = expert_step(p);

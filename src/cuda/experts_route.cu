@@ -177,11 +177,11 @@ KernelShape bucket_shape(const RoundParams& /*p*/, int device) {
 }
 
 void launch_route(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
-  route_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  launch_chained(route_kernel, s, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_bucket(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {
-  bucket_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  launch_chained(bucket_kernel, s, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

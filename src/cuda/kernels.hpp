@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/round_params.hpp"
@@ -36,6 +37,28 @@ KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device) {
   EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return KernelShape{(per_sm > 0 ? per_sm : 1) * sms, smem};
+}
+
+// Launches a kernel of the round chain after its predecessor on `stream` with programmatic
+// dependent launch (docs/design.md §4): its CTAs may be scheduled while the predecessor drains,
+// and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds them
+// until the predecessor has completed and its memory is visible, before any global access. Not
+// for CUTLASS's pointer-array GEMMs (they issue no griddepcontrol.wait) nor for dispatch, the
+// first kernel of a forward.
+template <class... Params, class... Args>
+void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream,
+                    Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(shape.grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shape.smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish

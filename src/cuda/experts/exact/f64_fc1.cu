@@ -85,7 +85,7 @@ KernelShape fc1_shape(const ExpertProblem& problem, int device) {
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
   with_activation(p.problem.activation, [&](auto activation) {
-    f64_fc1_kernel<decltype(activation)::value><<<s.grid, kThreads, s.smem, stream>>>(p);
+    launch_chained(f64_fc1_kernel<decltype(activation)::value>, s, stream, p);
   });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -39,7 +39,7 @@ KernelShape quantize_h_shape(const ExpertProblem& problem, int device) {
 }
 
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  quantize_h_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  launch_chained(quantize_h_kernel, s, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -77,7 +77,7 @@ KernelShape fc2_shape(int device) {
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  bf16_fc2_kernel<<<s.grid, kThreads, s.smem, stream>>>(p);
+  launch_chained(bf16_fc2_kernel, s, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

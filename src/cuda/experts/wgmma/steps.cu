@@ -238,20 +238,19 @@ StepShapes step_shapes(const ExpertProblem& problem, int device) {
 }
 
 void launch_plan(const Params& p, cudaStream_t stream) {
-  plan_kernel<<<1, kThreads, 0, stream>>>(p);
+  launch_chained(plan_kernel, KernelShape{1, 0}, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  gather_kernel<<<s.gather.grid, kThreads, s.gather.smem, stream>>>(p);
+  launch_chained(gather_kernel, s.gather, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  activate_kernel<<<s.activate.grid, kThreads, s.activate.smem, stream>>>(
-      p, activate_group_size(p.problem));
+  launch_chained(activate_kernel, s.activate, stream, p, activate_group_size(p.problem));
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  home_kernel<<<s.home.grid, kThreads, s.home.smem, stream>>>(p);
+  launch_chained(home_kernel, s.home, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 
