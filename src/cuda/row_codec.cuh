@@ -1,8 +1,12 @@
 // One activation row encoded into / decoded from its wire payload by a RowGroup (the CTA, or a
-// slice of it: device_common.cuh): each thread takes whole blocks of the format (32 for MXFP8, 16
-// for NVFP4), a warp takes a 1 x 128 fp8_block128 run (its amax a max of bit patterns, order-free),
-// so the bytes are exactly those of the serial protocol/wire_codec.hpp the CPU executor and the
-// reference use. The layer's precision picks its activation_format (mxfp4 layers: MXFP8).
+// slice of it: device_common.cuh). Encoding, a warp takes a block (MXFP8's 32, two NVFP4 16s, a
+// 1 x 128 fp8_block128 run), a lane an element: the block's amax is a max of |x|'s bit patterns
+// (abs_max_bits: order-free), then each lane runs the format's per-element function of codec.hpp.
+// Decoding is element by element. So the bytes are exactly those of the serial
+// protocol/wire_codec.hpp the CPU executor and the reference use, with every lane busy (a thread
+// per block left 3/4 of a CTA idle on a 2048-wide MXFP8 row). The layer's precision picks its
+// activation_format (mxfp4 layers: MXFP8). Rows are multiples of 64 long, so MXFP8 and NVFP4 blocks
+// are whole.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +29,34 @@ __device__ inline float encode_row_block(const RowGroup& g, const float* x, std:
       for (std::int64_t i = g.rank; i < n; i += g.size) out[i] = float_to_bf16(x[i]);
       return 1.0f;
     }
-    case Precision::mxfp8:
-      for (std::int64_t b = g.rank; b * kMxfp8Block < n; b += g.size)
-        mxfp8_encode_block(x + b * kMxfp8Block, kMxfp8Block, rounding, payload + b * kMxfp8Block,
-                           payload + n + b);
+    case Precision::mxfp8: {
+      const int lane = g.rank % 32;
+      for (std::int64_t b = g.warp(); b * kMxfp8Block < n; b += g.warps()) {
+        const std::int64_t i = b * kMxfp8Block + lane;
+        const float v = x[i];
+        const std::uint8_t code = mxfp8_scale_code(
+            bits_float(__reduce_max_sync(0xffffffffu, float_bits(v) & kF32AbsMask)), rounding);
+        if (lane == 0) payload[n + b] = code;
+        payload[i] = mxfp8_encode_value(v, code, mxfp8_inverse_scale(code));
+      }
       return 1.0f;
+    }
     case Precision::nvfp4: {
       const float s_enc = nvfp4_tensor_scale(group_finite_amax(g, x, n, scratch));
-      for (std::int64_t b = g.rank; b * kNvfp4Block < n; b += g.size)
-        nvfp4_encode_block(x + b * kNvfp4Block, kNvfp4Block, s_enc, payload + b * (kNvfp4Block / 2),
-                           payload + n / 2 + b);
+      // A warp per two blocks of 16, a half-warp each; each even lane packs its odd neighbour.
+      const int lane = g.rank % 32;
+      for (std::int64_t pair = g.warp(); pair * 2 * kNvfp4Block < n; pair += g.warps()) {
+        const std::int64_t i = pair * 2 * kNvfp4Block + lane;
+        const float v = x[i];
+        std::uint32_t amax_bits = float_bits(v) & kF32AbsMask;
+        for (int offset = kNvfp4Block / 2; offset > 0; offset /= 2)
+          amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, offset));
+        const std::uint8_t bs = nvfp4_block_scale(amax_bits, s_enc);
+        if (lane % kNvfp4Block == 0) payload[n / 2 + i / kNvfp4Block] = bs;
+        const unsigned q = e4m3_is_nan(bs) ? 0u : nvfp4_encode_value(v, s_enc, e4m3_to_float(bs));
+        const unsigned odd = __shfl_down_sync(0xffffffffu, q, 1);
+        if (lane % 2 == 0) payload[i / 2] = static_cast<std::uint8_t>(q | odd << 4);
+      }
       return s_enc;
     }
     case Precision::fp8_block128: {
@@ -75,14 +97,13 @@ __device__ inline void decode_row_block(const RowGroup& g, const std::uint8_t* p
       return;
     }
     case Precision::mxfp8:
-      for (std::int64_t b = g.rank; b * kMxfp8Block < n; b += g.size)
-        mxfp8_decode_block(payload + b * kMxfp8Block, payload[n + b], kMxfp8Block,
-                           out + b * kMxfp8Block);
+      for (std::int64_t i = g.rank; i < n; i += g.size)
+        out[i] = mxfp8_decode_value(payload[i], payload[n + i / kMxfp8Block]);
       return;
     case Precision::nvfp4:
-      for (std::int64_t b = g.rank; b * kNvfp4Block < n; b += g.size)
-        nvfp4_decode_block(payload + b * (kNvfp4Block / 2), payload[n / 2 + b], row_scale,
-                           kNvfp4Block, out + b * kNvfp4Block);
+      for (std::int64_t i = g.rank; i < n; i += g.size)
+        out[i] = nvfp4_decode_value(e2m1_code_at(payload, i), payload[n / 2 + i / kNvfp4Block],
+                                    row_scale);
       return;
     case Precision::fp8_block128: {
       // Element by element (fp8_block128_decode_block's values), every thread busy.

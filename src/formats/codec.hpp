@@ -200,32 +200,39 @@ EPMOE_HD std::uint32_t abs_max_bits(const float* x, int n) {
   return m;
 }
 
-// Encodes n <= 32 values. Elements are e4m3(x * 2^-e) (exact product, then RNE). A block with any
-// NaN or ±Inf gets scale 0xFF and every element 0x7F (NaN).
+// The encoder's multiplier 2^-e of a scale code (0 for the NaN code, which encodes no value).
+// NOTES: 2^-e is a normal fp32 for every reachable e (e <= 120 since amax < 2^128), and x * 2^-e
+// never overflows (|x| <= amax); a product below 2^-126 is an E4M3 zero either way.
+EPMOE_HD float mxfp8_inverse_scale(std::uint8_t code) {
+  return code == kE8m0Nan ? 0.0f : pow2f(127 - static_cast<int>(code));
+}
+
+// One element of a block, given the block's scale code and its mxfp8_inverse_scale: e4m3(x * 2^-e)
+// (exact product, then RNE); every element of a NaN-scale block is 0x7F (NaN).
+EPMOE_HD std::uint8_t mxfp8_encode_value(float x, std::uint8_t code, float inv_scale) {
+  return code == kE8m0Nan ? kE4m3Nan : float_to_e4m3(x * inv_scale);
+}
+
+// Encodes n <= 32 values (mxfp8_scale_code of their amax, then mxfp8_encode_value each). A block
+// with any NaN or ±Inf gets scale 0xFF and every element 0x7F (NaN).
 EPMOE_HD void mxfp8_encode_block(const float* x, int n, ScaleRounding rounding,
                                  std::uint8_t* elements, std::uint8_t* scale_code) {
   const std::uint8_t code = mxfp8_scale_code(bits_float(abs_max_bits(x, n)), rounding);
   *scale_code = code;
-  if (code == kE8m0Nan) {
-    for (int i = 0; i < n; ++i) elements[i] = kE4m3Nan;
-    return;
-  }
-  // NOTES: 2^-e is a normal fp32 for every reachable e (e <= 120 since amax < 2^128), and
-  // x * 2^-e never overflows (|x| <= amax); a product below 2^-126 is an E4M3 zero either way.
-  const float inv_scale = pow2f(127 - static_cast<int>(code));
-  for (int i = 0; i < n; ++i) elements[i] = float_to_e4m3(x[i] * inv_scale);
+  const float inv_scale = mxfp8_inverse_scale(code);
+  for (int i = 0; i < n; ++i) elements[i] = mxfp8_encode_value(x[i], code, inv_scale);
 }
 
 // out = e4m3 * 2^e (exact whenever representable in fp32); scale 0xFF gives n NaNs. A NaN is
 // always kF32QuietNan, never NaN * scale: GPU arithmetic returns its own canonical NaN
 // (0x7fffffff) where the host's keeps the payload, and the two must agree bit for bit.
+EPMOE_HD float mxfp8_decode_value(std::uint8_t element, std::uint8_t scale_code) {
+  const bool nan = scale_code == kE8m0Nan || e4m3_is_nan(element);
+  return nan ? quiet_nan() : e4m3_to_float(element) * e8m0_to_float(scale_code);
+}
 EPMOE_HD void mxfp8_decode_block(const std::uint8_t* elements, std::uint8_t scale_code, int n,
                                  float* out) {
-  const float scale = e8m0_to_float(scale_code);
-  for (int i = 0; i < n; ++i) {
-    const bool nan = scale_code == kE8m0Nan || e4m3_is_nan(elements[i]);
-    out[i] = nan ? quiet_nan() : e4m3_to_float(elements[i]) * scale;
-  }
+  for (int i = 0; i < n; ++i) out[i] = mxfp8_decode_value(elements[i], scale_code);
 }
 
 // A row of n values (n a multiple of 32; a shorter last block is encoded as such): n elements,
@@ -295,34 +302,49 @@ EPMOE_HD float nvfp4_group_amax(const float* x, std::int64_t n) {
 // reciprocal of a zero block scale is taken as 0, as CUDA's NVFP4 quantize kernels do. So every
 // element of a finite block is bit for bit __nv_cvt_float2_to_fp4x2 (RN) of its scaled value.
 // s_enc must be positive and finite.
+// The block scale of a block whose abs_max_bits is amax_bits (the first step above).
+EPMOE_HD std::uint8_t nvfp4_block_scale(std::uint32_t amax_bits, float s_enc) {
+  return amax_bits >= kF32InfBits ? kE4m3Nan
+                                  : float_to_e4m3(bits_float(amax_bits) / kE2m1Max * s_enc);
+}
+
+// One finite element's E2M1 code (the second step) in a block of scale value bs_value
+// (e4m3_to_float of a block scale that is not NaN).
+EPMOE_HD std::uint8_t nvfp4_encode_value(float x, float s_enc, float bs_value) {
+  // NOTES: x * 0 is written as the sign bit alone (x is finite here), so no compiler flag
+  // (no-signed-zeros, fast math) can turn -0 into +0.
+  const float scaled =
+      bs_value == 0.0f ? bits_float(float_bits(x) & ~kF32AbsMask) : x * s_enc / bs_value;
+  return float_to_e2m1(scaled);
+}
+
 EPMOE_HD void nvfp4_encode_block(const float* x, int n, float s_enc, std::uint8_t* packed,
                                  std::uint8_t* block_scale) {
   for (int i = 0; i < (n + 1) / 2; ++i) packed[i] = 0;
-  const std::uint32_t amax_bits = abs_max_bits(x, n);
-  const std::uint8_t bs =
-      amax_bits >= kF32InfBits ? kE4m3Nan : float_to_e4m3(bits_float(amax_bits) / kE2m1Max * s_enc);
+  const std::uint8_t bs = nvfp4_block_scale(abs_max_bits(x, n), s_enc);
   *block_scale = bs;
   if (e4m3_is_nan(bs)) return;
   const float bs_value = e4m3_to_float(bs);
   for (int i = 0; i < n; ++i) {
-    // NOTES: x_i * 0 is written as the sign bit alone (x_i is finite here), so no compiler flag
-    // (no-signed-zeros, fast math) can turn -0 into +0.
-    const float scaled =
-        bs_value == 0.0f ? bits_float(float_bits(x[i]) & ~kF32AbsMask) : x[i] * s_enc / bs_value;
-    const std::uint8_t q = float_to_e2m1(scaled);
+    const std::uint8_t q = nvfp4_encode_value(x[i], s_enc, bs_value);
     packed[i / 2] = static_cast<std::uint8_t>(packed[i / 2] | (q << ((i & 1) * 4)));
   }
 }
 
 // out = (e2m1 * block_scale) / s_enc; a NaN block scale gives n NaNs. Code 0x8 decodes to -0 (a
 // zero block scale too: -0 * 0 / s_enc = -0), so a zero keeps its sign through a round trip.
+EPMOE_HD float nvfp4_decode_value(std::uint8_t q, std::uint8_t block_scale, float s_enc) {
+  return e4m3_is_nan(block_scale) ? quiet_nan()
+                                  : e2m1_to_float(q) * e4m3_to_float(block_scale) / s_enc;
+}
+// Element i's E2M1 code in packed bytes (element 2j in the low nibble of byte j): NVFP4 and MXFP4.
+EPMOE_HD std::uint8_t e2m1_code_at(const std::uint8_t* packed, std::int64_t i) {
+  return static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
+}
 EPMOE_HD void nvfp4_decode_block(const std::uint8_t* packed, std::uint8_t block_scale, float s_enc,
                                  int n, float* out) {
-  const float bs_value = e4m3_to_float(block_scale);
-  for (int i = 0; i < n; ++i) {
-    const std::uint8_t q = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
-    out[i] = e4m3_is_nan(block_scale) ? quiet_nan() : e2m1_to_float(q) * bs_value / s_enc;
-  }
+  for (int i = 0; i < n; ++i)
+    out[i] = nvfp4_decode_value(e2m1_code_at(packed, i), block_scale, s_enc);
 }
 
 // out = (e2m1 * block_scale) * global_scale: NVFP4 as ModelOpt's checkpoints define it, with the
@@ -334,7 +356,7 @@ EPMOE_HD void nvfp4_decode_block_global(const std::uint8_t* packed, std::uint8_t
                                         float global_scale, int n, float* out) {
   const float bs_value = e4m3_to_float(block_scale);
   for (int i = 0; i < n; ++i) {
-    const std::uint8_t q = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
+    const std::uint8_t q = e2m1_code_at(packed, i);
     const float v = e2m1_to_float(q) * bs_value * global_scale;
     out[i] = (float_bits(v) & kF32AbsMask) > kF32InfBits ? quiet_nan() : v;
   }
@@ -512,7 +534,7 @@ EPMOE_HD void mxfp4_decode_block(const std::uint8_t* packed, std::uint8_t scale_
                                  float* out) {
   const float scale = e8m0_to_float(scale_code);
   for (int i = 0; i < n; ++i) {
-    const std::uint8_t q = static_cast<std::uint8_t>((packed[i / 2] >> ((i & 1) * 4)) & 0xfu);
+    const std::uint8_t q = e2m1_code_at(packed, i);
     out[i] = scale_code == kE8m0Nan ? quiet_nan() : e2m1_to_float(q) * scale;
   }
 }
