@@ -114,7 +114,8 @@ def make_points(args):
                     status="pending", note=refusal(m, prec) or "", check="skipped",
                     timed="cuda events" if args.device == "cuda" else "wall clock", warmup=0,
                     rounds=0, gemm_us_p50=None, gemm_us_p90=None, gemm_us_min=None,
-                    latency_ms_p50=None, latency_ms_p90=None, flops=6.0 * e * r * m["intermediate"] * m["hidden"],
+                    latency_ms_p50=None, latency_ms_p90=None,
+                    flops=6.0 * e * r * m["intermediate"] * m["hidden"],
                     weight_bytes=None, eff_tflops=None, eff_tbps=None, hbm_floor_us=None,
                     compute_floor_us=None, floor_us=None, bound="", gemm_us=[]))
     return points
@@ -438,7 +439,8 @@ def main(argv=None):
     points = make_points(args)
     settings = dict(warmup=args.warmup, rounds=args.rounds, seed=args.seed,
                     routing="balanced: every expert exactly R rows, sorted by expert",
-                    timed="FC1 + activation (+ FC2's input quantization) + FC2, CUDA events",
+                    timed="FC1 + activation (+ FC2's input quantization) + FC2, " + (
+                        "CUDA events" if args.device == "cuda" else "wall clock"),
                     max_point_s=args.max_point_s)
     if args.dry_run:
         for p in points:
