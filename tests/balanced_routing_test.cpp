@@ -43,8 +43,8 @@ void expect_balanced(const LayerShape& s, std::int64_t rows) {
     EXPECT_NEAR(sum, 1.0f, 1e-5f) << "token " << t;
   }
   for (std::size_t e = 0; e < per_expert.size(); ++e)
-    EXPECT_EQ(per_expert[e], rows) << "expert " << e << " of E=" << s.num_experts
-                                   << ", K=" << s.top_k;
+    EXPECT_EQ(per_expert[e], rows)
+        << "expert " << e << " of E=" << s.num_experts << ", K=" << s.top_k;
 }
 
 TEST(BalancedRouting, EveryExpertGetsExactlyRRowsAndEachTokenKDistinctExperts) {
@@ -86,8 +86,8 @@ TEST(BalancedRouting, ACpuLayerGivesEveryExpertItsRowsAndMatchesTheReference) {
   s.max_tokens_per_rank = harness::balanced_tokens(s, 4);
   const auto weights = harness::make_random_weights(s, 3);
   Cluster cluster(s, Precision::bf16, LayerOptions{}, 1, weights);
-  reference::Batch batch = harness::make_random_batch(s, 1, s.max_tokens_per_rank,
-                                                      harness::Routing::uniform, 0, 5);
+  reference::Batch batch =
+      harness::make_random_batch(s, 1, s.max_tokens_per_rank, harness::Routing::uniform, 0, 5);
   harness::RoutingTable r = harness::make_balanced_routing(s, 4);
   batch.topk_ids = r.topk_ids;
   batch.topk_weights = r.topk_weights;
