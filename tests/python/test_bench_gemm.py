@@ -237,3 +237,13 @@ def test_epmoe_bench_gemm_rejects_bad_arguments_naming_them():
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, (argv, p.stdout, p.stderr)
         assert says in p.stderr, (argv, p.stderr)
+
+
+def test_round_plan_keeps_fits_shrinks_and_skips_as_epmoe_bench_does():
+    a = tg.parse_args(["--max-point-s", "1"])  # warmup 2, rounds 10
+    plan = tg.torch_ep.plan_rounds
+    assert plan(a, None, 4.0) == (2, 10, None)
+    assert plan(a, 10.0, 4.0) == (2, 10, None)  # 40 ms x 12 fits in 1 s
+    assert plan(a, 50.0, 4.0) == (1, 4, None)  # 200 ms: 1 warm-up + 4 timed
+    warmup, rounds, skip = plan(a, 200.0, 4.0, what="step")  # 800 ms x 4 > 1.5 s
+    assert (warmup, rounds) == (1, 3) and skip.startswith("estimated 0.80 s per step exceeds")

@@ -34,7 +34,7 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_ep  # noqa: E402  (MODELS, parse_models, percentile, the weights and the loop GEMM)
+import torch_ep  # noqa: E402  (MODELS, parse_models, percentile, plan_rounds, weights, GEMMs)
 
 PRECISIONS = ("bf16", "fp8_rowwise", "fp8_block128")
 E4M3_MAX = 448.0
@@ -379,16 +379,12 @@ class TorchGemm:
                 p.update(status="skipped", note="over --budget-s")
                 continue
             key = (prec, p["model"], p["experts"])
-            warmup, rounds = args.warmup, args.rounds
-            if key in last:
-                est_s = last[key][0] * 1e-6 * max(1.0, p["rows_per_expert"] / last[key][1])
-                if est_s * (warmup + rounds) > args.max_point_s:
-                    warmup = min(warmup, 1)
-                    rounds = max(3, int(args.max_point_s / est_s) - warmup)
-                    if est_s * (warmup + rounds) > 1.5 * args.max_point_s:
-                        p.update(status="skipped", note=f"estimated {est_s:.2f} s per step "
-                                 f"exceeds --max-point-s={args.max_point_s:g}")
-                        continue
+            last_us, last_r = last.get(key, (None, 1))
+            warmup, rounds, skip = torch_ep.plan_rounds(
+                args, last_us and last_us * 1e-3, p["rows_per_expert"] / last_r, what="step")
+            if skip:
+                p.update(status="skipped", note=skip)
+                continue
             m = next(x for x in args.model_list
                      if x["name"] == p["model"] and x["experts"] == p["experts"])
             try:
