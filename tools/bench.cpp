@@ -172,14 +172,8 @@ void finish_point(Point& pt) {
 
 // ---- one config (model, world, precision, combine, math): a cluster and its T sweep ----
 
-struct SweepState {
+struct SweepState : SweepRun {
   const BenchOptions* o = nullptr;
-  Backend backend = Backend::cpu_threads;
-  Ceilings ceilings;
-  Clock::time_point start;
-  Progress* progress = nullptr;
-  std::int64_t done = 0;
-  bool any_failure = false;
   std::map<std::string, double> prep_s;  // layer preparation time x world, per model/precision
 };
 
@@ -511,12 +505,7 @@ int bench(const BenchOptions& o) {
 
   std::map<std::size_t, std::unique_ptr<ModelData>> data;
   Progress progress("bench", static_cast<std::int64_t>(points.size()));
-  SweepState st;
-  st.o = &o;
-  st.backend = backend;
-  st.ceilings = ceilings;
-  st.start = start;
-  st.progress = &progress;
+  SweepState st{{backend, ceilings, start, &progress}, &o, {}};
   for (Config& cfg : configs) {
     const Model& m = models[cfg.model];
     if (!data.count(cfg.model))

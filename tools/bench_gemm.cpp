@@ -115,14 +115,8 @@ double expert_step_us(const PhaseTimes& t) {
   return fc2.end_us - fc1.begin_us;
 }
 
-struct GemmSweep {
+struct GemmSweep : SweepRun {
   const GemmOptions* o = nullptr;
-  Backend backend = Backend::cpu_threads;
-  Ceilings ceilings;
-  Clock::time_point start;
-  Progress* progress = nullptr;
-  std::int64_t done = 0;
-  bool any_failure = false;
 };
 
 // One (model, precision, math): a world-1 layer at the largest R, then every R.
@@ -388,12 +382,7 @@ int bench_gemm(const GemmOptions& o) {
 
   std::map<std::size_t, std::unique_ptr<ModelData>> data;
   Progress progress("bench gemm", static_cast<std::int64_t>(points.size()));
-  GemmSweep st;
-  st.o = &o;
-  st.backend = backend;
-  st.ceilings = ceilings;
-  st.start = start;
-  st.progress = &progress;
+  GemmSweep st{{backend, ceilings, start, &progress}, &o};
   for (Config& cfg : configs) {
     const Model& m = models[cfg.model];
     if (!data.count(cfg.model)) data[cfg.model] = make_model_data(m, 1, o.seed + cfg.model);

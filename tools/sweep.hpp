@@ -21,6 +21,10 @@
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 
+namespace epmoe::tools {
+class Progress;  // progress.hpp
+}  // namespace epmoe::tools
+
 namespace epmoe::tools::sweep {
 
 using Clock = std::chrono::steady_clock;
@@ -92,6 +96,17 @@ struct Ceilings {
 Ceilings measure_ceilings(const SweepOptions& o, Backend backend);
 void print_ceilings(const Ceilings& c);  // the `ceilings:` line on stdout
 std::vector<std::string> gpu_names();
+
+// The state of a running sweep that every config reads (executor, ceilings, start) and reports
+// to (the progress line, points done, whether any failed).
+struct SweepRun {
+  Backend backend = Backend::cpu_threads;
+  Ceilings ceilings;
+  Clock::time_point start;
+  Progress* progress = nullptr;
+  std::int64_t done = 0;
+  bool any_failure = false;
+};
 
 // ---- timing ----
 
