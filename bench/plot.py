@@ -26,17 +26,21 @@ import os
 import sys
 
 
+SCHEMAS = ("epmoe-bench/1", "epmoe-bench-gemm/1")
+
+
 def load(paths):
-    points, meta = [], []
+    """Points of the layer files (epmoe-bench/1) and of the GEMM files (epmoe-bench-gemm/1:
+    `epmoe bench gemm`, tools/baselines/torch_gemm.py), kept apart, and each file's header."""
+    points, gemm, meta = [], [], []
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        if doc.get("schema") != "epmoe-bench/1":
-            sys.exit(f"{path}: not an epmoe-bench/1 file (schema {doc.get('schema')!r})")
+        if doc.get("schema") not in SCHEMAS:
+            sys.exit(f"{path}: not an {' or '.join(SCHEMAS)} file (schema {doc.get('schema')!r})")
         meta.append((path, doc))
-        for p in doc["points"]:
-            points.append(p)
-    return points, meta
+        (gemm if doc["schema"] == "epmoe-bench-gemm/1" else points).extend(doc["points"])
+    return points, gemm, meta
 
 
 def model_label(p):
@@ -211,6 +215,8 @@ def table(points, meta):
     lines = []
     for path, doc in meta:
         c = doc.get("ceilings") or {}
+        if doc.get("schema") != "epmoe-bench/1":
+            continue
         if doc.get("tool") == "epmoe bench":
             lines.append(
                 f"ceilings ({os.path.basename(path)}): HBM {c.get('hbm_gbps') or '-'} GB/s, "
@@ -301,20 +307,163 @@ def table(points, meta):
                      if has_fi else ""))
     return "\n".join(lines)
 
+# ---- `epmoe bench gemm` and tools/baselines/torch_gemm.py (schema epmoe-bench-gemm/1) ----
+
+def gemm_series(p):
+    if p["impl"] == "epmoe":
+        return f'epmoe {p["precision"]} {p.get("math", "")}'.strip()
+    return f'{p["impl"]} {p["precision"]}'
+
+
+def gemm_ok(p):
+    return p.get("status") == "ok" and p.get("gemm_us_p50") is not None
+
+
+def plot_gemm(points, meta, out_dir):
+    """gemm_<model>.png: TFLOPS and weight TB/s against R (rows per expert), a line per
+    implementation / precision / expert math, the measured bf16 matmul and HBM ceilings dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ceil = {}
+    for _, doc in meta:
+        if doc.get("schema") == "epmoe-bench-gemm/1":
+            for k, v in (doc.get("ceilings") or {}).items():
+                if isinstance(v, (int, float)) and v > 0:
+                    ceil.setdefault(k, v)
+    written = []
+    timed = [p for p in points if gemm_ok(p)]
+    for model in sorted({model_label(p) for p in timed}):
+        mine = [p for p in timed if model_label(p) == model]
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+        for ax, key, ylabel, line in (
+                (axes[0], "eff_tflops", "TFLOPS (FC1 + FC2 FLOPs / GEMM time)",
+                 ("matmul_tflops", 1.0, "bf16 matmul")),
+                (axes[1], "eff_tbps", "weight TB/s (precision's bytes / GEMM time)",
+                 ("hbm_gbps", 1e-3, "HBM copy"))):
+            for name in sorted({gemm_series(p) for p in mine}):
+                s = sorted((p for p in mine if gemm_series(p) == name),
+                           key=lambda p: p["rows_per_expert"])
+                color = PRECISION_COLOR.get(s[0]["precision"], "black")
+                style = "-" if s[0]["impl"] == "epmoe" else ":"
+                marker = MATH_STYLE.get(s[0].get("math", ""), ("", "", "s"))[2]
+                ax.plot([p["rows_per_expert"] for p in s], [p[key] for p in s], linestyle=style,
+                        marker=marker, color=color, label=name)
+            if line[0] in ceil:
+                ax.axhline(ceil[line[0]] * line[1], color="gray", linestyle="--",
+                           label=f"{line[2]} (measured)")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("R (rows per expert)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{model}: expert GEMMs alone")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, f"gemm_{file_safe(model)}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# Issue 12's GEMM targets: deepseek-v3's expert shape, R >= 512, TFLOPS per precision; and at
+# decode-like R (<= 64) the weights streamed at >= 3.3 TB/s.
+GEMM_TFLOPS_TARGETS = {"bf16": 650, "fp8_block128": 1100, "mxfp8": 650, "nvfp4": 600,
+                       "mxfp4": 600}
+GEMM_DECODE_TBPS = 3.3
+
+
+def gemm_targets(points):
+    lines = []
+    ds = [p for p in points if gemm_ok(p) and p["impl"] == "epmoe" and p["model"] == "deepseek-v3"]
+    for prec, goal in GEMM_TFLOPS_TARGETS.items():
+        big = [p["eff_tflops"] for p in ds if p["precision"] == prec and p["rows_per_expert"] >= 512]
+        small = [p["eff_tbps"] for p in ds if p["precision"] == prec and p["rows_per_expert"] <= 64]
+        if not big and not small:
+            continue
+        best = max(big) if big else None
+        worst_tbps = min(small) if small else None
+        lines.append(
+            f"- deepseek-v3 {prec}: R >= 512 worst {fmt(min(big)) if big else '-'} / best "
+            f"{fmt(best)} TFLOPS (target >= {goal}: {'MET' if big and min(big) >= goal else 'open'}"
+            f"); R <= 64 weights at {fmt(worst_tbps)} TB/s at worst (target >= {GEMM_DECODE_TBPS}"
+            f": {'MET' if small and worst_tbps >= GEMM_DECODE_TBPS else 'open'})")
+    return lines
+
+
+def gemm_table(points, meta):
+    """A row per (model, R): the GEMM p50 in us of every implementation, then epmoe's best
+    TFLOPS and TB/s, and epmoe over torch for bf16 and for FP8 (below 1: epmoe is faster)."""
+    lines = []
+    for path, doc in meta:
+        if doc.get("schema") != "epmoe-bench-gemm/1":
+            continue
+        c = doc.get("ceilings") or {}
+        lines.append(f"{doc.get('tool')} ({os.path.basename(path)}): {doc.get('executor')}; "
+                     f"HBM {c.get('hbm_gbps') or '-'} GB/s, bf16 matmul "
+                     f"{c.get('matmul_tflops') or '-'} TFLOP/s; "
+                     f"timed: {(doc.get('settings') or {}).get('timed')}")
+    cols = []
+    for p in points:
+        name = gemm_series(p)
+        if name not in cols:
+            cols.append(name)
+    cols.sort(key=lambda n: (not n.startswith("torch"), n))
+    head = ["model", "R"] + [f"{c} us" for c in cols] + [
+        "epmoe TFLOPS", "epmoe TB/s", "bf16 epmoe / torch", "fp8 epmoe / torch"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    rows = sorted({(model_label(p), p["rows_per_expert"]) for p in points})
+    for model, r in rows:
+        here = [p for p in points if model_label(p) == model and p["rows_per_expert"] == r]
+        by = {gemm_series(p): p for p in here}
+        cells = [model, str(r)]
+        for c in cols:
+            p = by.get(c)
+            cells.append("" if p is None else fmt(p["gemm_us_p50"]) if gemm_ok(p)
+                         else p.get("status", "?"))
+        mine = [p for p in here if p["impl"] == "epmoe" and gemm_ok(p)]
+        cells.append(fmt(max(p["eff_tflops"] for p in mine)) if mine else "-")
+        cells.append(fmt(max(p["eff_tbps"] for p in mine)) if mine else "-")
+
+        def best(impl, precs):
+            v = [p["gemm_us_p50"] for p in here
+                 if gemm_ok(p) and (p["impl"] == "epmoe") == (impl == "epmoe")
+                 and p["precision"] in precs]
+            return min(v) if v else None
+        for ours, theirs in ((("bf16",), ("bf16",)),
+                             (("fp8_block128",), ("fp8_block128", "fp8_rowwise"))):
+            a, b = best("epmoe", ours), best("torch", theirs)
+            cells.append(f"{a / b:.2f}x" if a and b else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "GEMM p50 in us: FC1 + activation + FC2 over the E experts, R rows each (epmoe: "
+              "phase fc1's begin to phase fc2's end on the GPU clock; torch: CUDA events around "
+              "its step); epmoe TFLOPS / TB/s: its best config at that R; fp8 epmoe / torch = "
+              "epmoe's fp8_block128 over torch's faster FP8 recipe (< 1: epmoe is faster)."]
+    targets = gemm_targets(points)
+    if targets:
+        lines += ["", "issue 12 GEMM targets (epmoe, every R in range must meet them):"] + targets
+    return "\n".join(lines)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="epmoe-bench/1 JSON files")
+    ap.add_argument("json", nargs="+",
+                    help="epmoe-bench/1 (layer) and epmoe-bench-gemm/1 (GEMM) JSON files")
     ap.add_argument("--out", default="bench/out", help="folder for the PNGs (and table.md)")
     ap.add_argument("--table", action="store_true", help="print the combined table (last)")
     ap.add_argument("--no-plots", action="store_true", help="only the table")
     args = ap.parse_args(argv)
-    points, meta = load([p for p in args.json if os.path.exists(p)] or args.json)
+    points, gemm, meta = load([p for p in args.json if os.path.exists(p)] or args.json)
     if not args.no_plots:
-        for path in plot(points, args.out) + plot_phases(points, args.out):
+        for path in (plot(points, args.out) + plot_phases(points, args.out)
+                     + plot_gemm(gemm, meta, args.out)):
             print(f"wrote {path}")
     if args.table:
-        text = table(points, meta)
+        text = "\n\n".join(([table(points, meta)] if points else [])
+                            + ([gemm_table(gemm, meta)] if gemm else []))
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "table.md"), "w") as f:
             f.write(text + "\n")

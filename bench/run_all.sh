@@ -10,6 +10,8 @@
 #   bench/run_all.sh --math tensor_core        # one expert math only (half the layers to prepare)
 #   EPMOE_BENCH_MODELS=qwen3-30b-a3b,deepseek-v3:16 bench/run_all.sh   # deepseek cut to 16 experts
 #   EPMOE_BENCH_FLASHINFER=0 bench/run_all.sh  # without the FlashInfer baseline
+#   EPMOE_BENCH_WHAT=gemm bench/run_all.sh     # the expert GEMMs alone: `epmoe bench gemm`, then
+#                                              # tools/baselines/torch_gemm.py on the same sizes
 #
 # FlashInfer (flashinfer-python 0.6.18 + apache-tvm-ffi 0.1.15.post2, wheels in .gpu_deps/wheels,
 # installed into build/flashinfer-site) compiles its kernels with nvcc at first use into
@@ -26,7 +28,10 @@
 # failure to install fails the script; 0: off), EPMOE_BENCH_FLASHINFER_S (time kept for it, 90),
 # FLASHINFER_EP_ARGS (extra arguments of flashinfer_ep.py), FLASHINFER_EP_WHEELS
 # ($EPMOE_GPU_DEPS/wheels), FLASHINFER_EP_SITE (build/flashinfer-site), FLASHINFER_EP_JIT
-# (build/flashinfer-jit).
+# (build/flashinfer-jit). EPMOE_BENCH_WHAT=gemm: `epmoe bench gemm` (arguments go to it) and the
+# torch GEMM baseline instead of the layers, into gemm_epmoe.json, gemm_torch.json, their .log files,
+# gemm_*.png and table.md; EPMOE_GEMM_MODELS, EPMOE_GEMM_ROWS set both sides' sweep,
+# EPMOE_GEMM_TORCH_S (120) the time kept for torch's, TORCH_GEMM_ARGS its extra arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # Never NVLink multicast on these machines (NCCL, PyTorch, NVSHMEM).
@@ -48,6 +53,8 @@ fi_wheels=${FLASHINFER_EP_WHEELS:-$deps/wheels}
 fi_site=${FLASHINFER_EP_SITE:-build/flashinfer-site}
 fi_jit=${FLASHINFER_EP_JIT:-build/flashinfer-jit}
 fi_on=${EPMOE_BENCH_FLASHINFER:-auto}
+what=${EPMOE_BENCH_WHAT:-layer}
+[ "$what" = gemm ] && fi_on=0
 if [ "$fi_on" = auto ]; then
   fi_on=0
   compgen -G "$fi_wheels/flashinfer_python-*.whl" >/dev/null && fi_on=1
@@ -83,6 +90,40 @@ if ! { cmake -S . -B build/bench-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Releas
 fi
 echo "built in $(elapsed) s"
 nvidia-smi -L
+
+# ---- the expert GEMMs alone: `epmoe bench gemm`, then torch's on the same sizes, table last
+if [ "$what" = gemm ]; then
+  gmodels=${EPMOE_GEMM_MODELS:-qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b}
+  grows=${EPMOE_GEMM_ROWS:-1,4,16,64,256,1024,4096}
+  gbudget=$((total - $(elapsed) - ${EPMOE_GEMM_TORCH_S:-120}))
+  [ "$gbudget" -lt 60 ] && gbudget=60
+  echo "== epmoe bench gemm (budget ${gbudget} s): --models $gmodels --rows $grows $*"
+  "$bin" bench gemm --models "$gmodels" --rows "$grows" --budget-s "$gbudget" \
+    --json "$out/gemm_epmoe.json" "$@" 2>&1 | tee "$out/gemm_epmoe.log"
+  gemm_rc=${PIPESTATUS[0]}
+  tbudget=$((total - $(elapsed) - 15))
+  [ "$tbudget" -lt 30 ] && tbudget=30
+  echo "== torch GEMM baseline (budget ${tbudget} s)"
+  ceilings=()
+  [ -f "$out/gemm_epmoe.json" ] && ceilings=(--ceilings-from "$out/gemm_epmoe.json")
+  # shellcheck disable=SC2086  # TORCH_GEMM_ARGS is a list of arguments
+  PYTHONUNBUFFERED=1 python3 tools/baselines/torch_gemm.py --models "$gmodels" --rows "$grows" \
+    --budget-s "$tbudget" "${ceilings[@]}" --json "$out/gemm_torch.json" ${TORCH_GEMM_ARGS:-} \
+    2>&1 | tee "$out/gemm_torch.log"
+  torch_rc=${PIPESTATUS[0]}
+  jsons=()
+  for f in "$out/gemm_epmoe.json" "$out/gemm_torch.json"; do [ -f "$f" ] && jsons+=("$f"); done
+  plot_rc=1
+  if [ "${#jsons[@]}" -gt 0 ]; then
+    python3 bench/plot.py "${jsons[@]}" --out "$out" 2>&1 | tail -4
+    echo "== summary: $(elapsed) s; epmoe bench gemm rc=$gemm_rc, torch GEMM baseline rc=$torch_rc"
+    echo "== GEMM table (p50 us)"
+    python3 bench/plot.py "${jsons[@]}" --out "$out" --table --no-plots
+    plot_rc=$?
+  fi
+  [ "$gemm_rc" -eq 0 ] && [ "$torch_rc" -eq 0 ] && [ "$plot_rc" -eq 0 ]
+  exit
+fi
 
 # ---- epmoe bench
 budget=$((total - $(elapsed) - torch_s - fi_s))

@@ -1,5 +1,5 @@
-// The subcommands of `epmoe` that live in their own files (bench.cpp, stress.cpp), as main.cpp
-// sees them: the CLI11 subcommand (to ask whether it was parsed) and how to run it.
+// The subcommands of `epmoe` that live in their own files (bench.cpp, bench_gemm.cpp, stress.cpp),
+// as main.cpp sees them: the CLI11 subcommand (to ask whether it was parsed) and how to run it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,7 +13,8 @@ struct Subcommand {
   std::function<int()> run;
 };
 
-Subcommand add_bench_command(CLI::App& parent);   // tools/bench.cpp
-Subcommand add_stress_command(CLI::App& parent);  // tools/stress.cpp
+Subcommand add_bench_command(CLI::App& parent);      // tools/bench.cpp (with `bench gemm`)
+Subcommand add_bench_gemm_command(CLI::App& bench);  // tools/bench_gemm.cpp
+Subcommand add_stress_command(CLI::App& parent);     // tools/stress.cpp
 
 }  // namespace epmoe::tools

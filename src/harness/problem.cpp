@@ -145,6 +145,31 @@ RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t token
   return r;
 }
 
+std::int64_t balanced_tokens(const LayerShape& shape, std::int64_t rows_per_expert) {
+  const std::int64_t e = shape.num_experts, k = shape.top_k;
+  const std::string what = "E=" + std::to_string(e) + ", K=" + std::to_string(k) +
+                           ", rows per expert R=" + std::to_string(rows_per_expert);
+  if (rows_per_expert < 1) throw Error(ErrorCode::invalid_argument, what + ": R must be >= 1");
+  if (e < k)
+    throw Error(ErrorCode::invalid_argument,
+                what + ": balanced routing needs at least K experts (K distinct per token)");
+  if ((e * rows_per_expert) % k != 0)
+    throw Error(ErrorCode::invalid_argument,
+                what + ": K must divide E x R (T = E x R / K tokens of K slots each)");
+  return e * rows_per_expert / k;
+}
+
+RoutingTable make_balanced_routing(const LayerShape& shape, std::int64_t rows_per_expert) {
+  const std::int64_t tokens = balanced_tokens(shape, rows_per_expert);
+  const std::int64_t k = shape.top_k;
+  RoutingTable r;
+  r.topk_ids.resize(static_cast<std::size_t>(tokens * k));
+  r.topk_weights.assign(static_cast<std::size_t>(tokens * k), 1.0f / static_cast<float>(k));
+  for (std::int64_t i = 0; i < tokens * k; ++i)  // i = t x K + j
+    r.topk_ids[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i % shape.num_experts);
+  return r;
+}
+
 reference::Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,
                                    Routing routing, std::int64_t target, std::uint64_t seed) {
   Rng rng(seed);

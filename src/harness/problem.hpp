@@ -60,6 +60,14 @@ struct RoutingTable {
 RoutingTable make_routing(const LayerShape& shape, int world, std::int64_t tokens, Routing routing,
                           std::int64_t target, Rng& rng);
 
+// Routing that gives every expert of the layer exactly `rows_per_expert` (token, slot) pairs, for
+// timing the expert GEMMs alone (`epmoe bench gemm`): T = E x R / K tokens, slot j of token t on
+// expert (t x K + j) mod E (K consecutive experts, so distinct when K <= E), no dropped slot, every
+// router weight 1 / K. Throws invalid_argument naming the rule when E < K or K does not divide
+// E x R.
+std::int64_t balanced_tokens(const LayerShape& shape, std::int64_t rows_per_expert);
+RoutingTable make_balanced_routing(const LayerShape& shape, std::int64_t rows_per_expert);
+
 // T tokens, x ~ U(-1, 1) in bf16, routing as asked (`target` picks the expert or rank of the
 // skewed patterns), weights positive and summing to 1 over the valid slots.
 reference::Batch make_random_batch(const LayerShape& shape, int world, std::int64_t tokens,

@@ -107,6 +107,24 @@ def percentile(values, q):
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
+def plan_rounds(args, last_ms, scale, what="forward"):
+    """(warmup, rounds, skip note or None) of a point whose previous point took last_ms (None:
+    none yet) and is `scale` times smaller: every round, fewer (>= 3 timed, 1 warm-up) to fit
+    --max-point-s, or a skip; `epmoe bench`'s rule (tools/sweep.cpp, plan_rounds)."""
+    warmup, rounds = args.warmup, args.rounds
+    if last_ms is None:
+        return warmup, rounds, None
+    est_s = last_ms * max(1.0, scale) * 1e-3
+    if est_s * (warmup + rounds) <= args.max_point_s:
+        return warmup, rounds, None
+    warmup = min(warmup, 1)
+    rounds = max(3, int(args.max_point_s / est_s) - warmup)
+    if est_s * (warmup + rounds) > 1.5 * args.max_point_s:
+        return warmup, rounds, (f"estimated {est_s:.2f} s per {what} exceeds "
+                                f"--max-point-s={args.max_point_s:g}")
+    return warmup, rounds, None
+
+
 TRAFFIC_KEYS = ("weight_bytes", "pairs", "flops", "nvlink_bytes", "dispatched_rows",
                 "returned_rows", "hbm_floor_ms", "compute_floor_ms", "nvlink_floor_ms")
 
@@ -360,18 +378,12 @@ class TorchEP:
                 for q in points[pi:]:
                     q.update(status="skipped", note="over --budget-s")
                 break
-            warmup, rounds = args.warmup, args.rounds
-            if last_ms is not None:
-                est_s = last_ms * max(1.0, t / last_t if last_t > 0 else float(t)) * 1e-3
-                if est_s * (warmup + rounds) > args.max_point_s:
-                    warmup = min(warmup, 1)
-                    rounds = max(3, int(args.max_point_s / est_s) - warmup)
-                    if est_s * (warmup + rounds) > 1.5 * args.max_point_s:
-                        for q in points[pi:]:
-                            q.update(status="skipped",
-                                     note=f"estimated {est_s:.2f} s per forward exceeds "
-                                     f"--max-point-s={args.max_point_s:g}")
-                        break
+            warmup, rounds, skip = plan_rounds(args, last_ms,
+                                               t / last_t if last_t > 0 else float(t))
+            if skip:
+                for q in points[pi:]:
+                    q.update(status="skipped", note=skip)
+                break
             x = x_all[:t]
             mine, traffic = [], []
             t0 = time.monotonic()

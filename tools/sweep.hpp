@@ -1,0 +1,157 @@
+// What `epmoe bench` (tools/bench.cpp: the whole layer) and `epmoe bench gemm`
+// (tools/bench_gemm.cpp: the expert GEMMs alone) share: the options every sweep has, model
+// shapes and their random data, the ceilings of the machine (HBM copy, peer copy, bf16 matmul)
+// measured at the start of a run, the timed rounds of a cluster of rank threads (CUDA events, or
+// wall clock on the CPU executor; per-phase GPU times with Layer::set_phase_timing), the one-round
+// check against the emulating reference, the round-count rule of --max-point-s, and the helpers of
+// the table and the JSON (schema epmoe-bench/1 and epmoe-bench-gemm/1 share their head).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "epmoe/epmoe.hpp"
+#include "harness/cluster.hpp"
+#include "harness/problem.hpp"
+
+namespace epmoe::tools {
+class Progress;  // progress.hpp
+}  // namespace epmoe::tools
+
+namespace epmoe::tools::sweep {
+
+using Clock = std::chrono::steady_clock;
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double seconds_since(Clock::time_point t);
+[[noreturn]] void reject(const std::string& message);  // Error(invalid_argument)
+
+// The options of every sweep; each command sets its own defaults before add_sweep_options.
+struct SweepOptions {
+  std::string models;
+  std::int64_t experts = 0;  // cap on every model's experts (0 = none)
+  std::string precisions;
+  std::string maths;  // LayerOptions::expert_math
+  std::string executor = "auto";
+  int warmup = 2;
+  int rounds = 10;
+  double max_point_s = 8.0;
+  double budget_s = 0.0;
+  std::string check = "auto";
+  bool no_check = false;
+  std::int64_t check_tokens = 1;
+  std::uint64_t seed = 1;
+  std::uint32_t timeout_ms = 60'000;
+  std::string json;
+  double hbm_gbps = 0.0, peer_gbps = 0.0, matmul_tflops = 0.0;  // 0 = measure
+  bool no_measure = false;
+};
+void add_sweep_options(CLI::App& cmd, SweepOptions& o);
+// --warmup, --rounds and --check, or reject naming the option.
+void validate_sweep_options(const SweepOptions& o);
+
+std::vector<std::string> split(const std::string& text);  // comma list, empty items dropped
+std::int64_t parse_int(const std::string& text, const std::string& what);
+std::vector<Precision> parse_precisions(const std::string& text);  // --precisions
+std::vector<ExpertMath> parse_maths(const std::string& text);      // --math
+
+// ---- models: NAME[:EXPERTS], NAME a known model or `tiny` ----
+
+struct Model {
+  std::string name;
+  std::int64_t model_experts = 0;  // the real model's expert count
+  LayerShape shape;                // num_experts possibly reduced; max_tokens set later
+  std::string label() const;       // "deepseek-v3 E32/256" when reduced
+};
+Model parse_model(const std::string& spec, std::int64_t experts_cap);
+std::vector<Model> parse_models(const SweepOptions& o);  // --models with --experts
+
+// Weights (harness::make_random_weights) and x rows (U(-1, 1)) for each rank at the largest T;
+// both kept for every config of the model.
+struct ModelData {
+  reference::LayerWeights weights;
+  std::vector<std::vector<std::uint16_t>> x;  // per rank: [max_tokens, H]
+};
+// Draws them and prints a `[weights]` line.
+std::unique_ptr<ModelData> make_model_data(const Model& m, int max_world, std::uint64_t seed);
+
+// Bytes of one expert weight in the layer's precision (codes and scales).
+double weight_bytes_per_param(Precision p);
+
+// ---- ceilings: measured at the start of the run (CUDA executor), or given ----
+
+struct Ceilings {
+  double hbm_gbps = 0.0;       // device-to-device copy, bytes read + written
+  double peer_gbps = 0.0;      // GPU 0 -> GPU 1, one direction
+  double matmul_tflops = 0.0;  // bf16 x bf16 -> fp32 accumulate
+  std::string hbm_how, peer_how, matmul_how;
+};
+Ceilings measure_ceilings(const SweepOptions& o, Backend backend);
+void print_ceilings(const Ceilings& c);  // the `ceilings:` line on stdout
+std::vector<std::string> gpu_names();
+
+// The state of a running sweep that every config reads (executor, ceilings, start) and reports
+// to (the progress line, points done, whether any failed).
+struct SweepRun {
+  Backend backend = Backend::cpu_threads;
+  Ceilings ceilings;
+  Clock::time_point start;
+  Progress* progress = nullptr;
+  std::int64_t done = 0;
+  bool any_failure = false;
+};
+
+// ---- timing ----
+
+double percentile(std::vector<double> v, double q);
+
+// Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
+// rank's host work never counts against its peers); per-rank latencies per round.
+using Routing = harness::RoutingTable;
+struct RoundTimes {
+  std::vector<std::vector<double>> ms;          // [rank][round]
+  std::vector<std::vector<PhaseTimes>> phases;  // [rank][round] (phases; else empty times)
+  int timed = 0;                                // rounds actually timed (may stop early: cap_s)
+};
+// `routing[round * W + rank]`; `phases`: read Layer::last_phase_times() after each round (CUDA).
+RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
+                       std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
+                       bool phases);
+
+// How many rounds a point runs, from the previous point's p50 scaled linearly by `scale` (this
+// point's size over the previous one's): all of them, fewer (at least 3 timed, 1 warm-up) to fit
+// --max-point-s, or none (skip: `note` says why).
+struct RoundPlan {
+  int warmup = 0, rounds = 0;
+  bool skip = false;
+  std::string note;
+};
+RoundPlan plan_rounds(const SweepOptions& o, double last_ms, double scale);
+
+// ---- the check: one round per config against the emulating reference ----
+
+// Whether the check runs (--check, --no-check, --check-tokens; auto: only where the host
+// reference is quick).
+bool check_wanted(const SweepOptions& o, const LayerShape& s, int world);
+// One round on `tokens` tokens per rank against the emulating reference, with the rule of the
+// layer's combine and expert math (reference::check_output): "pass" or "fail (...)".
+std::string check_config(Cluster& cluster, const LayerShape& s, Precision precision,
+                         const LayerOptions& options, std::int64_t tokens, std::uint64_t seed);
+
+// ---- table and JSON ----
+
+std::string fmt(double v, const char* f = "%.3f");  // "-" for NaN
+std::string json_num(double v);                     // null for NaN / inf
+std::string json_str(const std::string& s);
+// `{`, then schema, tool, executor, gpus and ceilings, each line ending with a comma.
+void write_json_head(std::ostream& f, const char* schema, const char* tool, Backend backend,
+                     const Ceilings& c);
+
+}  // namespace epmoe::tools::sweep
