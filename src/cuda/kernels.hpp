@@ -39,9 +39,9 @@ inline int grid_sms(int device, int num_sms) {
 // shared memory. Never a function of T: num_sms is the knob of a token bucket, and every shape is
 // computed once per bucket at creation (per_bucket); forward only picks the bucket's. Raises the
 // kernel's dynamic shared memory limit first when it needs more than the default.
-// NOTES: this caps the CTAs, not where they run: the block scheduler may place num_sms SMs' worth
-// of CTAs on more SMs than num_sms (one or two each); only the wgmma backend's persistent GEMMs,
-// one CTA per SM, occupy exactly that many SMs.
+// NOTES: this caps the CTAs, not where they run: the block scheduler may spread num_sms SMs' worth
+// of CTAs over more SMs than num_sms; only the wgmma backend's persistent GEMMs, one CTA per SM,
+// occupy exactly that many.
 template <class Kernel>
 KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms) {
   if (smem > 0)
