@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace epmoe {
@@ -441,6 +442,99 @@ TEST(WithKnobs, NoBucketAppliesToEveryBucketAndLeavesTheInputUntouched) {
   EXPECT_EQ(c.describe(), before);
 }
 
+// ---- the wgmma backend's tiles (core::wgmma_has_tile): knobs moved onto one it ships
+// --------------
+
+Knobs tile_knobs(std::int32_t block_m, std::int32_t block_n) {
+  Knobs k;
+  k.block_m = block_m;
+  k.block_n = block_n;
+  k.stages = 2;  // fits every tile: only the tile rule may act
+  return k;
+}
+
+std::pair<std::int32_t, std::int32_t> tile_after(Precision p, ExpertMath math, std::int32_t block_m,
+                                                 std::int32_t block_n) {
+  LayerOptions o;
+  o.expert_math = math;
+  const Knobs out = with_knobs(make_config(kQwen, p, 0, 4, o), tile_knobs(block_m, block_n))
+                        .knobs(TokenBucket::prefill);
+  return {out.block_m, out.block_n};
+}
+
+TEST(WithKnobsWgmma, Bf16GemmsGet128RowsAnd128Or256Columns) {
+  using T = std::pair<std::int32_t, std::int32_t>;
+  for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::mxfp4}) {
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 64), T(128, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 128), T(128, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 256), T(128, 256)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 64), T(128, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 128), T(128, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 256), T(128, 256)) << to_string(p);
+  }
+}
+
+TEST(WithKnobsWgmma, Fp8Block128GetsOnly128By128) {
+  using T = std::pair<std::int32_t, std::int32_t>;
+  for (std::int32_t bm : kKnobSpace.block_m)
+    for (std::int32_t bn : kKnobSpace.block_n)
+      EXPECT_EQ(tile_after(Precision::fp8_block128, ExpertMath::wgmma, bm, bn), T(128, 128))
+          << bm << " x " << bn;
+}
+
+TEST(WithKnobsWgmma, OtherMathsKeepTheTileKnobsTheyDoNotRead) {
+  using T = std::pair<std::int32_t, std::int32_t>;
+  for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
+    for (Precision p : kAllPrecisions)
+      for (std::int32_t bm : kKnobSpace.block_m)
+        for (std::int32_t bn : kKnobSpace.block_n)
+          EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, bn)) << to_string(m) << " " << to_string(p);
+}
+
+TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
+  LayerOptions o;
+  o.expert_math = ExpertMath::wgmma;
+  std::vector<std::string> notes;
+  const Knobs out =
+      core::adjust_knobs(tile_knobs(64, 256), Precision::fp8_block128, kQwen, o, &notes);
+  EXPECT_EQ(out, tile_knobs(128, 128));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0],
+            "block_m=64 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 "
+            "rows)");
+  EXPECT_EQ(notes[1],
+            "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
+            "(E4M3 blockwise)");
+  notes.clear();
+  EXPECT_EQ(core::adjust_knobs(out, Precision::fp8_block128, kQwen, o, &notes), out);
+  EXPECT_TRUE(notes.empty());
+}
+
+TEST(WithKnobsWgmma, EveryDefaultBucketOfEveryRealShapeIsATileTheBackendShips) {
+  LayerOptions o;
+  o.expert_math = ExpertMath::wgmma;
+  for (const ModelShape& m : known_models())
+    for (int world : {1, 2, 4, 8})
+      for (Precision p : kAllPrecisions) {
+        const LayerConfig c = make_config(m.layer_shape(8192), p, 0, world, o);
+        for (int b = 0; b < kNumTokenBuckets; ++b) {
+          const Knobs& k = c.knobs(static_cast<TokenBucket>(b));
+          EXPECT_TRUE(core::wgmma_has_tile(p, k.block_m, k.block_n))
+              << m.name << " " << to_string(p) << " " << k.block_m << " x " << k.block_n;
+        }
+      }
+}
+
+TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
+  for (Precision p : kAllPrecisions)
+    for (std::int32_t bm : kKnobSpace.block_m)
+      for (std::int32_t bn : kKnobSpace.block_n) {
+        const bool shipped =
+            bm == 128 && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
+        EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
+      }
+}
+
 TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
   LayerOptions o;
   o.combine = Combine::in_kernel_reduce;
@@ -583,23 +677,45 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any knob
-// yet, so describe() marks each of the 7 knobs of each of the 4 buckets, and no caller-owned field.
-TEST(ConfigDescribe, MarksEveryKnobNoCodeReadsYetAndNothingElse) {
-  const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();
-  const std::string mark = " (not read yet)";
-  int marks = 0;
-  for (std::size_t at = d.find(mark); at != std::string::npos; at = d.find(mark, at + 1)) ++marks;
-  EXPECT_EQ(marks, 7 * kNumTokenBuckets) << d;
-  for (const char* knob : {"token_back=", "block_m=", "block_n=", "stages=", "dispatch_warps=",
-                           "num_sms=", "megakernel="}) {
-    for (std::size_t at = d.find(knob); at != std::string::npos; at = d.find(knob, at + 1)) {
-      const std::size_t value_end = d.find_first_of(" }", at);
-      EXPECT_EQ(d.compare(value_end, mark.size(), mark), 0) << knob << " unmarked in " << d;
-    }
+// How often `mark` follows a value of `knob` in `d`, and how often `knob` appears.
+std::pair<int, int> marked(const std::string& d, const std::string& knob, const std::string& mark) {
+  int marks = 0, seen = 0;
+  for (std::size_t at = d.find(knob); at != std::string::npos; at = d.find(knob, at + 1)) {
+    if (at == 0 || (d[at - 1] != ' ' && d[at - 1] != '{')) continue;  // a knob's name, not a tail
+    ++seen;
+    const std::size_t value_end = d.find_first_of(" }", at);
+    if (d.compare(value_end, mark.size(), mark) == 0) ++marks;
   }
-  EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(mark), std::string::npos)
-      << "a caller-owned field is marked: " << d;
+  return {marks, seen};
+}
+
+// docs/design.md §5: a knob exists only if the code that runs reads it. token_back, stages,
+// dispatch_warps and megakernel are read by no code and marked in each of the 4 buckets; num_sms is
+// read (every chain kernel's grid) and unmarked; block_m / block_n are read by the wgmma backend
+// only, so marked under exact and tensor_core. No caller-owned field is marked.
+TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
+  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
+    LayerOptions o;
+    o.expert_math = math;
+    const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4, o).describe();
+    const std::string not_yet = " (not read yet)";
+    const std::string not_here = std::string(" (not read by expert_math=") + to_string(math) + ")";
+    for (const char* knob : {"token_back=", "stages=", "dispatch_warps=", "megakernel="})
+      EXPECT_EQ(marked(d, knob, not_yet), std::make_pair(4, 4)) << knob << " in " << d;
+    EXPECT_EQ(marked(d, "num_sms=", "").second, 4);
+    EXPECT_EQ(marked(d, "num_sms=", " (not").first, 0) << d;
+    for (const char* knob : {"block_m=", "block_n="}) {
+      EXPECT_EQ(marked(d, knob, not_here).first, math == ExpertMath::wgmma ? 0 : 4) << d;
+      EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
+    }
+    int marks = 0;
+    for (std::size_t at = d.find(" (not read"); at != std::string::npos;
+         at = d.find(" (not read", at + 1))
+      ++marks;
+    EXPECT_EQ(marks, (math == ExpertMath::wgmma ? 4 : 6) * kNumTokenBuckets) << d;
+    EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
+        << "a caller-owned field is marked: " << d;
+  }
 }
 
 TEST(ConfigDescribe, IsTheSameOnEveryRank) {
@@ -669,11 +785,11 @@ TEST(ConfigDescribe, HasAStableFormat) {
   const LayerConfig c =
       with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
   const std::string knobs =
-      "{token_back=epilogue_warps (not read yet) block_m=128 (not read yet) block_n=64 (not read "
-      "yet) stages=5 (not read yet) dispatch_warps=6 (not read yet) num_sms=100 (not read yet) "
-      "megakernel=false (not read yet)}";
+      "{token_back=epilogue_warps (not read yet) block_m=128 (not read by expert_math=exact) "
+      "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 (not "
+      "read yet) num_sms=100 megakernel=false (not read yet)}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/4 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/5 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
             "expert_math=exact "

@@ -70,8 +70,10 @@ std::vector<LayerOptions> every_caller_choice() {
           o.mxfp8_scale_rounding = r;
           o.timeout_ms = limits == 0 ? 0u : kMaxTimeoutMs;
           o.swiglu_limit = limits == 0 ? 0.0f : 7.0f;
-          // Expert math varies with the limits so the walk does not double in length.
-          o.expert_math = limits == 0 ? ExpertMath::exact : ExpertMath::tensor_core;
+          // Expert math varies with the limits and the rounding so the walk does not grow.
+          o.expert_math = limits == 0                     ? ExpertMath::exact
+                          : r == ScaleRounding::ocp_floor ? ExpertMath::wgmma
+                                                          : ExpertMath::tensor_core;
           o.activation = limits == 0 ? Activation::swiglu : Activation::swiglu_oai;
           all.push_back(o);
         }
@@ -110,6 +112,9 @@ std::string conflict(const Knobs& k, Precision p, const LayerShape& shape, const
   if (core::shared_memory_bytes(p, k) > kMaxSharedMemoryBytes) return "shared memory overflows";
   if (k.block_n > std::max<std::int64_t>(kKnobSpace.block_n.front(), 2 * shape.intermediate)) {
     return "block_n wider than 2 * intermediate";
+  }
+  if (o.expert_math == ExpertMath::wgmma && !core::wgmma_has_tile(p, k.block_m, k.block_n)) {
+    return "a tile expert_math=wgmma does not ship";
   }
   return "";
 }
@@ -164,10 +169,15 @@ TEST_P(WithKnobsProperty,
             if (const std::string c = conflict(out, precision, shape, options); !c.empty()) {
               fail("result breaks a rule: " + c, out);
             }
-            // Minimal adjustment: only conflicting knobs move, and only downwards.
-            if (out.block_m != in.block_m || out.dispatch_warps != in.dispatch_warps ||
+            // Minimal adjustment: only conflicting knobs move, and only downwards, except onto
+            // the wgmma tiles: block_m up to 128, a 64-wide block_n up to 128.
+            const bool wgmma = options.expert_math == ExpertMath::wgmma;
+            const bool block_m_ok = wgmma ? out.block_m == 128 : out.block_m == in.block_m;
+            const bool block_n_ok =
+                out.block_n <= in.block_n || (wgmma && in.block_n == 64 && out.block_n == 128);
+            if (!block_m_ok || !block_n_ok || out.dispatch_warps != in.dispatch_warps ||
                 out.num_sms != in.num_sms || out.megakernel != in.megakernel ||
-                out.stages > in.stages || out.block_n > in.block_n ||
+                out.stages > in.stages ||
                 (out.token_back != in.token_back && options.combine != Combine::in_kernel_reduce)) {
               fail("adjusted a knob that did not conflict", out);
             }

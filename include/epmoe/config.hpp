@@ -3,8 +3,9 @@
 // A LayerConfig is immutable and validated when made. Fields the caller sets (precision, combine
 // mode, determinism, timeouts, activation and its clamp, scale rounding, expert math) are
 // caller-owned:
-// with_knobs() adjusts any tuned knob that conflicts with them and never changes them. No executor
-// reads the knobs yet (see Knobs): they are reserved, validated and compared across ranks.
+// with_knobs() adjusts any tuned knob that conflicts with them and never changes them. The CUDA
+// executor reads num_sms and (expert_math=wgmma) block_m / block_n of each launch's token bucket;
+// the other knobs are reserved (see Knobs).
 #pragma once
 
 #include <array>
@@ -87,35 +88,46 @@ struct LayerOptions {
 };
 
 // Token buckets: a launch's knob set is chosen from its T (knobs_for), so decode and prefill steps
-// of one layer can each get their own tuning once the knobs are read (none is yet; see Knobs).
+// of one layer each get their own tuning: every forward of the CUDA executor runs the knobs of its
+// T's bucket (a captured CUDA graph, those of its captured T).
 enum class TokenBucket : std::uint8_t { decode, small, medium, prefill };
 inline constexpr int kNumTokenBuckets = 4;
 // decode: T <= 16, small: T <= 128, medium: T <= 1024, prefill: larger.
 TokenBucket token_bucket(std::int64_t tokens);
 const char* to_string(TokenBucket b);
 
-// Tuned knobs, each with a documented range (see kKnobSpace). None is read yet: no kernel, launcher
-// or CPU-executor path looks at them, so today they change nothing but describe(). They are kept
-// (validated, adjusted by with_knobs, compared across ranks, walked by the knob property test) for
-// the sm90 TMA + WGMMA expert GEMMs and the persistent kernel that will read them; until then the
-// CUDA executor runs fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
-// with tensor_core; wgmma: CUTLASS's 128 x 128 x 64 tile, x 128 for fp8_block128, as many stages
-// as fit, one CTA per SM), dispatch uses all 8 warps of each of its CTAs, grids are sized from
-// occupancy on every SM, FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel),
-// and a forward is a chain of kernels.
+// Tuned knobs, each with a documented range (see kKnobSpace), kept per token bucket. What reads
+// them (docs/tuning.md#knobs): the CUDA executor picks each forward's bucket from T on the host and
+// runs the grids and GEMMs it built at creation for that bucket's
+//   num_sms            every expert math: every kernel of the chain, and
+//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tile.
+// token_back, stages, dispatch_warps and megakernel are read by no code: they are reserved for the
+// persistent kernel (issue 13) and planned GEMMs, validated, adjusted by with_knobs and compared
+// across ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile
+// exact and tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact
+// math, 4 with tensor_core), wgmma as many stages as fit (CUTLASS's automatic carveout), dispatch
+// uses all 8 warps of each of its CTAs, FC2 rows go home from the FC2 tile itself (wgmma: from its
+// home kernel), and a forward is a chain of kernels. The CPU executor reads no knob.
 struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).
   TokenBack token_back = TokenBack::epilogue_warps;
-  // not read yet: reserved for the sm90 expert GEMMs' tile rows: 64 or 128.
+  // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64 or 128.
+  // wgmma's cooperative GEMMs take 128 only; with_knobs moves 64 to 128 under wgmma.
   std::int32_t block_m = 64;
-  // not read yet: reserved for the sm90 expert GEMMs' tile columns: 64, 128 or 256.
+  // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs its bf16 GEMMs on
+  // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (fp8_block128: 128 x 128 x 128 only);
+  // with_knobs moves 64 to 128, and 256 to 128 for fp8_block128.
   std::int32_t block_n = 128;
-  // not read yet: reserved for the sm90 expert GEMMs' shared-memory pipeline depth: 2..8.
+  // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
+  // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256); a StageCount<N> per value
+  // would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
   // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
   std::int32_t dispatch_warps = 4;
-  // not read yet: reserved for the SMs the layer may occupy; 0 = all.
+  // read by the CUDA executor: every kernel of the chain gets a grid of as many CTAs as fit at once
+  // on min(num_sms, the device's SMs), and wgmma's GEMMs that many persistent CTAs; 0 = all SMs.
+  // It caps CTAs, not placement: a chain kernel's CTAs may still land on more SMs.
   std::int32_t num_sms = 0;
   // not read yet: reserved for one persistent launch per forward (the megakernel).
   bool megakernel = false;
@@ -147,7 +159,7 @@ class LayerConfig {
   int expert_owner(std::int64_t expert) const { return static_cast<int>(expert / local_experts()); }
 
   // The knobs of the bucket a launch with `tokens` rows falls in (picked from T, never from
-  // max_tokens). No executor reads them yet (see Knobs).
+  // max_tokens): what the CUDA executor's forward runs (see Knobs for which it reads).
   const Knobs& knobs_for(std::int64_t tokens) const;
   const Knobs& knobs(TokenBucket bucket) const { return knobs_[static_cast<int>(bucket)]; }
 
@@ -155,7 +167,8 @@ class LayerConfig {
   std::size_t workspace_bytes() const;
 
   // A stable one-line description, compared across ranks at layer creation. Knobs that no code
-  // reads yet are marked "(not read yet)".
+  // reads are marked "(not read yet)", and block_m / block_n "(not read by expert_math=...)" under
+  // exact and tensor_core.
   std::string describe() const;
 
  private:
@@ -178,8 +191,8 @@ LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, 
 
 // Applies tuned knobs (to one bucket, or to all when `bucket` is empty). Knobs outside kKnobSpace
 // are rejected; knobs inside it are adjusted, never rejected, where they conflict with a
-// caller-owned field or with the hardware (e.g. stages reduced to fit shared memory). No executor
-// reads the knobs yet (see Knobs), so the result runs exactly as `config` does.
+// caller-owned field or with the hardware (e.g. a tile expert_math=wgmma does not ship moved onto
+// one it does, stages reduced to fit shared memory): the result holds what runs.
 LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
                        std::optional<TokenBucket> bucket = std::nullopt);
 

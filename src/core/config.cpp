@@ -103,20 +103,26 @@ void check_options(const LayerOptions& o) {
   }
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. No executor reads any of
-// these yet (config.hpp says what each is reserved for), so describe() marks every one; drop a
-// knob's mark in the commit that makes a kernel read it (and bump the describe() version tag).
+// docs/design.md §5: a knob exists only if the code that runs reads it. Knobs no code reads are
+// marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
+// a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms with
+// every expert math and block_m / block_n with wgmma; the CPU executor reads none (its describe()
+// is the same line: ranks compare configs, not executors).
 constexpr const char* kNotReadYet = " (not read yet)";
 
-std::string describe_knobs(const Knobs& k) {
+std::string describe_knobs(const Knobs& k, ExpertMath math) {
+  // block_m / block_n: read by the wgmma backend only; exact and tensor_core run fixed tiles.
+  const std::string tile_mark =
+      math == ExpertMath::wgmma ? ""
+                                : std::string(" (not read by expert_math=") + to_string(math) + ")";
   std::string s = "{token_back=";
   s += to_string(k.token_back);
   s += kNotReadYet;
-  s += " block_m=" + std::to_string(k.block_m) + kNotReadYet;
-  s += " block_n=" + std::to_string(k.block_n) + kNotReadYet;
+  s += " block_m=" + std::to_string(k.block_m) + tile_mark;
+  s += " block_n=" + std::to_string(k.block_n) + tile_mark;
   s += " stages=" + std::to_string(k.stages) + kNotReadYet;
   s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + kNotReadYet;
-  s += " num_sms=" + std::to_string(k.num_sms) + kNotReadYet;
+  s += " num_sms=" + std::to_string(k.num_sms);
   s += k.megakernel ? " megakernel=true" : " megakernel=false";
   s += kNotReadYet;
   s += "}";
@@ -251,7 +257,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/4";
+  std::string s = "epmoe.config/5";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);
@@ -274,7 +280,7 @@ std::string LayerConfig::describe() const {
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     s += " knobs.";
     s += to_string(static_cast<TokenBucket>(b));
-    s += "=" + describe_knobs(knobs_[b]);
+    s += "=" + describe_knobs(knobs_[b], options_.expert_math);
   }
   return s;
 }

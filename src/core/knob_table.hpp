@@ -16,8 +16,8 @@ namespace epmoe::core {
 inline constexpr std::int64_t kKTile = 64;
 
 // Estimated shared memory of one CTA of the planned sm90 expert GEMM for `knobs` (see
-// knob_table.cpp for the formula), used to choose stages. No kernel reads block_m / block_n /
-// stages yet; the tile kernels that run today have fixed footprints of their own.
+// knob_table.cpp for the formula), used to choose stages. No kernel reads stages; the kernels that
+// run have footprints of their own (wgmma: CUTLASS's automatic carveout).
 std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std::int32_t block_n,
                                  std::int32_t stages);
 inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs) {
@@ -26,6 +26,12 @@ inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs)
 
 // The deepest pipeline in [min_stages, max_stages] whose footprint fits kMaxSharedMemoryBytes.
 std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
+
+// The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
+// block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
+// fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m is always 128: the
+// cooperative kernel's two consumer warpgroups own 64 rows each.
+bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
 bool in_knob_space(const Knobs& knobs) noexcept;
@@ -38,6 +44,8 @@ void check_knob_space(const Knobs& knobs);
 // throws for in-space knobs and changes nothing that does not conflict:
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
+//   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
+//     -> 128, block_n 64 -> 128, and 256 -> 128 for fp8_block128;
 //   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
 // `notes` (may be null) receives one line per change, for logs (and a future `epmoe tune`).
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,

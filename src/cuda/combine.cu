@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
 
 }  // namespace
 
-KernelShape combine_shape(const RoundParams& /*p*/, int device) {
-  return occupancy_shape(combine_kernel, 0, device);
+KernelShape combine_shape(const RoundParams& /*p*/, int device, int num_sms) {
+  return occupancy_shape(combine_kernel, 0, device, num_sms);
 }
 
 void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {

@@ -84,9 +84,13 @@ class CudaLayer final : public LayerImpl {
       base_.staged = backend_->staged_rows();
       EPMOE_CUDA_CHECK(cudaMalloc(&route_scratch_, route_scratch_bytes(base_)));
       base_.scratch = route_scratch(route_scratch_, base_);
-      dispatch_ = dispatch_shape(base_, device_);
-      experts_ = experts_shape(base_, device_);
-      combine_ = combine_shape(base_, device_);
+      // Every grid of the chain, once per token bucket from its num_sms knob (I5); forward picks
+      // the bucket of its T.
+      chain_ = per_bucket(config, [&](const Knobs& k) {
+        return ChainShapes{dispatch_shape(base_, device_, k.num_sms),
+                           experts_shape(base_, device_, k.num_sms),
+                           combine_shape(base_, device_, k.num_sms)};
+      });
 
       // The legacy default stream, as the host copy of the weights used before: ordered after
       // pending work on blocking streams that may still be writing the caller's device tensors.
@@ -116,6 +120,10 @@ class CudaLayer final : public LayerImpl {
     EPMOE_CUDA_CHECK(cudaSetDevice(device_));
     auto* s = static_cast<cudaStream_t>(stream.handle);
     if (fault_fires(testing::Fault::round_jump)) launch_round_jump(state_, 2, s);
+    // The knobs of T's bucket (docs/tuning.md#token-buckets): T is known here, from x's shape, so
+    // the pick costs nothing on the device; a graph captured now keeps this bucket's launches.
+    const TokenBucket bucket = token_bucket(a.tokens);
+    const ChainShapes& shapes = chain_[bucket_index(bucket)];
     RoundParams p = base_;
     p.tokens = a.tokens;
     p.x = a.x;
@@ -123,11 +131,11 @@ class CudaLayer final : public LayerImpl {
     p.ids_are_i64 = a.id_dtype == DType::i64;
     p.topk_weights = a.topk_weights;
     p.y = a.y;
-    launch_dispatch(p, dispatch_, s);
+    launch_dispatch(p, shapes.dispatch, s);
     if (fault_fires(testing::Fault::stall))
       launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
-    launch_experts(p, experts_, *backend_, s);
-    launch_combine(p, combine_, s);
+    launch_experts(p, shapes.experts, bucket, *backend_, s);
+    launch_combine(p, shapes.combine, s);
     last_stream_ = s;
   }
 
@@ -304,8 +312,12 @@ class CudaLayer final : public LayerImpl {
   std::unique_ptr<experts::ExpertBackend> backend_;  // its weights, scratch and GEMM kernels
   std::uint8_t* route_scratch_ = nullptr;            // route's and bucket's (kernels.hpp)
   RoundParams base_{};
-  KernelShape dispatch_, combine_;
-  ExpertShapes experts_;
+  struct ChainShapes {
+    KernelShape dispatch;
+    ExpertShapes experts;
+    KernelShape combine;
+  };
+  PerBucket<ChainShapes> chain_{};  // the round's grids per token bucket (the backend has its own)
   std::uint32_t reset_epoch_ = 0;
   bool phase_timing_ = false;  // Layer::set_phase_timing (RoundState::timing on the device)
   mutable Health health_{};

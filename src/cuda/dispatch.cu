@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
 
 }  // namespace
 
-KernelShape dispatch_shape(const RoundParams& p, int device) {
-  return occupancy_shape(dispatch_kernel, dispatch_smem(p), device);
+KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms) {
+  return occupancy_shape(dispatch_kernel, dispatch_smem(p), device, num_sms);
 }
 
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {

@@ -58,8 +58,8 @@ RouteScratch route_scratch(std::uint8_t* base, const RoundParams& p) {
   return slice(base, p, nullptr);
 }
 
-ExpertShapes experts_shape(const RoundParams& p, int device) {
-  return ExpertShapes{route_shape(p, device), bucket_shape(p, device)};
+ExpertShapes experts_shape(const RoundParams& p, int device, int num_sms) {
+  return ExpertShapes{route_shape(p, device, num_sms), bucket_shape(p, device, num_sms)};
 }
 
 experts::ExpertStep expert_step(const RoundParams& p) {
@@ -72,13 +72,13 @@ experts::ExpertStep expert_step(const RoundParams& p) {
   return step;
 }
 
-void launch_experts(const RoundParams& p, const ExpertShapes& s,
+void launch_experts(const RoundParams& p, const ExpertShapes& s, TokenBucket bucket,
                     const experts::ExpertBackend& backend, cudaStream_t stream) {
   launch_route(p, s.route, stream);
   launch_bucket(p, s.bucket, stream);
   const experts::ExpertStep step = expert_step(p);
-  backend.launch_fc1(step, stream);
-  backend.launch_fc2(step, stream);
+  backend.launch_fc1(step, bucket, stream);
+  backend.launch_fc2(step, bucket, stream);
 }
 
 }  // namespace epmoe::cuda

@@ -13,11 +13,11 @@ namespace epmoe::cuda {
 
 // Wait for counts, check and decode every received row (staged as the backend asked), count pairs
 // per expert, offsets.
-KernelShape route_shape(const RoundParams& p, int device);
+KernelShape route_shape(const RoundParams& p, int device, int num_sms);
 void launch_route(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // The pair list, grouped by expert.
-KernelShape bucket_shape(const RoundParams& p, int device);
+KernelShape bucket_shape(const RoundParams& p, int device, int num_sms);
 void launch_bucket(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda

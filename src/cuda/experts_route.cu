@@ -169,11 +169,11 @@ __global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {
 
 }  // namespace
 
-KernelShape route_shape(const RoundParams& /*p*/, int device) {
-  return occupancy_shape(route_kernel, 0, device);
+KernelShape route_shape(const RoundParams& /*p*/, int device, int num_sms) {
+  return occupancy_shape(route_kernel, 0, device, num_sms);
 }
-KernelShape bucket_shape(const RoundParams& /*p*/, int device) {
-  return occupancy_shape(bucket_kernel, 0, device);
+KernelShape bucket_shape(const RoundParams& /*p*/, int device, int num_sms) {
+  return occupancy_shape(bucket_kernel, 0, device, num_sms);
 }
 
 void launch_route(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {

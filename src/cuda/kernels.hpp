@@ -1,15 +1,18 @@
 // Launchers of the CUDA executor's round kernels, one per phase of the round (docs/design.md §3),
 // each a plain function of the round's params struct and a stream; the expert GEMMs are a backend's
-// (experts/backend.hpp). Grids come from occupancy (I5), never from T.
+// (experts/backend.hpp). Grids come from occupancy on the token bucket's SMs (I5), never from T.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/round_params.hpp"
+#include "epmoe/config.hpp"
 
 namespace epmoe::cuda {
 
@@ -25,18 +28,44 @@ struct KernelShape {
   std::size_t smem = 0;
 };
 
-// I5: as many CTAs as fit on every SM at once with `smem` bytes of dynamic shared memory, never a
-// function of T. Raises the kernel's dynamic shared memory limit first when it needs more than
-// the default.
+// The SMs a chain's grids are sized for: every SM of `device` (num_sms = 0, Knobs::num_sms'
+// default), else at most num_sms of them.
+inline int grid_sms(int device, int num_sms) {
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return num_sms > 0 ? std::min(num_sms, sms) : sms;
+}
+
+// I5: as many CTAs as fit at once on grid_sms(device, num_sms) SMs with `smem` bytes of dynamic
+// shared memory. Never a function of T: num_sms is the knob of a token bucket, and every shape is
+// computed once per bucket at creation (per_bucket); forward only picks the bucket's. Raises the
+// kernel's dynamic shared memory limit first when it needs more than the default.
+// NOTES: this caps the CTAs, not where they run: the block scheduler may spread num_sms SMs' worth
+// of CTAs over more SMs than num_sms; only the wgmma backend's persistent GEMMs, one CTA per SM,
+// occupy exactly that many.
 template <class Kernel>
-KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device) {
+KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms) {
   if (smem > 0)
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
-  int per_sm = 0, sms = 0;
+  int per_sm = 0;
   EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return KernelShape{(per_sm > 0 ? per_sm : 1) * sms, smem};
+  return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem};
+}
+
+// One value per token bucket, made from that bucket's knobs: the shapes (and a backend's GEMMs)
+// are built once at creation, and each forward picks its bucket's from T on the host.
+template <class T>
+using PerBucket = std::array<T, kNumTokenBuckets>;
+template <class Make>
+auto per_bucket(const LayerConfig& config, Make make) {
+  PerBucket<decltype(make(config.knobs(TokenBucket::decode)))> out{};
+  for (int b = 0; b < kNumTokenBuckets; ++b)
+    out[b] = make(config.knobs(static_cast<TokenBucket>(b)));
+  return out;
+}
+inline int bucket_index(TokenBucket b) {
+  return static_cast<int>(b);
 }
 
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
@@ -63,7 +92,7 @@ void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStr
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
 // counts to every rank.
-KernelShape dispatch_shape(const RoundParams& p, int device);
+KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms);
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // Steps 4-6: wait for every count, run the expert backend's FC1 -> SwiGLU -> FC2 on every arrived
@@ -75,13 +104,14 @@ struct ExpertShapes {
 };
 std::size_t route_scratch_bytes(const RoundParams& p);
 RouteScratch route_scratch(std::uint8_t* base, const RoundParams& p);
-ExpertShapes experts_shape(const RoundParams& p, int device);
+ExpertShapes experts_shape(const RoundParams& p, int device, int num_sms);
 experts::ExpertStep expert_step(const RoundParams& p);  // what the backend's launches receive
-void launch_experts(const RoundParams& p, const ExpertShapes& s,
+// `bucket`: the launch's token bucket; the backend runs what it built for that bucket's knobs.
+void launch_experts(const RoundParams& p, const ExpertShapes& s, TokenBucket bucket,
                     const experts::ExpertBackend& backend, cudaStream_t stream);
 
 // Step 7: wait for every done, finish y, advance the round.
-KernelShape combine_shape(const RoundParams& p, int device);
+KernelShape combine_shape(const RoundParams& p, int device, int num_sms);
 void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // The collective reset(): two bounded meetings, own inboxes and the round state cleared between.

@@ -35,7 +35,7 @@ struct Cluster::DeviceBuffers {};
 
 Cluster::Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options,
                  int world, const reference::LayerWeights& weights, Backend backend,
-                 const LocalWeights& local_weights)
+                 const LocalWeights& local_weights, const Tune& tune)
     : world_(world),
       backend_(backend),
       group_(backend == Backend::cpu_threads ? make_host_group(world) : nullptr),
@@ -51,7 +51,8 @@ Cluster::Cluster(const LayerShape& shape, Precision precision, const LayerOption
   run_on_rank_threads(world, [&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
     if (backend == Backend::cpu_threads) comms_[r] = make_host_communicator(group_, rank);
-    const LayerConfig config = make_config(shape, precision, rank, world, options);
+    const LayerConfig made = make_config(shape, precision, rank, world, options);
+    const LayerConfig config = tune ? tune(made) : made;
     layers_[r] = std::make_unique<Layer>(
         *comms_[r], config,
         local_weights ? local_weights(rank) : local_weight_views(weights, shape, rank, world));

@@ -20,10 +20,13 @@ class Cluster {
   // from it. `local_weights`, when given, is what rank r's layer is created from instead of its
   // slice of `weights` (pre-quantized views of the same weights, say); its tensors must outlive
   // the creation.
+  // `tune`, when given, turns each rank's config into the one its layer is created with (knobs:
+  // with_knobs; every rank must get the same knobs).
   using LocalWeights = std::function<ExpertWeights(int rank)>;
+  using Tune = std::function<LayerConfig(const LayerConfig&)>;
   Cluster(const LayerShape& shape, Precision precision, const LayerOptions& options, int world,
           const reference::LayerWeights& weights, Backend backend = Backend::cpu_threads,
-          const LocalWeights& local_weights = {});
+          const LocalWeights& local_weights = {}, const Tune& tune = {});
   ~Cluster();
 
   int world() const { return world_; }

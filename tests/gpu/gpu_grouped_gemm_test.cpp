@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -19,6 +20,7 @@ namespace epmoe {
 namespace {
 
 using cuda::experts::wgmma::Bf16GroupedGemm;
+using cuda::experts::wgmma::Bf16Tile;
 using cuda::experts::wgmma::Fp8BlockwiseGroupedGemm;
 using cuda::experts::wgmma::GemmProblem;
 
@@ -85,8 +87,13 @@ double worst_relative_error(const Groups& g, int n, int k, const std::vector<flo
   return worst;
 }
 
-TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
-  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+// The bf16 GEMM of `tile` on `sms` persistent CTAs over groups of 0, 5, 300, 128, 0 and 1 rows
+// (N = 384: one whole 256-wide tile and a half one); D, and its worst error against float64.
+struct Bf16Run {
+  std::vector<float> d;
+  double worst = 0.0;
+};
+Bf16Run run_bf16_gemm(cuda::experts::wgmma::Bf16Tile tile, int sms) {
   const int n = 384, k = 2048;
   const Groups g({0, 5, 300, 128, 0, 1});
   std::mt19937 rng(7);
@@ -98,7 +105,9 @@ TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
   const DeviceCopy<std::uint16_t> a_dev(a), b_dev(b);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
 
-  Bf16GroupedGemm gemm(g.count(), n, k, sm_count(), 0);
+  Bf16GroupedGemm gemm(g.count(), n, k, sms, 0, tile);
+  EXPECT_EQ(gemm.tile(), tile);
+  EXPECT_EQ(gemm.sm_count(), sms);
   std::vector<const std::uint16_t*> a_ptr, b_ptr;
   std::vector<float*> d_ptr;
   for (int group = 0; group < g.count(); ++group) {
@@ -113,15 +122,46 @@ TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
   upload(arrays.b, b_ptr);
   upload(arrays.d, d_ptr);
   gemm.run(nullptr);
-  const std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
-
-  const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int c, int i) {
+  Bf16Run run;
+  run.d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  run.worst = worst_relative_error(g, n, k, run.d, [&](int r, int group, int c, int i) {
     return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
            formats::bf16_to_float(b[(static_cast<std::size_t>(group) * n + c) * k + i]);
   });
-  std::printf("grouped GEMM worst |D - exact| / sum|a b| = %.3g (2^-24 = %.3g)\n", worst,
-              std::ldexp(1.0, -24));
-  EXPECT_LT(worst, 1e-5);
+  std::printf("grouped GEMM %s on %d SMs: worst |D - exact| / sum|a b| = %.3g (2^-24 = %.3g)\n",
+              to_string(tile), sms, run.worst, std::ldexp(1.0, -24));
+  return run;
+}
+
+TEST(GpuGroupedGemm, MatchesAFloat64GemmWithinFp32AccumulationNoise) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  EXPECT_LT(run_bf16_gemm(Bf16Tile::m128_n128_k64, sm_count()).worst, 1e-5);
+}
+
+// The 128 x 256 tile (Knobs block_n = 256) within the same noise, and with the same bits as
+// 128 x 128: each output is the same k16 WGMMA steps over the same k tiles in the same order.
+TEST(GpuGroupedGemm, Tile128x256MatchesAFloat64GemmAndThe128x128TileBitForBit) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  const Bf16Run narrow = run_bf16_gemm(Bf16Tile::m128_n128_k64, sm_count());
+  const Bf16Run wide = run_bf16_gemm(Bf16Tile::m128_n256_k64, sm_count());
+  EXPECT_LT(wide.worst, 1e-5);
+  ASSERT_EQ(narrow.d.size(), wide.d.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < wide.d.size(); ++i)
+    differ += std::memcmp(&wide.d[i], &narrow.d[i], sizeof(float)) != 0 ? 1 : 0;
+  EXPECT_EQ(differ, 0u) << "of " << wide.d.size();
+}
+
+// Knobs num_sms: the persistent grid of 8 CTAs walks every tile and gives all SMs' bits (no tile
+// is split between CTAs).
+TEST(GpuGroupedGemm, EightPersistentCtasGiveTheBitsOfOnePerSm) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  for (Bf16Tile tile : {Bf16Tile::m128_n128_k64, Bf16Tile::m128_n256_k64}) {
+    const Bf16Run all = run_bf16_gemm(tile, sm_count());
+    const Bf16Run eight = run_bf16_gemm(tile, 8);
+    EXPECT_EQ(std::memcmp(all.d.data(), eight.d.data(), all.d.size() * sizeof(float)), 0)
+        << to_string(tile);
+  }
 }
 
 // The E4M3 GEMM with 1 x 128 scales on A and 128 x 128 on B (K-major), against float64 of the

@@ -222,11 +222,13 @@ def test_config_and_options_round_trip():
     assert config.mxfp8_scale_rounding == "ocp_floor" and config.shape == shape()
     assert config.expert_owner(5) == 2 and config.workspace_bytes() > 0
     assert "hidden=128" in config.describe()
-    # No kernel reads a knob yet: describe() says so for each (7 knobs x 4 token buckets), and for
-    # no caller-owned option.
+    # Knobs no code reads are marked (token_back, stages, dispatch_warps, megakernel x 4 token
+    # buckets), block_m / block_n where expert_math=exact runs fixed tiles, num_sms (read) never,
+    # and no caller-owned option.
     d = config.describe()
-    assert d.count(" (not read yet)") == 28 and "block_m=64 (not read yet)" in d
-    assert "(not read yet)" not in d[:d.index(" knobs.")]
+    assert d.count(" (not read yet)") == 16 and "megakernel=false (not read yet)" in d
+    assert d.count(" (not read by expert_math=exact)") == 8 and "num_sms=0 " in d
+    assert "(not read" not in d[:d.index(" knobs.")]
     model = epmoe.find_model("qwen3-30b-a3b")
     assert (model.hidden, model.top_k) == (2048, 8)
     assert model.layer_shape(4).max_tokens_per_rank == 4

@@ -9,7 +9,9 @@
 //         to every rank (finish_expert_step, experts/common.cuh), exactly once per round, T = 0
 //         included
 // Both launches read the per-expert row counts and offsets from device memory: no host sync, and
-// grids sized once at creation (I5), so forward() stays graph-capturable.
+// grids sized once at creation for each token bucket's knobs (I5), so forward() stays
+// graph-capturable: it names the launch's bucket (picked from T on the host), and a captured graph
+// keeps the launches of its captured T's bucket.
 //
 // Adding a backend: a folder experts/<name>/ with its class (deriving from ExpertBackend), its
 // kernels and its weight preparation, and one line in make_expert_backend (backend.cpp).
@@ -51,16 +53,20 @@ class ExpertBackend {
   virtual std::size_t weight_bytes() const = 0;
   virtual std::size_t scratch_bytes() const = 0;
 
-  // Steps 5-6 of a round (docs/design.md §3), on the caller's stream, after route and bucket.
-  virtual void launch_fc1(const ExpertStep& step, cudaStream_t stream) const = 0;
-  virtual void launch_fc2(const ExpertStep& step, cudaStream_t stream) const = 0;
+  // Steps 5-6 of a round (docs/design.md §3), on the caller's stream, after route and bucket, with
+  // the kernels (grids, tiles) the backend built at creation for `bucket`'s knobs.
+  virtual void launch_fc1(const ExpertStep& step, TokenBucket bucket,
+                          cudaStream_t stream) const = 0;
+  virtual void launch_fc2(const ExpertStep& step, TokenBucket bucket,
+                          cudaStream_t stream) const = 0;
 
  protected:
   ExpertBackend() = default;
 };
 
 // The backend of config.options().expert_math, built for `device` (its kernels' shapes computed
-// once, its scratch allocated; weights come with prepare()). Throws Error(unsupported) naming the
+// once per token bucket from config.knobs(bucket), its scratch allocated; weights come with
+// prepare()). Throws Error(unsupported) naming the
 // field when that backend cannot implement the config (its static can_implement says why).
 std::unique_ptr<ExpertBackend> make_expert_backend(const LayerConfig& config, int device);
 

@@ -60,9 +60,10 @@ ExactBackend::ExactBackend(const LayerConfig& config, int device)
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   weights_ = slice_weights(weight_memory_, problem_, &weight_bytes_);
   h_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  fc1_ = exact::fc1_shape(problem_, device);
-  quantize_h_ = exact::quantize_h_shape(problem_, device);
-  fc2_ = exact::fc2_shape(device);
+  shapes_ = per_bucket(config, [&](const Knobs& k) {
+    return Shapes{fc1_shape(problem_, device, k.num_sms),
+                  quantize_h_shape(problem_, device, k.num_sms), fc2_shape(device, k.num_sms)};
+  });
 }
 
 ExactBackend::~ExactBackend() {
@@ -79,14 +80,17 @@ void ExactBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
   biases_.prepare(local, stream);
 }
 
-void ExactBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {
+void ExactBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
+                              cudaStream_t stream) const {
+  const Shapes& s = shapes_[bucket_index(bucket)];
   const Params p = params(step);
-  exact::launch_fc1(p, fc1_, stream);
-  exact::launch_quantize_h(p, quantize_h_, stream);
+  exact::launch_fc1(p, s.fc1, stream);
+  exact::launch_quantize_h(p, s.quantize_h, stream);
 }
 
-void ExactBackend::launch_fc2(const ExpertStep& step, cudaStream_t stream) const {
-  exact::launch_fc2(params(step), fc2_, stream);
+void ExactBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
+                              cudaStream_t stream) const {
+  exact::launch_fc2(params(step), shapes_[bucket_index(bucket)].fc2, stream);
 }
 
 }  // namespace epmoe::cuda::experts::exact

@@ -25,8 +25,8 @@ class ExactBackend final : public ExpertBackend {
   std::size_t weight_bytes() const override { return weight_bytes_ + biases_.bytes(); }
   std::size_t scratch_bytes() const override { return scratch_bytes_; }
   // FC1 + SwiGLU, then FC2's input quantization point.
-  void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
-  void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
+  void launch_fc1(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
+  void launch_fc2(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
   const Weights& weights() const { return weights_; }
@@ -43,7 +43,11 @@ class ExactBackend final : public ExpertBackend {
   Weights weights_{};
   DeviceBiases biases_;
   float* h_ = nullptr;
-  KernelShape fc1_, quantize_h_, fc2_;
+  // Fixed tiles (block_m / block_n / stages are not read); grids per bucket from num_sms.
+  struct Shapes {
+    KernelShape fc1, quantize_h, fc2;
+  };
+  PerBucket<Shapes> shapes_{};
 };
 
 }  // namespace epmoe::cuda::experts::exact

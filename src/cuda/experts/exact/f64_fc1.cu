@@ -77,9 +77,10 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(const ExpertProblem& problem, int device) {
+KernelShape fc1_shape(const ExpertProblem& problem, int device, int num_sms) {
   return with_activation(problem.activation, [&](auto activation) {
-    return occupancy_shape(f64_fc1_kernel<decltype(activation)::value>, kTileSmemBytes, device);
+    return occupancy_shape(f64_fc1_kernel<decltype(activation)::value>, kTileSmemBytes, device,
+                           num_sms);
   });
 }
 

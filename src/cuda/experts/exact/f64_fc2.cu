@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc2_shape(int device) {
-  return occupancy_shape(f64_fc2_kernel, kTileSmemBytes, device);
+KernelShape fc2_shape(int device, int num_sms) {
+  return occupancy_shape(f64_fc2_kernel, kTileSmemBytes, device, num_sms);
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {

@@ -24,15 +24,15 @@ struct Params {
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.
-KernelShape fc1_shape(const ExpertProblem& problem, int device);
+KernelShape fc1_shape(const ExpertProblem& problem, int device, int num_sms);
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2's input quantization point, one h row at a time, in place.
-KernelShape quantize_h_shape(const ExpertProblem& problem, int device);
+KernelShape quantize_h_shape(const ExpertProblem& problem, int device, int num_sms);
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2 per (expert, chunk, tile of 128 hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(int device);
+KernelShape fc2_shape(int device, int num_sms);
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::exact

@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
 
 }  // namespace
 
-KernelShape quantize_h_shape(const ExpertProblem& problem, int device) {
-  return occupancy_shape(quantize_h_kernel, quantize_h_smem(problem), device);
+KernelShape quantize_h_shape(const ExpertProblem& problem, int device, int num_sms) {
+  return occupancy_shape(quantize_h_kernel, quantize_h_smem(problem), device, num_sms);
 }
 
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream) {

@@ -78,9 +78,10 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc1_shape(const ExpertProblem& problem, int device) {
+KernelShape fc1_shape(const ExpertProblem& problem, int device, int num_sms) {
   return with_activation(problem.activation, [&](auto activation) {
-    return occupancy_shape(bf16_fc1_kernel<decltype(activation)::value>, kSmemBytes, device);
+    return occupancy_shape(bf16_fc1_kernel<decltype(activation)::value>, kSmemBytes, device,
+                           num_sms);
   });
 }
 

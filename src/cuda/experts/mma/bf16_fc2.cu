@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc2_shape(int device) {
-  return occupancy_shape(bf16_fc2_kernel, kSmemBytes, device);
+KernelShape fc2_shape(int device, int num_sms) {
+  return occupancy_shape(bf16_fc2_kernel, kSmemBytes, device, num_sms);
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {

@@ -51,9 +51,10 @@ MmaBackend::MmaBackend(const LayerConfig& config, int device)
   h_ = s.h;
   h16_ = s.h16;
   h_scale_ = s.h_scale;
-  fc1_ = mma::fc1_shape(problem_, device);
-  quantize_h_ = mma::quantize_h_shape(problem_, device);
-  fc2_ = mma::fc2_shape(device);
+  shapes_ = per_bucket(config, [&](const Knobs& k) {
+    return Shapes{fc1_shape(problem_, device, k.num_sms),
+                  quantize_h_shape(problem_, device, k.num_sms), fc2_shape(device, k.num_sms)};
+  });
 }
 
 MmaBackend::~MmaBackend() {
@@ -65,14 +66,15 @@ void MmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
   biases_.prepare(local, stream);
 }
 
-void MmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {
+void MmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const {
+  const Shapes& s = shapes_[bucket_index(bucket)];
   const Params p = params(step);
-  mma::launch_fc1(p, fc1_, stream);
-  mma::launch_quantize_h(p, quantize_h_, stream);
+  mma::launch_fc1(p, s.fc1, stream);
+  mma::launch_quantize_h(p, s.quantize_h, stream);
 }
 
-void MmaBackend::launch_fc2(const ExpertStep& step, cudaStream_t stream) const {
-  mma::launch_fc2(params(step), fc2_, stream);
+void MmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const {
+  mma::launch_fc2(params(step), shapes_[bucket_index(bucket)].fc2, stream);
 }
 
 }  // namespace epmoe::cuda::experts::mma

@@ -26,8 +26,8 @@ class MmaBackend final : public ExpertBackend {
   std::size_t weight_bytes() const override { return weights_.bytes() + biases_.bytes(); }
   std::size_t scratch_bytes() const override { return scratch_bytes_; }
   // FC1 + SwiGLU, then FC2's input quantization point and its bf16 codes.
-  void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
-  void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
+  void launch_fc1(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
+  void launch_fc2(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
   const Weights& weights() const { return weights_.weights(); }
@@ -45,7 +45,11 @@ class MmaBackend final : public ExpertBackend {
   float* h_ = nullptr;
   std::uint16_t* h16_ = nullptr;
   float* h_scale_ = nullptr;
-  KernelShape fc1_, quantize_h_, fc2_;
+  // Fixed tiles (block_m / block_n / stages are not read); grids per bucket from num_sms.
+  struct Shapes {
+    KernelShape fc1, quantize_h, fc2;
+  };
+  PerBucket<Shapes> shapes_{};
 };
 
 }  // namespace epmoe::cuda::experts::mma

@@ -23,8 +23,8 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
 
 }  // namespace
 
-KernelShape quantize_h_shape(const ExpertProblem& problem, int device) {
-  return occupancy_shape(quantize_h_kernel, fc2_input_smem(problem), device);
+KernelShape quantize_h_shape(const ExpertProblem& problem, int device, int num_sms) {
+  return occupancy_shape(quantize_h_kernel, fc2_input_smem(problem), device, num_sms);
 }
 
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream) {

@@ -1,13 +1,17 @@
 // The wgmma backend's grouped GEMM (grouped_gemm.hpp) on CUTLASS 4's SM90 collectives: the
-// pointer-array TMA + WGMMA cooperative kernel (two consumer warpgroups share a 128 x 128 tile; a
-// producer warp feeds them through a shared-memory pipeline; the persistent group scheduler walks
-// (expert, m-block, n-block) reading each expert's M from device memory). The epilogue stores fp32
-// D with TMA; scales, biases, the activation and the token-back stores run after it
-// (wgmma_backend.cu), so one instantiation serves FC1 and FC2.
+// pointer-array TMA + WGMMA cooperative kernel (two consumer warpgroups share a 128 x N tile; a
+// producer warp feeds them through a shared-memory pipeline as deep as fits, CUTLASS's automatic
+// carveout; the persistent group scheduler walks (expert, m-block, n-block) reading each expert's
+// M from device memory). The epilogue stores fp32 D with TMA; scales, biases, the activation and
+// the token-back stores run after it (wgmma_backend.cu), so one instantiation per tile serves FC1
+// and FC2. Two tiles ship (Bf16Tile): 128 x 128 x 64 and 128 x 256 x 64, the only instantiations
+// in this file (the second costs CI about 6 s of nvcc: docs/design.md §4.1).
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include <variant>
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -20,30 +24,46 @@ using ElementB = cutlass::bfloat16_t;
 using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous: the expert's rows
 using LayoutB = cutlass::layout::ColumnMajor;  // [N, K], K contiguous: the weights as stored
 constexpr int kAlignA = 8, kAlignB = 8;        // 16 bytes: TMA
-using TileShape = Shape<_128, _128, _64>;
 using ClusterShape = Shape<_1, _1, _1>;
 
-using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
-
-using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA, ElementB,
-    LayoutB*, kAlignB, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-using StrideA = GemmKernel::InternalStrideA;
-using StrideB = GemmKernel::InternalStrideB;
-using StrideD = GemmKernel::InternalStrideD;
+// One shipped tile's kernel: the cooperative schedule, stages from what the epilogue leaves.
+template <class TileShape>
+struct Bf16Kernel {
+  using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA, ElementB,
+      LayoutB*, kAlignB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
+};
+using Tile128x128 = Bf16Kernel<Shape<_128, _128, _64>>;
+using Tile128x256 = Bf16Kernel<Shape<_128, _256, _64>>;
+// NOTES: a stage holds (128 + N) x 64 bf16 of A and B (32 / 48 KiB); the fp32 epilogue keeps two
+// 128 x 32 subtiles (32 KiB). A pipeline shallower than 4 could not cover TMA latency for two
+// consumer warpgroups (grouped_gemm.hpp and docs/tuning.md quote these counts).
+static_assert(Tile128x128::kStages == 6, "128 x 128 x 64: 6 stages of 32 KiB + the epilogue's");
+static_assert(Tile128x256::kStages == 4, "128 x 256 x 64: 4 stages of 48 KiB + the epilogue's");
 
 constexpr const char* kName = "wgmma bf16 grouped GEMM";
 
 }  // namespace
 
+const char* to_string(Bf16Tile tile) {
+  switch (tile) {
+    case Bf16Tile::m128_n128_k64:
+      return "128x128x64";
+    case Bf16Tile::m128_n256_k64:
+      return "128x256x64";
+  }
+  return "unknown";
+}
+
 struct Bf16GroupedGemm::Kernel {
-  Gemm gemm;
+  std::variant<Tile128x128::Gemm, Tile128x256::Gemm> gemm;
 };
 
 const char* Bf16GroupedGemm::cannot_take(int n, int k) {
@@ -53,10 +73,21 @@ const char* Bf16GroupedGemm::cannot_take(int n, int k) {
   return nullptr;
 }
 
-Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device)
-    : kernel_(std::make_unique<Kernel>()) {
+namespace {
+
+// One allocation (problems, pointers, strides, CUTLASS's workspace), the arrays sliced from it,
+// and `gemm` initialized over them; returns the allocation's bytes.
+template <class Tile>
+std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_count, int device,
+                  std::uint8_t** memory, GroupedGemmArrays* arrays) {
+  using GemmKernel = typename Tile::GemmKernel;
+  using Gemm = typename Tile::Gemm;
+  using Epilogue = typename Tile::Epilogue;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideD = typename GemmKernel::InternalStrideD;
   const auto g = static_cast<std::size_t>(groups);
-  parts::Carve carve;  // one allocation: problems, pointers, strides, CUTLASS's workspace
+  parts::Carve carve;
   const std::size_t problems = carve.take(g * sizeof(GemmProblem));
   const std::size_t a = carve.take(g * sizeof(void*)), b = carve.take(g * sizeof(void*));
   const std::size_t d = carve.take(g * sizeof(void*));
@@ -70,32 +101,43 @@ Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int dev
                                         {{}, nullptr, nullptr, nullptr, nullptr},
                                         hw};
   const std::size_t workspace = carve.take(Gemm::get_workspace_size(sizing));
-  device_bytes_ = carve.end;
-  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
+  EPMOE_CUDA_CHECK(cudaMalloc(memory, carve.end));
+  std::uint8_t* m = *memory;
 
-  arrays_.problems = reinterpret_cast<GemmProblem*>(memory_ + problems);
-  arrays_.a = reinterpret_cast<const std::uint16_t**>(memory_ + a);
-  arrays_.b = reinterpret_cast<const std::uint16_t**>(memory_ + b);
-  arrays_.d = reinterpret_cast<float**>(memory_ + d);
-  parts::upload_strides<GemmKernel>(memory_ + stride_a, memory_ + stride_b, memory_ + stride_d, g,
-                                    n, k);
-  EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
+  arrays->problems = reinterpret_cast<GemmProblem*>(m + problems);
+  arrays->a = reinterpret_cast<const std::uint16_t**>(m + a);
+  arrays->b = reinterpret_cast<const std::uint16_t**>(m + b);
+  arrays->d = reinterpret_cast<float**>(m + d);
+  parts::upload_strides<GemmKernel>(m + stride_a, m + stride_b, m + stride_d, g, n, k);
+  EPMOE_CUDA_CHECK(cudaMemset(m + problems, 0, g * sizeof(GemmProblem)));
 
   typename Epilogue::FusionCallbacks::Arguments fusion{};
   fusion.alpha = 1.0f;
   fusion.beta = 0.0f;
   const typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
-      {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems), nullptr},
-      {reinterpret_cast<const ElementA**>(arrays_.a),
-       reinterpret_cast<StrideA*>(memory_ + stride_a),
-       reinterpret_cast<const ElementB**>(arrays_.b),
-       reinterpret_cast<StrideB*>(memory_ + stride_b)},
-      {fusion, nullptr, reinterpret_cast<StrideD*>(memory_ + stride_d), arrays_.d,
-       reinterpret_cast<StrideD*>(memory_ + stride_d)},
+      {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays->problems), nullptr},
+      {reinterpret_cast<const ElementA**>(arrays->a), reinterpret_cast<StrideA*>(m + stride_a),
+       reinterpret_cast<const ElementB**>(arrays->b), reinterpret_cast<StrideB*>(m + stride_b)},
+      {fusion, nullptr, reinterpret_cast<StrideD*>(m + stride_d), arrays->d,
+       reinterpret_cast<StrideD*>(m + stride_d)},
       hw};
-  parts::check(kernel_->gemm.can_implement(args), kName, "can_implement");
-  parts::check(kernel_->gemm.initialize(args, memory_ + workspace), kName, "initialize");
+  parts::check(gemm.can_implement(args), kName, "can_implement");
+  parts::check(gemm.initialize(args, m + workspace), kName, "initialize");
+  return carve.end;
+}
+
+}  // namespace
+
+Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device, Bf16Tile tile)
+    : kernel_(std::make_unique<Kernel>()), tile_(tile), sm_count_(sm_count) {
+  if (tile == Bf16Tile::m128_n256_k64) {
+    auto& gemm = kernel_->gemm.emplace<Tile128x256::Gemm>();
+    device_bytes_ = build<Tile128x256>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);
+  } else {
+    auto& gemm = kernel_->gemm.emplace<Tile128x128::Gemm>();
+    device_bytes_ = build<Tile128x128>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);
+  }
 }
 
 Bf16GroupedGemm::~Bf16GroupedGemm() {
@@ -103,7 +145,7 @@ Bf16GroupedGemm::~Bf16GroupedGemm() {
 }
 
 void Bf16GroupedGemm::run(cudaStream_t stream) const {
-  parts::check(kernel_->gemm.run(stream), kName, "run");
+  std::visit([&](auto& gemm) { parts::check(gemm.run(stream), kName, "run"); }, kernel_->gemm);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -75,7 +75,7 @@ const char* Fp8BlockwiseGroupedGemm::cannot_take(int n, int k) {
 }
 
 Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device)
-    : kernel_(std::make_unique<Kernel>()), groups_(groups) {
+    : kernel_(std::make_unique<Kernel>()), groups_(groups), sm_count_(sm_count) {
   const auto g = static_cast<std::size_t>(groups);
   parts::Carve carve;  // one allocation: problems, pointers, strides, layouts, CUTLASS's workspace
   const std::size_t problems = carve.take(g * sizeof(GemmProblem));

@@ -228,13 +228,13 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 
 }  // namespace
 
-StepShapes step_shapes(const ExpertProblem& problem, int device) {
+StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms) {
   return StepShapes{
-      occupancy_shape(gather_kernel, 0, device),
+      occupancy_shape(gather_kernel, 0, device, num_sms),
       occupancy_shape(activate_kernel,
                       (kThreads / activate_group_size(problem)) * activate_row_smem(problem),
-                      device),
-      occupancy_shape(home_kernel, 0, device)};
+                      device, num_sms),
+      occupancy_shape(home_kernel, 0, device, num_sms)};
 }
 
 void launch_plan(const Params& p, cudaStream_t stream) {

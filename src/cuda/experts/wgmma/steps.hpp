@@ -51,7 +51,7 @@ struct Params {
 struct StepShapes {
   KernelShape gather, activate, home;
 };
-StepShapes step_shapes(const ExpertProblem& problem, int device);
+StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms);
 
 // Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
 // round already failed: the GEMMs then do nothing).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/knob_table.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace epmoe::cuda::experts::wgmma {
@@ -27,10 +28,18 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   return s;
 }
 
-int sm_count(int device) {
-  int sms = 0;
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+// The bf16 tile a bucket's knobs name (with_knobs left only tiles that ship: core::wgmma_has_tile).
+Bf16Tile bf16_tile(const Knobs& k) {
+  return k.block_n == 256 ? Bf16Tile::m128_n256_k64 : Bf16Tile::m128_n128_k64;
+}
+
+// The FC1 / FC2 pair in `owned` for which `same` holds, made by `make` (and kept) if none is.
+template <class Pair, class Same, class Make>
+const Pair& find_or_make(std::vector<Pair>& owned, Same same, Make make) {
+  for (const Pair& pair : owned)
+    if (same(pair)) return pair;
+  owned.push_back(make());
+  return owned.back();
 }
 
 }  // namespace
@@ -45,27 +54,70 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
     return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) + ": FC1: " + why;
   if (const char* why = cannot_take(h, i))
     return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) + ": FC2: " + why;
+  // with_knobs moves every bucket's tile onto one this backend ships; a config that bypassed it
+  // would be named here.
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    const Knobs& k = config.knobs(static_cast<TokenBucket>(b));
+    if (!core::wgmma_has_tile(config.precision(), k.block_m, k.block_n))
+      return std::string("knobs.") + to_string(static_cast<TokenBucket>(b)) +
+             ".block_m=" + std::to_string(k.block_m) + ", block_n=" + std::to_string(k.block_n) +
+             ": no such tile (128 x 128, and 128 x 256 for the bf16 GEMMs)";
+  }
   return {};
 }
 
 WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)) {
-  const int experts = static_cast<int>(problem_.local_experts);
-  const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
-  const int sms = sm_count(device);
-  if (fp8()) {
+  if (fp8())
     fp8_weights_ = std::make_unique<DeviceFp8BlockWeights>(problem_);
-    fp8_fc1_ = std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, sms, device);
-    fp8_fc2_ = std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, sms, device);
-  } else {
+  else
     weights_ = std::make_unique<DeviceBf16CodeWeights>(problem_);
-    fc1_ = std::make_unique<Bf16GroupedGemm>(experts, 2 * i, h, sms, device);
-    fc2_ = std::make_unique<Bf16GroupedGemm>(experts, h, i, sms, device);
-  }
+  runs_ = per_bucket(config, [&](const Knobs& k) { return make_bucket_run(k, device); });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   scratch_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  shapes_ = step_shapes(problem_, device);
+}
+
+// A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
+// and its step grids: all of it at creation (nothing is made or sized in forward).
+WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device) {
+  const int experts = static_cast<int>(problem_.local_experts);
+  const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
+  const int sms = grid_sms(device, k.num_sms);
+  BucketRun run;
+  run.shapes = step_shapes(problem_, device, k.num_sms);
+  if (fp8()) {
+    const Fp8Gemms& g = find_or_make(
+        fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
+        [&] {
+          return Fp8Gemms{std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, sms, device),
+                          std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, sms, device)};
+        });
+    run.fp8_fc1 = g.fc1.get();
+    run.fp8_fc2 = g.fc2.get();
+  } else {
+    const Bf16Tile tile = bf16_tile(k);
+    const Bf16Gemms& g = find_or_make(
+        gemms_,
+        [&](const Bf16Gemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
+        [&] {
+          return Bf16Gemms{std::make_unique<Bf16GroupedGemm>(experts, 2 * i, h, sms, device, tile),
+                           std::make_unique<Bf16GroupedGemm>(experts, h, i, sms, device, tile)};
+        });
+    run.fc1 = g.fc1.get();
+    run.fc2 = g.fc2.get();
+  }
+  return run;
+}
+
+Bf16Tile WgmmaBackend::tile(TokenBucket bucket) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  return run.fc1 != nullptr ? run.fc1->tile() : Bf16Tile::m128_n128_k64;
+}
+
+int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  return run.fc1 != nullptr ? run.fc1->sm_count() : run.fp8_fc1->sm_count();
 }
 
 WgmmaBackend::~WgmmaBackend() {
@@ -77,8 +129,10 @@ std::size_t WgmmaBackend::weight_bytes() const {
 }
 
 std::size_t WgmmaBackend::scratch_bytes() const {
-  return scratch_bytes_ + (fp8() ? fp8_fc1_->device_bytes() + fp8_fc2_->device_bytes()
-                                 : fc1_->device_bytes() + fc2_->device_bytes());
+  std::size_t bytes = scratch_bytes_;
+  for (const Bf16Gemms& g : gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
+  for (const Fp8Gemms& g : fp8_gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
+  return bytes;
 }
 
 void WgmmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
@@ -89,7 +143,7 @@ void WgmmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
   biases_.prepare(local, stream);
 }
 
-Params WgmmaBackend::params(const ExpertStep& step) const {
+Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const {
   Params p{};
   p.step = step;
   p.problem = problem_;
@@ -97,33 +151,39 @@ Params WgmmaBackend::params(const ExpertStep& step) const {
   p.scratch = scratch_;
   if (p.fp8()) {
     p.fp8_weights = fp8_weights_->weights();
-    p.fp8_fc1 = fp8_fc1_->arrays();
-    p.fp8_fc2 = fp8_fc2_->arrays();
+    p.fp8_fc1 = run.fp8_fc1->arrays();
+    p.fp8_fc2 = run.fp8_fc2->arrays();
   } else {
     p.weights = weights_->weights();
-    p.fc1 = fc1_->arrays();
-    p.fc2 = fc2_->arrays();
+    p.fc1 = run.fc1->arrays();
+    p.fc2 = run.fc2->arrays();
   }
   return p;
 }
 
-void WgmmaBackend::launch_fc1(const ExpertStep& step, cudaStream_t stream) const {
-  const Params p = params(step);
+// plan writes this bucket's GEMMs' arrays, which its GEMMs then read (a graph captured now keeps
+// these GEMMs and grids).
+void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
+                              cudaStream_t stream) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  const Params p = params(step, run);
   launch_plan(p, stream);
-  launch_gather(p, shapes_, stream);
+  launch_gather(p, run.shapes, stream);
   if (p.fp8())
-    fp8_fc1_->run(stream);
+    run.fp8_fc1->run(stream);
   else
-    fc1_->run(stream);
-  launch_activate(p, shapes_, stream);
+    run.fc1->run(stream);
+  launch_activate(p, run.shapes, stream);
 }
 
-void WgmmaBackend::launch_fc2(const ExpertStep& step, cudaStream_t stream) const {
+void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
+                              cudaStream_t stream) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
   if (fp8())
-    fp8_fc2_->run(stream);
+    run.fp8_fc2->run(stream);
   else
-    fc2_->run(stream);
-  launch_home(params(step), shapes_, stream);
+    run.fc2->run(stream);
+  launch_home(params(step, run), run.shapes, stream);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -13,10 +13,16 @@
 // Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp) for every precision but
 // fp8_block128, which runs E4M3 GEMMs with its block scales instead (fp8_block_weights.hpp; the
 // rows' codes straight from the wire).
+// Knobs, per token bucket: block_n = 256 (with block_m = 128) runs the bf16 GEMMs on 128 x 256
+// tiles, anything else on 128 x 128 (E4M3: always 128 x 128 x 128); num_sms sizes the GEMMs'
+// persistent grids (CUTLASS's hw_info.sm_count) and the steps' grids. with_knobs already moved the
+// knobs onto a tile this backend has (core::wgmma_tile); stages is not read (CUTLASS's automatic
+// carveout picks the depth). Buckets with the same tile and SM count share their GEMMs.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/experts/backend.hpp"
 #include "cuda/experts/bf16_code_weights.hpp"
@@ -41,11 +47,26 @@ class WgmmaBackend final : public ExpertBackend {
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
   std::size_t weight_bytes() const override;
   std::size_t scratch_bytes() const override;
-  void launch_fc1(const ExpertStep& step, cudaStream_t stream) const override;
-  void launch_fc2(const ExpertStep& step, cudaStream_t stream) const override;
+  void launch_fc1(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
+  void launch_fc2(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const override;
+
+  // What a bucket's launches run (for tests): the bf16 GEMMs' tile (E4M3: 128 x 128 x 128) and
+  // the SM count of its GEMMs' persistent grids.
+  Bf16Tile tile(TokenBucket bucket) const;
+  int gemm_sms(TokenBucket bucket) const;
 
  private:
-  Params params(const ExpertStep& step) const;
+  // One bucket's GEMMs (owned by gemms_ / fp8_gemms_, shared between buckets of the same tile and
+  // SM count) and step grids.
+  struct BucketRun {
+    const Bf16GroupedGemm* fc1 = nullptr;
+    const Bf16GroupedGemm* fc2 = nullptr;
+    const Fp8BlockwiseGroupedGemm* fp8_fc1 = nullptr;
+    const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
+    StepShapes shapes{};
+  };
+  BucketRun make_bucket_run(const Knobs& knobs, int device);
+  Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
 
   ExpertProblem problem_;
@@ -53,12 +74,18 @@ class WgmmaBackend final : public ExpertBackend {
   std::unique_ptr<DeviceBf16CodeWeights> weights_;
   std::unique_ptr<DeviceFp8BlockWeights> fp8_weights_;
   DeviceBiases biases_;
-  std::unique_ptr<Bf16GroupedGemm> fc1_, fc2_;
-  std::unique_ptr<Fp8BlockwiseGroupedGemm> fp8_fc1_, fp8_fc2_;
+  struct Bf16Gemms {
+    std::unique_ptr<Bf16GroupedGemm> fc1, fc2;
+  };
+  struct Fp8Gemms {
+    std::unique_ptr<Fp8BlockwiseGroupedGemm> fc1, fc2;
+  };
+  std::vector<Bf16Gemms> gemms_;     // one pair per (tile, SM count) some bucket names
+  std::vector<Fp8Gemms> fp8_gemms_;  // one pair per SM count
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};
-  StepShapes shapes_{};
+  PerBucket<BucketRun> runs_{};
 };
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -1,0 +1,253 @@
+// Knobs the CUDA executor reads (docs/tuning.md#knobs), on 1 or 2 GPUs: num_sms (every kernel of
+// the chain and the wgmma GEMMs' persistent grids) and the wgmma tile (block_m / block_n), each
+// picked per launch from T's token bucket. Every output is checked against the emulating reference
+// with the layer's rule (reference::check_output), and against the same layer with other knobs
+// where the bits must not move:
+//   * num_sms changes how many CTAs share the work, never the order of any sum (each tile, row or
+//     pair is summed by one CTA in a fixed order; staged combine adds in slot order), so every math
+//     gives the default knobs' bits;
+//   * block_n 256 against 128 (wgmma's bf16 GEMMs): each output element is the same k16 WGMMA
+//     steps over the same 64-deep k tiles in the same order, only more columns per instruction, so
+//     the bits are expected to match too.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epmoe/epmoe.hpp"
+#include "harness/cluster.hpp"
+#include "harness/device_batch.hpp"
+#include "harness/problem.hpp"
+#include "harness/rank_threads.hpp"
+#include "support/watchdog.hpp"
+
+namespace epmoe {
+namespace {
+
+using harness::Routing;
+using reference::Batch;
+using test::within_seconds;
+
+// H = 384 and 2I = 384: FC1's and FC2's N are one whole 256-wide tile and a half one; T = 1000
+// puts 500 rows on an expert on average (several 128-row tiles and a partial one).
+const LayerShape kShape{
+    .hidden = 384, .intermediate = 192, .num_experts = 8, .top_k = 4, .max_tokens_per_rank = 1000};
+// fp8_block128 needs H and I in whole 128-blocks.
+const LayerShape kFp8Shape{
+    .hidden = 384, .intermediate = 256, .num_experts = 8, .top_k = 4, .max_tokens_per_rank = 1000};
+
+// One token count per bucket (decode with T = 0 and 1, small, medium).
+const std::vector<std::int64_t> kTokenCounts{0, 1, 64, 1000};
+
+int world_here() {
+  return std::min(cuda_device_count(), 2);
+}
+
+// The same knobs in every bucket.
+Cluster::Tune every_bucket(const Knobs& knobs) {
+  return [knobs](const LayerConfig& c) { return with_knobs(c, knobs); };
+}
+
+// Knobs of the default table's decode entry with `edit` applied (the rest stays conflict-free).
+template <class Edit>
+Knobs knobs_with(const LayerShape& shape, Precision p, Edit edit) {
+  Knobs k = default_knobs(p, 1, shape, TokenBucket::decode);
+  edit(k);
+  return k;
+}
+
+using Outputs = std::map<std::pair<int, std::int64_t>, std::vector<std::uint16_t>>;
+
+// Every round of kTokenCounts on every rank of a cluster built with `tune`; each output checked
+// against the reference with the layer's rule. Returns the outputs by (rank, T).
+Outputs run_rounds(const LayerShape& shape, Precision p, ExpertMath math, const Cluster::Tune& tune,
+                   const std::string& what) {
+  const int world = world_here();
+  LayerOptions options;
+  options.expert_math = math;
+  options.combine = Combine::staged;
+  options.timeout_ms = 20'000;
+  const auto weights = harness::make_random_weights(shape, 41);
+  Cluster cluster(shape, p, options, world, weights, Backend::cuda_nccl, {}, tune);
+  Outputs out;
+  std::mutex m;
+  within_seconds(300, what.c_str(), [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      for (std::size_t i = 0; i < kTokenCounts.size(); ++i) {
+        const std::int64_t t = kTokenCounts[i];
+        const Batch b = harness::make_random_batch(shape, world, t, Routing::uniform, 0,
+                                                   50 * i + static_cast<std::uint64_t>(rank));
+        const auto y = cluster.forward(rank, b);
+        const auto ref = cluster.reference(0).forward(b);
+        const reference::OutputCheck check =
+            reference::check_output(y, ref, options.combine, math, p);
+        EXPECT_TRUE(check.pass) << what << " rank " << rank << " T=" << t << " (" << check.rule
+                                << "): " << check.stats.mismatches
+                                << " elements outside, rel_l2=" << check.stats.rel_l2;
+        const std::lock_guard<std::mutex> lock(m);
+        out[{rank, t}] = y;
+      }
+    });
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok) << what;
+  return out;
+}
+
+void expect_same_bits(const Outputs& a, const Outputs& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [key, y] : a) {
+    const std::vector<std::uint16_t>& other = b.at(key);
+    ASSERT_EQ(y.size(), other.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) differ += y[i] != other[i] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << what << ": rank " << key.first << " T=" << key.second << ", " << differ
+                          << " of " << y.size() << " elements differ";
+  }
+}
+
+struct MathAndPrecision {
+  ExpertMath math;
+  Precision precision;
+};
+
+class GpuKnobsNumSms : public ::testing::TestWithParam<MathAndPrecision> {};
+
+// num_sms = 8: every kernel of the chain on a grid of 8 SMs' occupancy, the wgmma GEMMs on 8
+// persistent CTAs; the default knobs (num_sms = 0, all SMs) give the same bits.
+TEST_P(GpuKnobsNumSms, EightSmsMatchTheReferenceAndTheDefaultKnobsBitForBit) {
+  const auto [math, p] = GetParam();
+  if (world_here() < 1) GTEST_SKIP() << "needs a GPU";
+  const LayerShape& shape = p == Precision::fp8_block128 ? kFp8Shape : kShape;
+  const Outputs all = run_rounds(shape, p, math, {}, "num_sms=0");
+  const Outputs eight = run_rounds(
+      shape, p, math,
+      [](const LayerConfig& c) {
+        LayerConfig out = c;
+        for (int b = 0; b < kNumTokenBuckets; ++b) {  // each bucket keeps its own tile
+          Knobs k = c.knobs(static_cast<TokenBucket>(b));
+          k.num_sms = 8;
+          out = with_knobs(out, k, static_cast<TokenBucket>(b));
+        }
+        return out;
+      },
+      "num_sms=8");
+  expect_same_bits(all, eight, "num_sms=8 against num_sms=0");
+}
+
+std::vector<MathAndPrecision> num_sms_cases() {
+  return {{ExpertMath::exact, Precision::mxfp8},
+          {ExpertMath::tensor_core, Precision::nvfp4},
+          {ExpertMath::wgmma, Precision::bf16},
+          {ExpertMath::wgmma, Precision::fp8_block128}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsNumSms, ::testing::ValuesIn(num_sms_cases()),
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param.math)) + "_" +
+                                  to_string(param_info.param.precision);
+                         });
+
+class GpuKnobsWgmmaTile : public ::testing::TestWithParam<Precision> {};
+
+// block_n = 256 (block_m = 128) runs wgmma's bf16 GEMMs on the 128 x 256 x 64 tile; the same layer
+// on 128 x 128 gives the same bits. fp8_block128 ships 128 x 128 only: with_knobs moves 256 back.
+TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit) {
+  const Precision p = GetParam();
+  if (world_here() < 1) GTEST_SKIP() << "needs a GPU";
+  const LayerShape& shape = p == Precision::fp8_block128 ? kFp8Shape : kShape;
+  const Knobs wide = knobs_with(shape, p, [](Knobs& k) {
+    k.block_m = 128;
+    k.block_n = 256;
+    k.stages = 2;
+  });
+  const Knobs narrow = knobs_with(shape, p, [](Knobs& k) {
+    k.block_m = 128;
+    k.block_n = 128;
+    k.stages = 2;
+  });
+  LayerOptions options;
+  options.expert_math = ExpertMath::wgmma;
+  const LayerConfig tuned = with_knobs(make_config(shape, p, 0, 1, options), wide);
+  EXPECT_EQ(tuned.knobs(TokenBucket::medium).block_n, p == Precision::fp8_block128 ? 128 : 256);
+  const Outputs a = run_rounds(shape, p, ExpertMath::wgmma, every_bucket(narrow), "128x128");
+  const Outputs b = run_rounds(shape, p, ExpertMath::wgmma, every_bucket(wide), "128x256");
+  expect_same_bits(a, b, "block_n=256 against block_n=128");
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
+                         ::testing::Values(Precision::bf16, Precision::mxfp8, Precision::nvfp4,
+                                           Precision::mxfp4, Precision::fp8_block128),
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param));
+                         });
+
+// A graph captured at T = 1000 (medium: num_sms = 8 and the 128 x 256 tile there) keeps that
+// bucket's launches when replayed between eager rounds at T = 5 (decode: the default knobs), and
+// every round of both kinds matches the reference.
+TEST(GpuKnobs, GraphKeepsItsCapturedBucketsKnobsBetweenEagerRoundsOfAnotherBucket) {
+  const int world = world_here();
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const std::int64_t captured = 1000, eager = 5;
+  LayerOptions options;
+  options.expert_math = ExpertMath::wgmma;
+  options.timeout_ms = 20'000;
+  const auto weights = harness::make_random_weights(kShape, 43);
+  const Cluster::Tune medium = [](const LayerConfig& c) {
+    Knobs k = c.knobs(TokenBucket::medium);
+    k.num_sms = 8;
+    k.block_m = 128;
+    k.block_n = 256;
+    return with_knobs(c, k, TokenBucket::medium);
+  };
+  Cluster cluster(kShape, Precision::bf16, options, world, weights, Backend::cuda_nccl, {}, medium);
+  ASSERT_EQ(cluster.layer(0).config().knobs_for(captured).block_n, 256);
+  std::vector<std::unique_ptr<harness::DeviceBatch>> buffers(static_cast<std::size_t>(world));
+  within_seconds(300, "graph and eager rounds", [&] {
+    run_on_rank_threads(world, [&](int rank) {
+      auto& buf = buffers[static_cast<std::size_t>(rank)];
+      buf = std::make_unique<harness::DeviceBatch>(rank, kShape);
+      auto stream = static_cast<cudaStream_t>(buf->stream());
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      cluster.layer(rank).forward(buf->x(captured), buf->topk_ids(captured),
+                                  buf->topk_weights(captured), buf->y(captured),
+                                  Stream{buf->stream()});
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int round = 0; round < 10; ++round) {
+        const bool replay = round % 2 == 0;
+        const std::int64_t t = replay ? captured : eager;
+        const Batch b = harness::make_random_batch(kShape, world, t, Routing::uniform, 0,
+                                                   100 * round + static_cast<std::uint64_t>(rank));
+        std::vector<std::uint16_t> y;
+        if (replay) {
+          buf->upload(b);
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          y = buf->download_y(t);
+        } else {
+          y = cluster.forward(rank, b);
+        }
+        const auto ref = cluster.reference(0).forward(b);
+        const reference::OutputCheck check =
+            reference::check_output(y, ref, options.combine, options.expert_math, Precision::bf16);
+        EXPECT_TRUE(check.pass) << (replay ? "replay" : "eager") << " round " << round << " rank "
+                                << rank << " (" << check.rule << "): " << check.stats.mismatches
+                                << " elements outside, rel_l2=" << check.stats.rel_l2;
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      buf.reset();
+    });
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_TRUE(cluster.layer(r).health().ok) << cluster.layer(r).health().what;
+}
+
+}  // namespace
+}  // namespace epmoe
