@@ -244,7 +244,7 @@ def test_epmoe_bench_gemm_rejects_bad_arguments_naming_them():
 
 def test_round_plan_keeps_fits_shrinks_and_skips_as_epmoe_bench_does():
     a = tg.parse_args(["--max-point-s", "1"])  # warmup 2, rounds 10
-    plan = tg.torch_ep.plan_rounds
+    plan = tg.common.plan_rounds
     assert plan(a, None, 4.0) == (2, 10, None)
     assert plan(a, 10.0, 4.0) == (2, 10, None)  # 40 ms x 12 fits in 1 s
     assert plan(a, 50.0, 4.0) == (1, 4, None)  # 200 ms: 1 warm-up + 4 timed
