@@ -7,7 +7,6 @@ runs its bf16 recipe on the CPU where torch is importable."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,20 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import ROOT, load
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "baselines" / "torch_gemm.py"
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
 
 
 tg = load(SCRIPT, "torch_gemm")
