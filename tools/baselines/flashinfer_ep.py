@@ -568,19 +568,26 @@ class FlashInferEP:
         x_all = ((torch.rand(max(self.tokens[-1], 1), h, device=self.device, generator=g) * 2 - 1)
                  .to(torch.bfloat16))
         layer, err = None, ""
+
+        def failed(stage):
+            """Whether `stage` failed on any rank: then every point an error, the layer freed."""
+            if not self.agree(bool(err), group):
+                return False
+            msg = err or "failed on another rank"
+            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: {stage}: {msg}",
+                  file=sys.stderr, flush=True)
+            for p in ordered:
+                p.update(status="error", note=f"{stage}: {msg}"[:500])
+            self.cleanup(layer, group)
+            return True
+
         try:
             layer = self.build_layer(m, world, group, w13, w2)
         except Exception as e:  # noqa: BLE001 - reported in the points, the run goes on
             err = f"{type(e).__name__}: {e}"
         torch.cuda.synchronize()
         build_s = time.monotonic() - t0
-        if self.agree(bool(err), group):
-            msg = err or "failed on another rank"
-            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: layer: {msg}",
-                  file=sys.stderr, flush=True)
-            for p in ordered:
-                p.update(status="error", note=f"layer: {msg}"[:500])
-            self.cleanup(layer, group)
+        if failed("layer"):
             return ordered
         # First forward: the symmetric window (collective) and module loads; then every rank
         # knows the layer works. Its own warmup() builds int64 ids that its validator rejects.
@@ -593,13 +600,7 @@ class FlashInferEP:
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {e}"
         first_s = time.monotonic() - t1
-        if self.agree(bool(err), group):
-            msg = err or "failed on another rank"
-            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: first forward: {msg}",
-                  file=sys.stderr, flush=True)
-            for p in ordered:
-                p.update(status="error", note=f"first forward: {msg}"[:500])
-            self.cleanup(layer, group)
+        if failed("first forward"):
             return ordered
         self.prepare.append(dict(model=m["name"], experts=m["experts"], world=world,
                                  max_tokens_per_rank=max(self.tokens[-1], 1),
