@@ -156,8 +156,7 @@ struct Point {
 void finish_point(Point& pt) {
   pt.p50 = percentile(pt.latency_ms, 0.5);
   pt.p90 = percentile(pt.latency_ms, 0.9);
-  pt.min =
-      pt.latency_ms.empty() ? kNaN : *std::min_element(pt.latency_ms.begin(), pt.latency_ms.end());
+  pt.min = min_of(pt.latency_ms);
   const Traffic& t = pt.traffic;
   double best = kNaN;
   const std::pair<double, const char*> floors[] = {
@@ -182,50 +181,32 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
                 std::vector<Point*>& points) {
   const BenchOptions& o = *st.o;
   const LayerShape& s = model.shape;
-  const std::string what = model.label() + " W=" + std::to_string(world) + " " +
-                           to_string(precision) + " " + to_string(combine) + " " + to_string(math);
-  auto skip_rest = [&](std::size_t from, const std::string& status, const std::string& note) {
-    for (std::size_t i = from; i < points.size(); ++i) {
-      points[i]->status = status;
-      points[i]->note = note;
-      st.progress->update(++st.done, what);
-    }
-  };
+  ConfigPoints<Point> cp{st, points,
+                         model.label() + " W=" + std::to_string(world) + " " +
+                             to_string(precision) + " " + to_string(combine) + " " +
+                             to_string(math)};
+  const std::string& what = cp.what;
   // Preparing a layer (each rank copies its experts' bf16 weights up and prepares them on its
   // GPU) is a large part of a config's cost: skip it when the time the same model and precision
   // took before, scaled by the experts each rank prepares (1 / world), no longer fits the budget.
   const std::string prep_key = model.label() + "/" + to_string(precision);
   const double prep_est = st.prep_s.count(prep_key) ? st.prep_s[prep_key] / world : 0.0;
-  if (o.budget_s > 0 && seconds_since(st.start) + prep_est > o.budget_s) {
-    skip_rest(0, "skipped", "over --budget-s");
-    return;
-  }
+  if (cp.over_budget(o, 0, prep_est)) return;
   LayerOptions options;
   options.combine = combine;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  std::unique_ptr<Cluster> cluster;
-  const auto t_prep = Clock::now();
-  try {
-    cluster = std::make_unique<Cluster>(s, precision, options, world, data.weights, st.backend);
-  } catch (const std::exception& e) {
+  const ConfigCluster made = make_cluster(s, precision, options, world, data, st.backend);
+  if (!made.cluster) {
     st.any_failure = true;
-    skip_rest(0, "error", std::string("layer creation: ") + e.what());
+    cp.skip_rest(0, "error", made.error);
     return;
   }
-  const double prep_s = seconds_since(t_prep);
+  Cluster* cluster = made.cluster.get();
+  const double prep_s = made.prep_s;
   st.prep_s[prep_key] = prep_s * world;
 
-  std::string check = "skipped";
-  if (check_wanted(o, s, world)) {
-    try {
-      check = check_config(*cluster, s, precision, options,
-                           std::min(o.check_tokens, s.max_tokens_per_rank), o.seed);
-    } catch (const std::exception& e) {
-      check = std::string("error: ") + e.what();
-    }
-    if (check != "pass") st.any_failure = true;
-  }
+  const std::string check = run_check(st, o, *cluster, s, precision, options, world);
   const std::size_t resident_bytes = cluster->layer(0).resident_weight_bytes();
   for (Point* p : points) {
     p->check = check;
@@ -241,18 +222,11 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   for (std::size_t pi = 0; pi < points.size(); ++pi) {
     Point& pt = *points[pi];
     const std::int64_t T = pt.tokens;
-    if (o.budget_s > 0 && seconds_since(st.start) > o.budget_s) {
-      skip_rest(pi, "skipped", "over --budget-s");
-      return;
-    }
     // Estimate this point from the last one (latency grows at most linearly in T here).
-    const RoundPlan plan =
-        plan_rounds(o, last_ms, last_t > 0 ? double(T) / double(last_t) : double(T));
-    if (plan.skip) {
-      skip_rest(pi, "skipped", plan.note);
-      return;
-    }
-    const int warmup = plan.warmup, rounds = plan.rounds;
+    const std::optional<RoundPlan> plan =
+        cp.plan(o, pi, last_ms, last_t > 0 ? double(T) / double(last_t) : double(T));
+    if (!plan) return;
+    const int warmup = plan->warmup, rounds = plan->rounds;
     std::vector<Routing> routing;
     for (int i = 0; i < warmup + rounds; ++i)
       for (int r = 0; r < world; ++r)
@@ -305,13 +279,9 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
       char detail[200];
       std::snprintf(detail, sizeof detail, "%s T=%lld: %.3f ms", what.c_str(),
                     static_cast<long long>(T), pt.p50);
-      st.progress->update(++st.done, detail);
+      cp.done(detail);
     } catch (const std::exception& e) {
-      st.any_failure = true;
-      pt.status = "error";
-      pt.note = e.what();
-      st.progress->update(++st.done, what);
-      skip_rest(pi + 1, "error", "the layer failed at an earlier T of this config");
+      cp.fail(pi, e, "the layer failed at an earlier T of this config");
       return;
     }
   }
@@ -332,10 +302,7 @@ void print_table(const std::vector<Point>& points, bool phases) {
     std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
                 to_string(p.precision), to_string(p.combine), to_string(p.math),
                 static_cast<long long>(p.tokens));
-    if (p.status != "ok") {
-      std::printf("%s: %s\n", p.status.c_str(), p.note.c_str());
-      continue;
-    }
+    if (print_unless_ok(p)) continue;
     const double sec = p.p50 * 1e-3;
     const double tbps = p.traffic.weight_bytes / p.world / sec / 1e12;
     const double tflops = p.traffic.flops / p.world / sec / 1e12;
@@ -347,78 +314,61 @@ void print_table(const std::vector<Point>& points, bool phases) {
                 fmt(static_cast<double>(p.resident_bytes) / 1e9, "%.3f").c_str());
     if (phases)
       for (double us : p.phase_p50_us) std::printf("%7s ", fmt(us, "%.1f").c_str());
-    std::printf("%s%s%s\n", p.check.c_str(), p.note.empty() ? "" : "  ", p.note.c_str());
+    print_check_note(p);
   }
 }
 
 void write_json(const std::string& path, const BenchOptions& o, Backend backend, const Ceilings& c,
                 const std::vector<Point>& points, double total_s) {
-  std::ofstream f(path);
-  if (!f) reject("--json=" + path + ": cannot open for writing");
-  write_json_head(f, "epmoe-bench/1", "epmoe bench", backend, c);
-  f << "  \"settings\": {\"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
-    << ", \"seed\": " << o.seed << ", \"routing\": \"uniform top-k, 5% slots dropped\""
-    << ", \"max_point_s\": " << json_num(o.max_point_s)
-    << ", \"phases\": " << (o.phases ? "true" : "false") << "},\n";
-  f << "  \"total_s\": " << json_num(total_s) << ",\n  \"points\": [\n";
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    const Point& p = points[i];
-    const LayerShape& s = p.model->shape;
-    const double sec = p.p50 * 1e-3;
-    f << "    {\"impl\": \"epmoe\", \"model\": " << json_str(p.model->name)
-      << ", \"hidden\": " << s.hidden << ", \"intermediate\": " << s.intermediate
-      << ", \"experts\": " << s.num_experts << ", \"model_experts\": " << p.model->model_experts
-      << ", \"top_k\": " << s.top_k << ", \"precision\": " << json_str(to_string(p.precision))
-      << ", \"combine\": " << json_str(to_string(p.combine))
-      << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": " << p.world
-      << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
-      << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
-      << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()
-      << ", \"latency_ms_p50\": " << json_num(p.p50) << ", \"latency_ms_p90\": " << json_num(p.p90)
-      << ", \"latency_ms_min\": " << json_num(p.min)
-      << ", \"weight_bytes\": " << json_num(p.traffic.weight_bytes)
-      << ", \"resident_weight_bytes_per_rank\": "
-      << (p.resident_bytes > 0 ? std::to_string(p.resident_bytes) : std::string("null"))
-      << ", \"flops\": " << json_num(p.traffic.flops)
-      << ", \"pairs\": " << json_num(p.traffic.pairs)
-      << ", \"nvlink_bytes\": " << json_num(p.traffic.nvlink_bytes)
-      << ", \"dispatched_rows\": " << json_num(p.traffic.dispatched_rows)
-      << ", \"returned_rows\": " << json_num(p.traffic.returned_rows)
-      << ", \"eff_tbps\": " << json_num(p.traffic.weight_bytes / p.world / sec / 1e12)
-      << ", \"eff_tflops\": " << json_num(p.traffic.flops / p.world / sec / 1e12)
-      << ", \"hbm_floor_ms\": " << json_num(p.traffic.hbm_floor_ms)
-      << ", \"compute_floor_ms\": " << json_num(p.traffic.compute_floor_ms)
-      << ", \"nvlink_floor_ms\": " << json_num(p.traffic.nvlink_floor_ms)
-      << ", \"floor_ms\": " << json_num(p.floor_ms) << ", \"bound\": " << json_str(p.bound);
-    if (o.phases) {
-      f << ", \"phases_us_p50\": {";
-      for (int ph = 0; ph < kRoundPhases; ++ph)
-        f << (ph ? ", " : "") << json_str(to_string(static_cast<RoundPhase>(ph))) << ": "
-          << json_num(p.phase_p50_us[static_cast<std::size_t>(ph)]);
-      f << "}";
-    }
-    f << ", \"latency_ms\": [";
-    for (std::size_t j = 0; j < p.latency_ms.size(); ++j)
-      f << (j ? ", " : "") << json_num(p.latency_ms[j]);
-    f << "]}" << (i + 1 < points.size() ? "," : "") << "\n";
-  }
-  f << "  ]\n}\n";
-  if (!f) reject("--json=" + path + ": write failed");
+  const std::string settings = std::string(", \"routing\": \"uniform top-k, 5% slots dropped\"") +
+                               ", \"max_point_s\": " + json_num(o.max_point_s) +
+                               ", \"phases\": " + (o.phases ? "true" : "false");
+  write_json_file(
+      path, "epmoe-bench/1", "epmoe bench", backend, c, o, settings, total_s, points.size(),
+      [&](std::ostream& f, std::size_t i) {
+        const Point& p = points[i];
+        const double sec = p.p50 * 1e-3;
+        write_point_head(f, *p.model, p.precision);
+        f << ", \"combine\": " << json_str(to_string(p.combine))
+          << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": " << p.world
+          << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
+          << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
+          << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()
+          << ", \"latency_ms_p50\": " << json_num(p.p50)
+          << ", \"latency_ms_p90\": " << json_num(p.p90)
+          << ", \"latency_ms_min\": " << json_num(p.min)
+          << ", \"weight_bytes\": " << json_num(p.traffic.weight_bytes)
+          << ", \"resident_weight_bytes_per_rank\": "
+          << (p.resident_bytes > 0 ? std::to_string(p.resident_bytes) : std::string("null"))
+          << ", \"flops\": " << json_num(p.traffic.flops)
+          << ", \"pairs\": " << json_num(p.traffic.pairs)
+          << ", \"nvlink_bytes\": " << json_num(p.traffic.nvlink_bytes)
+          << ", \"dispatched_rows\": " << json_num(p.traffic.dispatched_rows)
+          << ", \"returned_rows\": " << json_num(p.traffic.returned_rows)
+          << ", \"eff_tbps\": " << json_num(p.traffic.weight_bytes / p.world / sec / 1e12)
+          << ", \"eff_tflops\": " << json_num(p.traffic.flops / p.world / sec / 1e12)
+          << ", \"hbm_floor_ms\": " << json_num(p.traffic.hbm_floor_ms)
+          << ", \"compute_floor_ms\": " << json_num(p.traffic.compute_floor_ms)
+          << ", \"nvlink_floor_ms\": " << json_num(p.traffic.nvlink_floor_ms)
+          << ", \"floor_ms\": " << json_num(p.floor_ms) << ", \"bound\": " << json_str(p.bound);
+        if (o.phases) {
+          f << ", \"phases_us_p50\": {";
+          for (int ph = 0; ph < kRoundPhases; ++ph)
+            f << (ph ? ", " : "") << json_str(to_string(static_cast<RoundPhase>(ph))) << ": "
+              << json_num(p.phase_p50_us[static_cast<std::size_t>(ph)]);
+          f << "}";
+        }
+        f << ", \"latency_ms\": ";
+        write_json_array(f, p.latency_ms);
+        f << "}";
+      });
 }
 
 int bench(const BenchOptions& o) {
   const auto start = Clock::now();
   validate_sweep_options(o);
 
-  std::vector<std::int64_t> tokens;
-  for (const auto& t : split(o.tokens)) {
-    const std::int64_t v = parse_int(t, "--tokens");
-    if (v < 0) reject("--tokens: " + t + " must be >= 0");
-    tokens.push_back(v);
-  }
-  std::sort(tokens.begin(), tokens.end());
-  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
-  if (tokens.empty()) reject("--tokens: give at least one T");
+  const std::vector<std::int64_t> tokens = parse_counts(o.tokens, "--tokens", 0, "T");
   const std::int64_t max_tokens = std::max<std::int64_t>(1, tokens.back());
 
   std::vector<Model> models = parse_models(o);
@@ -461,10 +411,8 @@ int bench(const BenchOptions& o) {
     for (int w : worlds) make_config(m.shape, Precision::bf16, 0, w);  // validate before work
   }
 
-  std::printf("epmoe bench: executor %s\n", describe_backend(backend, data_world).c_str());
-  std::fflush(stdout);
-  const Ceilings ceilings = measure_ceilings(o, backend);
-  print_ceilings(ceilings);
+  const Ceilings ceilings =
+      start_sweep(o, backend, "epmoe bench: executor " + describe_backend(backend, data_world));
 
   // Points, in the order they run: world (largest first), precision, combine, math, model, T. A
   // --budget-s cut therefore drops the least central configs first.
@@ -503,16 +451,13 @@ int bench(const BenchOptions& o) {
             configs.push_back(cfg);
           }
 
-  std::map<std::size_t, std::unique_ptr<ModelData>> data;
+  ModelDataCache data(models, data_world, o.seed);
   Progress progress("bench", static_cast<std::int64_t>(points.size()));
   SweepState st{{backend, ceilings, start, &progress}, &o, {}};
   for (Config& cfg : configs) {
-    const Model& m = models[cfg.model];
-    if (!data.count(cfg.model))
-      data[cfg.model] = make_model_data(m, data_world, o.seed + cfg.model);
-    std::vector<Point*> pts;
-    for (std::size_t i : cfg.points) pts.push_back(&points[i]);
-    run_config(st, m, *data[cfg.model], cfg.world, cfg.precision, cfg.combine, cfg.math, pts);
+    std::vector<Point*> pts = points_at(points, cfg.points);
+    run_config(st, models[cfg.model], data.get(cfg.model), cfg.world, cfg.precision, cfg.combine,
+               cfg.math, pts);
   }
   progress.finish();
   const double total_s = seconds_since(start);
@@ -528,10 +473,7 @@ int bench(const BenchOptions& o) {
         "phases (--phases): p50 us over rounds on the round's slowest rank, from its GPU clock: "
         "disp = dispatch, route (holds w.cnt = the wait for counts), fc1, fc2, comb = combine "
         "(holds w.done = the wait for dones)\n");
-  if (!o.json.empty()) {
-    write_json(o.json, o, backend, ceilings, points, total_s);
-    std::printf("wrote %s\n", o.json.c_str());
-  }
+  if (!o.json.empty()) write_json(o.json, o, backend, ceilings, points, total_s);
   return st.any_failure ? 1 : 0;
 }
 

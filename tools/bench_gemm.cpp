@@ -41,20 +41,6 @@ struct GemmOptions : SweepOptions {
   }
 };
 
-// The rows per expert of --rows, sorted and unique; each >= 1.
-std::vector<std::int64_t> parse_rows(const std::string& text) {
-  std::vector<std::int64_t> rows;
-  for (const auto& r : split(text)) {
-    const std::int64_t v = parse_int(r, "--rows");
-    if (v < 1) reject("--rows: " + r + " must be >= 1 (rows per expert)");
-    rows.push_back(v);
-  }
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  if (rows.empty()) reject("--rows: give at least one R (rows per expert)");
-  return rows;
-}
-
 struct GemmPoint {
   const Model* model = nullptr;
   Precision precision = Precision::bf16;
@@ -124,50 +110,26 @@ void run_gemm_config(GemmSweep& st, const Model& model, const ModelData& data, P
                      ExpertMath math, std::vector<GemmPoint*>& points) {
   const GemmOptions& o = *st.o;
   const LayerShape& s = model.shape;
-  const std::string what = model.label() + " " + to_string(precision) + " " + to_string(math);
-  auto skip_rest = [&](std::size_t from, const std::string& status, const std::string& note) {
-    for (std::size_t i = from; i < points.size(); ++i) {
-      points[i]->status = status;
-      points[i]->note = note;
-      st.progress->update(++st.done, what);
-    }
-  };
-  if (o.budget_s > 0 && seconds_since(st.start) > o.budget_s) {
-    skip_rest(0, "skipped", "over --budget-s");
-    return;
-  }
+  ConfigPoints<GemmPoint> cp{st, points,
+                             model.label() + " " + to_string(precision) + " " + to_string(math)};
+  const std::string& what = cp.what;
+  if (cp.over_budget(o, 0)) return;
   LayerOptions options;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  std::unique_ptr<Cluster> cluster;
-  const auto t_prep = Clock::now();
-  try {
-    cluster = std::make_unique<Cluster>(s, precision, options, 1, data.weights, st.backend);
-  } catch (const Error& e) {
+  const ConfigCluster made = make_cluster(s, precision, options, 1, data, st.backend);
+  if (!made.cluster) {
     // A backend that cannot serve this precision or shape (tensor_core with fp8_block128, wgmma's
     // FP8 with H or I not whole 128-blocks) is a skip with its reason, not a failure.
-    const bool unsupported = e.code() == ErrorCode::unsupported;
-    st.any_failure |= !unsupported;
-    skip_rest(0, unsupported ? "skipped" : "error", std::string("layer creation: ") + e.what());
-    return;
-  } catch (const std::exception& e) {
-    st.any_failure = true;
-    skip_rest(0, "error", std::string("layer creation: ") + e.what());
+    st.any_failure |= !made.unsupported;
+    cp.skip_rest(0, made.unsupported ? "skipped" : "error", made.error);
     return;
   }
-  std::string check = "skipped";
-  if (check_wanted(o, s, 1)) {
-    try {
-      check = check_config(*cluster, s, precision, options,
-                           std::min(o.check_tokens, s.max_tokens_per_rank), o.seed);
-    } catch (const std::exception& e) {
-      check = std::string("error: ") + e.what();
-    }
-    if (check != "pass") st.any_failure = true;
-  }
+  Cluster* cluster = made.cluster.get();
+  const std::string check = run_check(st, o, *cluster, s, precision, options, 1);
   const std::size_t resident = cluster->layer(0).resident_weight_bytes();
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s (%.3f GB resident), check %s\n",
-               what.c_str(), seconds_since(t_prep), double(resident) / 1e9, check.c_str());
+               what.c_str(), made.prep_s, double(resident) / 1e9, check.c_str());
   const bool phases = st.backend == Backend::cuda_nccl;
   if (phases) cluster->layer(0).set_phase_timing(true);
 
@@ -177,16 +139,10 @@ void run_gemm_config(GemmSweep& st, const Model& model, const ModelData& data, P
     GemmPoint& pt = *points[pi];
     pt.check = check;
     pt.resident_bytes = resident;
-    if (o.budget_s > 0 && seconds_since(st.start) > o.budget_s) {
-      skip_rest(pi, "skipped", "over --budget-s");
-      return;
-    }
-    const RoundPlan plan =
-        plan_rounds(o, last_ms, last_rows > 0 ? double(pt.rows) / double(last_rows) : 1.0);
-    if (plan.skip) {
-      skip_rest(pi, "skipped", plan.note);
-      return;
-    }
+    const std::optional<RoundPlan> planned =
+        cp.plan(o, pi, last_ms, last_rows > 0 ? double(pt.rows) / double(last_rows) : 1.0);
+    if (!planned) return;
+    const RoundPlan& plan = *planned;
     try {
       const std::vector<Routing> routing(static_cast<std::size_t>(plan.warmup + plan.rounds),
                                          harness::make_balanced_routing(s, pt.rows));
@@ -212,8 +168,7 @@ void run_gemm_config(GemmSweep& st, const Model& model, const ModelData& data, P
       }
       pt.gemm_p50 = percentile(pt.gemm_us, 0.5);
       pt.gemm_p90 = percentile(pt.gemm_us, 0.9);
-      pt.gemm_min =
-          pt.gemm_us.empty() ? kNaN : *std::min_element(pt.gemm_us.begin(), pt.gemm_us.end());
+      pt.gemm_min = min_of(pt.gemm_us);
       pt.fc1_p50 = percentile(fc1_us, 0.5);
       pt.fc2_p50 = percentile(fc2_us, 0.5);
       pt.forward_p50_ms = percentile(forward_ms, 0.5);
@@ -225,13 +180,9 @@ void run_gemm_config(GemmSweep& st, const Model& model, const ModelData& data, P
       char detail[200];
       std::snprintf(detail, sizeof detail, "%s R=%lld: %.1f us, %.0f TFLOPS", what.c_str(),
                     static_cast<long long>(pt.rows), pt.gemm_p50, pt.tflops());
-      st.progress->update(++st.done, detail);
+      cp.done(detail);
     } catch (const std::exception& e) {
-      st.any_failure = true;
-      pt.status = "error";
-      pt.note = e.what();
-      st.progress->update(++st.done, what);
-      skip_rest(pi + 1, "error", "the layer failed at a smaller R of this config");
+      cp.fail(pi, e, "the layer failed at a smaller R of this config");
       return;
     }
   }
@@ -248,10 +199,7 @@ void print_gemm_table(const std::vector<GemmPoint>& points, const Ceilings& c, b
     std::printf("%-22s %-12s %-11s %5lld %6lld ", p.model->label().c_str(), to_string(p.precision),
                 to_string(p.math), static_cast<long long>(p.rows),
                 static_cast<long long>(p.tokens));
-    if (p.status != "ok") {
-      std::printf("%s: %s\n", p.status.c_str(), p.note.c_str());
-      continue;
-    }
+    if (print_unless_ok(p)) continue;
     const GemmFloors f = floors_of(p, c);
     std::printf("%10s %10s %9s %9s %7s %6s %7s %9s %-5s %7s ", fmt(p.gemm_p50, "%.1f").c_str(),
                 fmt(p.gemm_p90, "%.1f").c_str(), fmt(p.fc1_p50, "%.1f").c_str(),
@@ -259,7 +207,7 @@ void print_gemm_table(const std::vector<GemmPoint>& points, const Ceilings& c, b
                 fmt(p.tbps(), "%.2f").c_str(), fmt(p.resident_tbps(), "%.2f").c_str(),
                 fmt(f.floor_us, "%.1f").c_str(), f.bound.empty() ? "-" : f.bound.c_str(),
                 fmt(p.gemm_p50 / f.floor_us, "%.1f").c_str());
-    std::printf("%s%s%s\n", p.check.c_str(), p.note.empty() ? "" : "  ", p.note.c_str());
+    print_check_note(p);
   }
   std::printf(
       "\nR = rows per local expert (balanced routing, world 1); T = E x R / K tokens; gemm us = "
@@ -276,59 +224,53 @@ void print_gemm_table(const std::vector<GemmPoint>& points, const Ceilings& c, b
 
 void write_gemm_json(const std::string& path, const GemmOptions& o, Backend backend,
                      const Ceilings& c, const std::vector<GemmPoint>& points, double total_s) {
-  std::ofstream f(path);
-  if (!f) reject("--json=" + path + ": cannot open for writing");
   const bool phases = backend == Backend::cuda_nccl;
-  write_json_head(f, "epmoe-bench-gemm/1", "epmoe bench gemm", backend, c);
-  f << "  \"settings\": {\"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
-    << ", \"seed\": " << o.seed
-    << ", \"routing\": \"balanced: every local expert exactly R rows, world 1\""
-    << ", \"timed\": "
-    << json_str(phases ? "expert step: phase fc1 begin to phase fc2 end (GPU clock)"
-                       : "forward (CPU executor, wall clock)")
-    << ", \"max_point_s\": " << json_num(o.max_point_s) << "},\n";
-  f << "  \"total_s\": " << json_num(total_s) << ",\n  \"points\": [\n";
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    const GemmPoint& p = points[i];
-    const LayerShape& s = p.model->shape;
-    const GemmFloors fl = floors_of(p, c);
-    f << "    {\"impl\": \"epmoe\", \"model\": " << json_str(p.model->name)
-      << ", \"hidden\": " << s.hidden << ", \"intermediate\": " << s.intermediate
-      << ", \"experts\": " << s.num_experts << ", \"model_experts\": " << p.model->model_experts
-      << ", \"top_k\": " << s.top_k << ", \"precision\": " << json_str(to_string(p.precision))
-      << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": 1"
-      << ", \"rows_per_expert\": " << p.rows << ", \"tokens_per_rank\": " << p.tokens
-      << ", \"pairs\": " << p.rows * s.num_experts << ", \"status\": " << json_str(p.status)
-      << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
-      << ", \"timed\": " << json_str(phases ? "phases" : "forward") << ", \"warmup\": " << p.warmup
-      << ", \"rounds\": " << p.gemm_us.size() << ", \"gemm_us_p50\": " << json_num(p.gemm_p50)
-      << ", \"gemm_us_p90\": " << json_num(p.gemm_p90)
-      << ", \"gemm_us_min\": " << json_num(p.gemm_min)
-      << ", \"fc1_us_p50\": " << json_num(p.fc1_p50) << ", \"fc2_us_p50\": " << json_num(p.fc2_p50)
-      << ", \"latency_ms_p50\": " << json_num(p.gemm_p50 * 1e-3)
-      << ", \"latency_ms_p90\": " << json_num(p.gemm_p90 * 1e-3)
-      << ", \"forward_ms_p50\": " << json_num(p.forward_p50_ms)
-      << ", \"flops\": " << json_num(p.flops())
-      << ", \"weight_bytes\": " << json_num(p.weight_bytes()) << ", \"resident_weight_bytes\": "
-      << (p.resident_bytes > 0 ? std::to_string(p.resident_bytes) : std::string("null"))
-      << ", \"eff_tflops\": " << json_num(p.tflops()) << ", \"eff_tbps\": " << json_num(p.tbps())
-      << ", \"resident_tbps\": " << json_num(p.resident_tbps())
-      << ", \"hbm_floor_us\": " << json_num(fl.hbm_us)
-      << ", \"compute_floor_us\": " << json_num(fl.compute_us)
-      << ", \"floor_us\": " << json_num(fl.floor_us) << ", \"bound\": " << json_str(fl.bound)
-      << ", \"gemm_us\": [";
-    for (std::size_t j = 0; j < p.gemm_us.size(); ++j)
-      f << (j ? ", " : "") << json_num(p.gemm_us[j]);
-    f << "]}" << (i + 1 < points.size() ? "," : "") << "\n";
-  }
-  f << "  ]\n}\n";
-  if (!f) reject("--json=" + path + ": write failed");
+  const std::string settings =
+      ", \"routing\": \"balanced: every local expert exactly R rows, world 1\", \"timed\": " +
+      json_str(phases ? "expert step: phase fc1 begin to phase fc2 end (GPU clock)"
+                      : "forward (CPU executor, wall clock)") +
+      ", \"max_point_s\": " + json_num(o.max_point_s);
+  write_json_file(
+      path, "epmoe-bench-gemm/1", "epmoe bench gemm", backend, c, o, settings, total_s,
+      points.size(), [&](std::ostream& f, std::size_t i) {
+        const GemmPoint& p = points[i];
+        const LayerShape& s = p.model->shape;
+        const GemmFloors fl = floors_of(p, c);
+        write_point_head(f, *p.model, p.precision);
+        f << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": 1"
+          << ", \"rows_per_expert\": " << p.rows << ", \"tokens_per_rank\": " << p.tokens
+          << ", \"pairs\": " << p.rows * s.num_experts << ", \"status\": " << json_str(p.status)
+          << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
+          << ", \"timed\": " << json_str(phases ? "phases" : "forward")
+          << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.gemm_us.size()
+          << ", \"gemm_us_p50\": " << json_num(p.gemm_p50)
+          << ", \"gemm_us_p90\": " << json_num(p.gemm_p90)
+          << ", \"gemm_us_min\": " << json_num(p.gemm_min)
+          << ", \"fc1_us_p50\": " << json_num(p.fc1_p50)
+          << ", \"fc2_us_p50\": " << json_num(p.fc2_p50)
+          << ", \"latency_ms_p50\": " << json_num(p.gemm_p50 * 1e-3)
+          << ", \"latency_ms_p90\": " << json_num(p.gemm_p90 * 1e-3)
+          << ", \"forward_ms_p50\": " << json_num(p.forward_p50_ms)
+          << ", \"flops\": " << json_num(p.flops())
+          << ", \"weight_bytes\": " << json_num(p.weight_bytes()) << ", \"resident_weight_bytes\": "
+          << (p.resident_bytes > 0 ? std::to_string(p.resident_bytes) : std::string("null"))
+          << ", \"eff_tflops\": " << json_num(p.tflops())
+          << ", \"eff_tbps\": " << json_num(p.tbps())
+          << ", \"resident_tbps\": " << json_num(p.resident_tbps())
+          << ", \"hbm_floor_us\": " << json_num(fl.hbm_us)
+          << ", \"compute_floor_us\": " << json_num(fl.compute_us)
+          << ", \"floor_us\": " << json_num(fl.floor_us) << ", \"bound\": " << json_str(fl.bound)
+          << ", \"gemm_us\": ";
+        write_json_array(f, p.gemm_us);
+        f << "}";
+      });
 }
 
 int bench_gemm(const GemmOptions& o) {
   const auto start = Clock::now();
   validate_sweep_options(o);
-  const std::vector<std::int64_t> rows = parse_rows(o.rows);
+  const std::vector<std::int64_t> rows =
+      parse_counts(o.rows, "--rows", 1, "R", " (rows per expert)");
   std::vector<Model> models = parse_models(o);
   const std::vector<Precision> precisions = parse_precisions(o.precisions);
   const std::vector<ExpertMath> maths = parse_maths(o.maths);
@@ -345,13 +287,12 @@ int bench_gemm(const GemmOptions& o) {
     make_config(m.shape, Precision::bf16, 0, 1);  // validate before any work
   }
   const Backend backend = choose_backend(o.executor, 1);  // auto: the GPU when there is one
-  std::printf("epmoe bench gemm: executor %s; %s\n", describe_backend(backend, 1).c_str(),
-              backend == Backend::cuda_nccl
-                  ? "timing the expert step (phases fc1 + fc2) on the GPU clock"
-                  : "the CPU executor has no GPU clock: timing the whole forward");
-  std::fflush(stdout);
-  const Ceilings ceilings = measure_ceilings(o, backend);
-  print_ceilings(ceilings);
+  const Ceilings ceilings =
+      start_sweep(o, backend,
+                  "epmoe bench gemm: executor " + describe_backend(backend, 1) + "; " +
+                      (backend == Backend::cuda_nccl
+                           ? "timing the expert step (phases fc1 + fc2) on the GPU clock"
+                           : "the CPU executor has no GPU clock: timing the whole forward"));
 
   // Points in the order they run: precision, math, model, R (a --budget-s cut drops the last
   // precisions of the list first).
@@ -380,24 +321,18 @@ int bench_gemm(const GemmOptions& o) {
         configs.push_back(cfg);
       }
 
-  std::map<std::size_t, std::unique_ptr<ModelData>> data;
+  ModelDataCache data(models, 1, o.seed);
   Progress progress("bench gemm", static_cast<std::int64_t>(points.size()));
   GemmSweep st{{backend, ceilings, start, &progress}, &o};
   for (Config& cfg : configs) {
-    const Model& m = models[cfg.model];
-    if (!data.count(cfg.model)) data[cfg.model] = make_model_data(m, 1, o.seed + cfg.model);
-    std::vector<GemmPoint*> pts;
-    for (std::size_t i : cfg.points) pts.push_back(&points[i]);
-    run_gemm_config(st, m, *data[cfg.model], cfg.precision, cfg.math, pts);
+    std::vector<GemmPoint*> pts = points_at(points, cfg.points);
+    run_gemm_config(st, models[cfg.model], data.get(cfg.model), cfg.precision, cfg.math, pts);
   }
   progress.finish();
   const double total_s = seconds_since(start);
   print_gemm_table(points, ceilings, backend == Backend::cuda_nccl);
   std::printf("total %.0f s\n", total_s);
-  if (!o.json.empty()) {
-    write_gemm_json(o.json, o, backend, ceilings, points, total_s);
-    std::printf("wrote %s\n", o.json.c_str());
-  }
+  if (!o.json.empty()) write_gemm_json(o.json, o, backend, ceilings, points, total_s);
   return st.any_failure ? 1 : 0;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -102,6 +103,21 @@ std::int64_t parse_int(const std::string& text, const std::string& what) {
   reject(what + "=" + text + ": not an integer");
 }
 
+std::vector<std::int64_t> parse_counts(const std::string& text, const std::string& option,
+                                       std::int64_t min, const std::string& name,
+                                       const std::string& unit) {
+  std::vector<std::int64_t> out;
+  for (const auto& item : split(text)) {
+    const std::int64_t v = parse_int(item, option);
+    if (v < min) reject(option + ": " + item + " must be >= " + std::to_string(min) + unit);
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  if (out.empty()) reject(option + ": give at least one " + name + unit);
+  return out;
+}
+
 std::vector<Precision> parse_precisions(const std::string& text) {
   std::vector<Precision> out;
   for (const auto& p : split(text)) out.push_back(parse_precision(p, "--precisions"));
@@ -172,6 +188,12 @@ std::unique_ptr<ModelData> make_model_data(const Model& m, int max_world, std::u
   return d;
 }
 
+const ModelData& ModelDataCache::get(std::size_t model) {
+  auto& d = data_[model];
+  if (!d) d = make_model_data(models_[model], max_world_, seed_ + model);
+  return *d;
+}
+
 double weight_bytes_per_param(Precision p) {
   switch (p) {
     case Precision::bf16:
@@ -195,6 +217,10 @@ double percentile(std::vector<double> v, double q) {
   const auto lo = static_cast<std::size_t>(std::floor(pos));
   const std::size_t hi = std::min(v.size() - 1, lo + 1);
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+double min_of(const std::vector<double>& v) {
+  return v.empty() ? kNaN : *std::min_element(v.begin(), v.end());
 }
 
 namespace {
@@ -534,6 +560,36 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, co
   return out;
 }
 
+ConfigCluster make_cluster(const LayerShape& s, Precision precision, const LayerOptions& options,
+                           int world, const ModelData& data, Backend backend) {
+  ConfigCluster out;
+  const auto t0 = Clock::now();
+  try {
+    out.cluster = std::make_unique<Cluster>(s, precision, options, world, data.weights, backend);
+  } catch (const Error& e) {
+    out.unsupported = e.code() == ErrorCode::unsupported;
+    out.error = std::string("layer creation: ") + e.what();
+  } catch (const std::exception& e) {
+    out.error = std::string("layer creation: ") + e.what();
+  }
+  out.prep_s = seconds_since(t0);
+  return out;
+}
+
+std::string run_check(SweepRun& st, const SweepOptions& o, Cluster& cluster, const LayerShape& s,
+                      Precision precision, const LayerOptions& options, int world) {
+  if (!check_wanted(o, s, world)) return "skipped";
+  std::string check;
+  try {
+    check = check_config(cluster, s, precision, options,
+                         std::min(o.check_tokens, s.max_tokens_per_rank), o.seed);
+  } catch (const std::exception& e) {
+    check = std::string("error: ") + e.what();
+  }
+  if (check != "pass") st.any_failure = true;
+  return check;
+}
+
 // One round on check_tokens tokens per rank against the emulating reference, with the rule of the
 // layer's combine and expert math (reference::check_output).
 std::string check_config(Cluster& cluster, const LayerShape& s, Precision precision,
@@ -636,6 +692,48 @@ void write_json_head(std::ostream& f, const char* schema, const char* tool, Back
     << ", \"peer_how\": " << json_str(c.peer_how)
     << ", \"matmul_tflops\": " << json_num(c.matmul_tflops > 0 ? c.matmul_tflops : kNaN)
     << ", \"matmul_how\": " << json_str(c.matmul_how) << "},\n";
+}
+
+void write_json_file(const std::string& path, const char* schema, const char* tool, Backend backend,
+                     const Ceilings& c, const SweepOptions& o, const std::string& settings,
+                     double total_s, std::size_t points,
+                     const std::function<void(std::ostream&, std::size_t)>& point) {
+  std::ofstream f(path);
+  if (!f) reject("--json=" + path + ": cannot open for writing");
+  write_json_head(f, schema, tool, backend, c);
+  f << "  \"settings\": {\"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
+    << ", \"seed\": " << o.seed << settings << "},\n";
+  f << "  \"total_s\": " << json_num(total_s) << ",\n  \"points\": [\n";
+  for (std::size_t i = 0; i < points; ++i) {
+    point(f, i);
+    f << (i + 1 < points ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+  if (!f) reject("--json=" + path + ": write failed");
+  f.close();
+  std::printf("wrote %s\n", path.c_str());
+}
+
+void write_point_head(std::ostream& f, const Model& m, Precision precision) {
+  const LayerShape& s = m.shape;
+  f << "    {\"impl\": \"epmoe\", \"model\": " << json_str(m.name) << ", \"hidden\": " << s.hidden
+    << ", \"intermediate\": " << s.intermediate << ", \"experts\": " << s.num_experts
+    << ", \"model_experts\": " << m.model_experts << ", \"top_k\": " << s.top_k
+    << ", \"precision\": " << json_str(to_string(precision));
+}
+
+void write_json_array(std::ostream& f, const std::vector<double>& values) {
+  f << "[";
+  for (std::size_t j = 0; j < values.size(); ++j) f << (j ? ", " : "") << json_num(values[j]);
+  f << "]";
+}
+
+Ceilings start_sweep(const SweepOptions& o, Backend backend, const std::string& executor_line) {
+  std::printf("%s\n", executor_line.c_str());
+  std::fflush(stdout);
+  const Ceilings ceilings = measure_ceilings(o, backend);
+  print_ceilings(ceilings);
+  return ceilings;
 }
 
 }  // namespace epmoe::tools::sweep

@@ -11,8 +11,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -20,10 +25,7 @@
 #include "epmoe/epmoe.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
-
-namespace epmoe::tools {
-class Progress;  // progress.hpp
-}  // namespace epmoe::tools
+#include "progress.hpp"
 
 namespace epmoe::tools::sweep {
 
@@ -59,6 +61,11 @@ void validate_sweep_options(const SweepOptions& o);
 
 std::vector<std::string> split(const std::string& text);  // comma list, empty items dropped
 std::int64_t parse_int(const std::string& text, const std::string& what);
+// A comma list of counts (--tokens, --rows), sorted and unique, each >= `min`, at least one, or
+// reject: "OPTION: X must be >= MIN<unit>", "OPTION: give at least one NAME<unit>".
+std::vector<std::int64_t> parse_counts(const std::string& text, const std::string& option,
+                                       std::int64_t min, const std::string& name,
+                                       const std::string& unit = "");
 std::vector<Precision> parse_precisions(const std::string& text);  // --precisions
 std::vector<ExpertMath> parse_maths(const std::string& text);      // --math
 
@@ -81,6 +88,20 @@ struct ModelData {
 };
 // Draws them and prints a `[weights]` line.
 std::unique_ptr<ModelData> make_model_data(const Model& m, int max_world, std::uint64_t seed);
+
+// Each model's data, drawn when the first config of the model runs (seed + the model's index).
+class ModelDataCache {
+ public:
+  ModelDataCache(const std::vector<Model>& models, int max_world, std::uint64_t seed)
+      : models_(models), max_world_(max_world), seed_(seed) {}
+  const ModelData& get(std::size_t model);
+
+ private:
+  const std::vector<Model>& models_;
+  int max_world_;
+  std::uint64_t seed_;
+  std::map<std::size_t, std::unique_ptr<ModelData>> data_;
+};
 
 // Bytes of one expert weight in the layer's precision (codes and scales).
 double weight_bytes_per_param(Precision p);
@@ -108,9 +129,14 @@ struct SweepRun {
   bool any_failure = false;
 };
 
+// The line naming the executor (`executor_line`, on stdout), then the ceilings, measured or
+// given, and their line.
+Ceilings start_sweep(const SweepOptions& o, Backend backend, const std::string& executor_line);
+
 // ---- timing ----
 
 double percentile(std::vector<double> v, double q);
+double min_of(const std::vector<double>& v);  // NaN when empty
 
 // Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
 // rank's host work never counts against its peers); per-rank latencies per round.
@@ -135,6 +161,69 @@ struct RoundPlan {
 };
 RoundPlan plan_rounds(const SweepOptions& o, double last_ms, double scale);
 
+// ---- one config: its cluster, its check, its points ----
+
+// A config's cluster (a layer per rank), or why there is none: `error` ("layer creation: ..."),
+// `unsupported` where the backend refuses the precision or shape (ErrorCode::unsupported).
+struct ConfigCluster {
+  std::unique_ptr<Cluster> cluster;
+  std::string error;
+  bool unsupported = false;
+  double prep_s = 0.0;  // the time it took
+};
+ConfigCluster make_cluster(const LayerShape& s, Precision precision, const LayerOptions& options,
+                           int world, const ModelData& data, Backend backend);
+
+// The points of one config (P: a point type with `status` and `note`) and its label: every point
+// that ends is counted on the progress line.
+template <class P>
+struct ConfigPoints {
+  SweepRun& st;
+  std::vector<P*>& points;
+  std::string what;
+
+  void done(const std::string& detail) { st.progress->update(++st.done, detail); }
+  // Points [from, end): `status` with `note`.
+  void skip_rest(std::size_t from, const std::string& status, const std::string& note) {
+    for (std::size_t i = from; i < points.size(); ++i) {
+      points[i]->status = status;
+      points[i]->note = note;
+      done(what);
+    }
+  }
+  // Past --budget-s with `ahead_s` still to spend: points [from, end) skipped, and true.
+  bool over_budget(const SweepOptions& o, std::size_t from, double ahead_s = 0.0) {
+    if (o.budget_s <= 0 || seconds_since(st.start) + ahead_s <= o.budget_s) return false;
+    skip_rest(from, "skipped", "over --budget-s");
+    return true;
+  }
+  // Point pi's rounds (plan_rounds), or nullopt with [pi, end) skipped (budget or estimate).
+  std::optional<RoundPlan> plan(const SweepOptions& o, std::size_t pi, double last_ms,
+                                double scale) {
+    if (over_budget(o, pi)) return std::nullopt;
+    RoundPlan p = plan_rounds(o, last_ms, scale);
+    if (!p.skip) return p;
+    skip_rest(pi, "skipped", p.note);
+    return std::nullopt;
+  }
+  // Point pi failed: an error, and so are the config's later points (`rest` says why).
+  void fail(std::size_t pi, const std::exception& e, const std::string& rest) {
+    st.any_failure = true;
+    points[pi]->status = "error";
+    points[pi]->note = e.what();
+    done(what);
+    skip_rest(pi + 1, "error", rest);
+  }
+};
+
+// The points of `all` at `index`.
+template <class P>
+std::vector<P*> points_at(std::vector<P>& all, const std::vector<std::size_t>& index) {
+  std::vector<P*> out;
+  for (std::size_t i : index) out.push_back(&all[i]);
+  return out;
+}
+
 // ---- the check: one round per config against the emulating reference ----
 
 // Whether the check runs (--check, --no-check, --check-tokens; auto: only where the host
@@ -144,6 +233,10 @@ bool check_wanted(const SweepOptions& o, const LayerShape& s, int world);
 // layer's combine and expert math (reference::check_output): "pass" or "fail (...)".
 std::string check_config(Cluster& cluster, const LayerShape& s, Precision precision,
                          const LayerOptions& options, std::int64_t tokens, std::uint64_t seed);
+// check_config on --check-tokens where check_wanted ("skipped" where not, "error: ..." where it
+// threw); anything but "pass" marks the run failed.
+std::string run_check(SweepRun& st, const SweepOptions& o, Cluster& cluster, const LayerShape& s,
+                      Precision precision, const LayerOptions& options, int world);
 
 // ---- table and JSON ----
 
@@ -153,5 +246,29 @@ std::string json_str(const std::string& s);
 // `{`, then schema, tool, executor, gpus and ceilings, each line ending with a comma.
 void write_json_head(std::ostream& f, const char* schema, const char* tool, Backend backend,
                      const Ceilings& c);
+// The whole document at `path` (or reject --json=PATH): the head; settings (warmup, rounds, seed,
+// then `settings`: `, "key": value` pairs); total_s; the points, `point(f, i)` writing point i's
+// object; then "wrote PATH" on stdout.
+void write_json_file(const std::string& path, const char* schema, const char* tool, Backend backend,
+                     const Ceilings& c, const SweepOptions& o, const std::string& settings,
+                     double total_s, std::size_t points,
+                     const std::function<void(std::ostream&, std::size_t)>& point);
+// A point's object up to its precision: `{"impl": "epmoe", "model": ..., "precision": ...`.
+void write_point_head(std::ostream& f, const Model& m, Precision precision);
+// `[v, ...]` (json_num each).
+void write_json_array(std::ostream& f, const std::vector<double>& values);
+
+// A table row's end for a point that is not ok ("status: note", and true), else false.
+template <class P>
+bool print_unless_ok(const P& p) {
+  if (p.status == "ok") return false;
+  std::printf("%s: %s\n", p.status.c_str(), p.note.c_str());
+  return true;
+}
+// An ok row's end: its check, then its note.
+template <class P>
+void print_check_note(const P& p) {
+  std::printf("%s%s%s\n", p.check.c_str(), p.note.empty() ? "" : "  ", p.note.c_str());
+}
 
 }  // namespace epmoe::tools::sweep

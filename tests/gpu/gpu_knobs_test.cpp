@@ -24,6 +24,7 @@
 #include "harness/device_batch.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "support/captured_forward.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -31,6 +32,7 @@ namespace {
 
 using harness::Routing;
 using reference::Batch;
+using test::CapturedForward;
 using test::within_seconds;
 
 // H = 384 and 2I = 384: FC1's and FC2's N are one whole 256-wide tile and a half one; T = 1000
@@ -43,10 +45,6 @@ const LayerShape kFp8Shape{
 
 // One token count per bucket (decode with T = 0 and 1, small, medium).
 const std::vector<std::int64_t> kTokenCounts{0, 1, 64, 1000};
-
-int world_here() {
-  return std::min(cuda_device_count(), 2);
-}
 
 // The same knobs in every bucket.
 Cluster::Tune every_bucket(const Knobs& knobs) {
@@ -67,7 +65,7 @@ using Outputs = std::map<std::pair<int, std::int64_t>, std::vector<std::uint16_t
 // against the reference with the layer's rule. Returns the outputs by (rank, T).
 Outputs run_rounds(const LayerShape& shape, Precision p, ExpertMath math, const Cluster::Tune& tune,
                    const std::string& what) {
-  const int world = world_here();
+  const int world = test::gpus_up_to(2);
   LayerOptions options;
   options.expert_math = math;
   options.combine = Combine::staged;
@@ -121,7 +119,7 @@ class GpuKnobsNumSms : public ::testing::TestWithParam<MathAndPrecision> {};
 // persistent CTAs; the default knobs (num_sms = 0, all SMs) give the same bits.
 TEST_P(GpuKnobsNumSms, EightSmsMatchTheReferenceAndTheDefaultKnobsBitForBit) {
   const auto [math, p] = GetParam();
-  if (world_here() < 1) GTEST_SKIP() << "needs a GPU";
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape& shape = p == Precision::fp8_block128 ? kFp8Shape : kShape;
   const Outputs all = run_rounds(shape, p, math, {}, "num_sms=0");
   const Outputs eight = run_rounds(
@@ -158,7 +156,7 @@ class GpuKnobsWgmmaTile : public ::testing::TestWithParam<Precision> {};
 // on 128 x 128 gives the same bits. fp8_block128 ships 128 x 128 only: with_knobs moves 256 back.
 TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit) {
   const Precision p = GetParam();
-  if (world_here() < 1) GTEST_SKIP() << "needs a GPU";
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape& shape = p == Precision::fp8_block128 ? kFp8Shape : kShape;
   const Knobs wide = knobs_with(shape, p, [](Knobs& k) {
     k.block_m = 128;
@@ -190,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
 // bucket's launches when replayed between eager rounds at T = 5 (decode: the default knobs), and
 // every round of both kinds matches the reference.
 TEST(GpuKnobs, GraphKeepsItsCapturedBucketsKnobsBetweenEagerRoundsOfAnotherBucket) {
-  const int world = world_here();
+  const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t captured = 1000, eager = 5;
   LayerOptions options;
@@ -206,20 +204,11 @@ TEST(GpuKnobs, GraphKeepsItsCapturedBucketsKnobsBetweenEagerRoundsOfAnotherBucke
   };
   Cluster cluster(kShape, Precision::bf16, options, world, weights, Backend::cuda_nccl, {}, medium);
   ASSERT_EQ(cluster.layer(0).config().knobs_for(captured).block_n, 256);
-  std::vector<std::unique_ptr<harness::DeviceBatch>> buffers(static_cast<std::size_t>(world));
   within_seconds(300, "graph and eager rounds", [&] {
     run_on_rank_threads(world, [&](int rank) {
-      auto& buf = buffers[static_cast<std::size_t>(rank)];
-      buf = std::make_unique<harness::DeviceBatch>(rank, kShape);
-      auto stream = static_cast<cudaStream_t>(buf->stream());
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      cluster.layer(rank).forward(buf->x(captured), buf->topk_ids(captured),
-                                  buf->topk_weights(captured), buf->y(captured),
-                                  Stream{buf->stream()});
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      harness::DeviceBatch buf(rank, kShape);  // freed after the graph
+      CapturedForward graph(cluster.layer(rank), buf, captured);
+      ASSERT_TRUE(graph.ok());
       for (int round = 0; round < 10; ++round) {
         const bool replay = round % 2 == 0;
         const std::int64_t t = replay ? captured : eager;
@@ -227,9 +216,9 @@ TEST(GpuKnobs, GraphKeepsItsCapturedBucketsKnobsBetweenEagerRoundsOfAnotherBucke
                                                    100 * round + static_cast<std::uint64_t>(rank));
         std::vector<std::uint16_t> y;
         if (replay) {
-          buf->upload(b);
-          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-          y = buf->download_y(t);
+          buf.upload(b);
+          ASSERT_EQ(graph.launch(), cudaSuccess);
+          y = buf.download_y(t);
         } else {
           y = cluster.forward(rank, b);
         }
@@ -240,9 +229,6 @@ TEST(GpuKnobs, GraphKeepsItsCapturedBucketsKnobsBetweenEagerRoundsOfAnotherBucke
                                 << rank << " (" << check.rule << "): " << check.stats.mismatches
                                 << " elements outside, rel_l2=" << check.stats.rel_l2;
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      buf.reset();
     });
   });
   for (int r = 0; r < world; ++r)

@@ -25,6 +25,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "math/quantize.hpp"
+#include "support/captured_forward.hpp"
 #include "support/device_vectors.hpp"
 #include "support/watchdog.hpp"
 
@@ -172,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuSwigluOaiWithBiases, ::testing::ValuesIn(oai_sc
                          });
 
 TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
-  const int world = std::min(gpus(), 8);
+  const int world = test::gpus_up_to(8);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
   const LayerShape shape{256, 128, 8, 4, 64};
   LayerOptions options;
@@ -202,7 +203,7 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
 }
 
 TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
-  const int world = std::min(gpus(), 8);
+  const int world = test::gpus_up_to(8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 5);
   Cluster cluster(kShape, Precision::nvfp4, LayerOptions{}, world, weights, Backend::cuda_nccl);
@@ -220,7 +221,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
 // world x 1000 x 4 pairs, a last chunk with a remainder; T = 77 and T = 5 give remainders of their
 // own and the few-row warp layout (rows split over k groups).
 TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
-  const int world = std::min(gpus(), 8);
+  const int world = test::gpus_up_to(8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 14);
   for (ExpertMath math : kEveryMath)
@@ -249,7 +250,7 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
 // Hidden sizes that are multiples of 64 but not of 128 (gpt-oss: 2880): the last FC2 tile
 // computes clamped columns it must never store, on both maths and every precision.
 TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
-  const int world = std::min(gpus(), 4);
+  const int world = test::gpus_up_to(4);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const LayerShape shape{
       .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
@@ -279,7 +280,7 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
 }
 
 TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
-  const int world = std::min(gpus(), 2);
+  const int world = test::gpus_up_to(2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
   LayerOptions options;
   options.timeout_ms = 500;
@@ -325,7 +326,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
 }
 
 TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
-  const int world = std::min(gpus(), 2);
+  const int world = test::gpus_up_to(2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
   LayerOptions options;
   options.timeout_ms = 300;
@@ -366,37 +367,26 @@ TEST(Gpu, BadDeviceIdIsReportedByTheNextForwardAndTheLayerStaysUsable) {
 }
 
 TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
-  const int world = std::min(gpus(), 2);
+  const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t t = 64;
   LayerOptions options;
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(kShape, 12);
   Cluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
-  std::vector<std::unique_ptr<harness::DeviceBatch>> buffers(static_cast<std::size_t>(world));
   within_seconds(300, "graph replays", [&] {
     run_on_rank_threads(world, [&](int rank) {
-      auto& buf = buffers[static_cast<std::size_t>(rank)];
-      buf = std::make_unique<harness::DeviceBatch>(rank, kShape);
-      auto stream = static_cast<cudaStream_t>(buf->stream());
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      cluster.layer(rank).forward(buf->x(t), buf->topk_ids(t), buf->topk_weights(t), buf->y(t),
-                                  Stream{buf->stream()});
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      harness::DeviceBatch buf(rank, kShape);  // freed after the graph
+      test::CapturedForward graph(cluster.layer(rank), buf, t);
+      ASSERT_TRUE(graph.ok());
       for (int replay = 0; replay < 110; ++replay) {
         const Routing routing = replay % 10 == 9 ? Routing::all_dropped : Routing::uniform;
         const Batch b =
             harness::make_random_batch(kShape, world, t, routing, 0, 1000 * replay + rank);
-        buf->upload(b);
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        expect_matches(buf->download_y(t), b, cluster, "replay " + std::to_string(replay));
+        buf.upload(b);
+        ASSERT_EQ(graph.launch(), cudaSuccess);
+        expect_matches(buf.download_y(t), b, cluster, "replay " + std::to_string(replay));
       }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      buf.reset();
     });
   });
   for (int r = 0; r < world; ++r) {

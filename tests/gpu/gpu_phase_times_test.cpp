@@ -14,6 +14,7 @@
 #include "harness/device_batch.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "support/captured_forward.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -32,10 +33,6 @@ constexpr double kClockSlackUs = 2.0;
 
 constexpr RoundPhase kChain[] = {RoundPhase::dispatch, RoundPhase::route, RoundPhase::fc1,
                                  RoundPhase::fc2, RoundPhase::combine};
-
-int world_here() {
-  return std::min(cuda_device_count(), 2);
-}
 
 // One rank's phases of the round it just ran, against that forward's event time.
 void expect_phases_of_a_round(const PhaseTimes& t, std::uint32_t round, double event_ms,
@@ -75,7 +72,7 @@ class GpuPhaseTimes : public ::testing::TestWithParam<Scenario> {};
 // T = 0 on every rank first (an idle round does the protocol and reports every phase), then
 // growing T, then rank 0 idle while the others are full.
 TEST_P(GpuPhaseTimes, EveryPhaseStampedInChainOrderWithinTheForwardsEventTime) {
-  const int world = world_here();
+  const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   LayerOptions options;
   options.expert_math = GetParam().math;
@@ -113,7 +110,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuPhaseTimes,
 
 // Off by default, and off again after set_phase_timing(false): no record is read back.
 TEST(GpuPhaseTimesSwitch, OffByDefaultOnWhenAskedAndOffAgain) {
-  const int world = world_here();
+  const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   LayerOptions options;
   options.timeout_ms = 20'000;
@@ -146,7 +143,7 @@ TEST(GpuPhaseTimesSwitch, OffByDefaultOnWhenAskedAndOffAgain) {
 // The switch lives in device memory: a graph captured while timing was off stamps its replays once
 // it is on, and each replay's record is that replay's round.
 TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
-  const int world = world_here();
+  const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t t = 16;
   LayerOptions options;
@@ -157,13 +154,9 @@ TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
     run_on_rank_threads(world, [&](int rank) {
       Layer& layer = cluster.layer(rank);
       harness::DeviceBatch buf(rank, kShape);
-      auto stream = static_cast<cudaStream_t>(buf.stream());
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      layer.forward(buf.x(t), buf.topk_ids(t), buf.topk_weights(t), buf.y(t), Stream{stream});
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      test::CapturedForward graph(layer, buf, t);
+      ASSERT_TRUE(graph.ok());
+      const cudaStream_t stream = graph.stream();
       buf.upload(harness::make_random_batch(kShape, world, t, Routing::uniform, 0, 40 + rank));
       layer.set_phase_timing(true);  // not collective: each rank its own
       cudaEvent_t start, stop;
@@ -171,7 +164,7 @@ TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
       ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
       for (int replay = 0; replay < 5; ++replay) {
         ASSERT_EQ(cudaEventRecord(start, stream), cudaSuccess);
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(graph.launch(), cudaSuccess);
         ASSERT_EQ(cudaEventRecord(stop, stream), cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         float ms = 0.0f;
@@ -182,8 +175,6 @@ TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
       }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     });
   });
   for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);

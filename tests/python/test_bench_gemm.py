@@ -7,7 +7,6 @@ runs its bf16 recipe on the CPU where torch is importable."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,20 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import ROOT, load
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "baselines" / "torch_gemm.py"
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
 
 
 tg = load(SCRIPT, "torch_gemm")
@@ -244,7 +232,7 @@ def test_epmoe_bench_gemm_rejects_bad_arguments_naming_them():
 
 def test_round_plan_keeps_fits_shrinks_and_skips_as_epmoe_bench_does():
     a = tg.parse_args(["--max-point-s", "1"])  # warmup 2, rounds 10
-    plan = tg.torch_ep.plan_rounds
+    plan = tg.common.plan_rounds
     assert plan(a, None, 4.0) == (2, 10, None)
     assert plan(a, 10.0, 4.0) == (2, 10, None)  # 40 ms x 12 fits in 1 s
     assert plan(a, 50.0, 4.0) == (1, 4, None)  # 200 ms: 1 warm-up + 4 timed

@@ -5,7 +5,6 @@ flashinfer wheels: EPMOE_TEST_FLASHINFER=1 runs a small one here when they are p
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,21 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import ROOT, load
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "baselines" / "flashinfer_ep.py"
 PLOT = ROOT / "bench" / "plot.py"
-
-
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(path.parent))
-    return mod
 
 
 fe = load(SCRIPT, "flashinfer_ep")

@@ -58,7 +58,6 @@ so bench/plot.py and ../shared/scoreboard.py read it.
 """
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -69,7 +68,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from torch_ep import MODELS, fmt, parse_models, percentile  # noqa: E402  (stdlib only at import)
+import common  # noqa: E402  (stdlib only at import)
+from common import MODELS, TRAFFIC_KEYS, model_label, parse_models, worlds_of  # noqa: E402,F401
 
 FLASHINFER_VERSION = "0.6.18"
 TVM_FFI_VERSION = "0.1.15.post2"
@@ -80,8 +80,6 @@ COMBINE = "push_fp8"
 REL_L2_BOUND = 0.10
 # Bytes per expert parameter as the layer keeps its weights: E4M3 + one fp32 per 128 x 128 block.
 WEIGHT_BYTES_PER_PARAM = 1.0 + 4.0 / (128 * 128)
-TRAFFIC_KEYS = ("weight_bytes", "pairs", "flops", "nvlink_bytes", "dispatched_rows",
-                "returned_rows", "hbm_floor_ms", "compute_floor_ms", "nvlink_floor_ms")
 
 
 def default_path(env, *parts):
@@ -95,21 +93,10 @@ def parse_args(argv=None):
         "--nproc-per-node=N tools/baselines/flashinfer_ep.py ..." % (FLASHINFER_VERSION, KERNEL),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3",
-                   help="comma list of NAME[:EXPERTS]; names: " + ", ".join(MODELS))
-    p.add_argument("--experts", type=int, default=0,
-                   help="cap every model without :EXPERTS at this many experts (0 = the model's)")
-    p.add_argument("--tokens", default="0,1,16,64,128,512,2048,8192",
-                   help="comma list of T (tokens per rank); the largest is the layer's "
-                   "max_tokens_per_rank")
-    p.add_argument("--worlds", default="auto",
-                   help="comma list of world sizes <= the processes; auto = all of them, then 1")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds per point")
-    p.add_argument("--rounds", type=int, default=10, help="timed rounds per point")
-    p.add_argument("--max-point-s", type=float, default=8.0,
-                   help="time one point may take: fewer rounds (>= 3) or skipped beyond it")
-    p.add_argument("--budget-s", type=float, default=0.0,
-                   help="wall time of the whole sweep; later points are skipped (0 = none)")
+    common.add_model_args(p, "qwen3-30b-a3b,deepseek-v3")
+    common.add_tokens_worlds_args(p, "comma list of T (tokens per rank); the largest is the "
+                                  "layer's max_tokens_per_rank")
+    common.add_timing_args(p)
     p.add_argument("--shape-timeout-s", type=float, default=900.0,
                    help="one (model, world) may take this long, layer build and JIT included; "
                    "past it the script writes its JSON (that shape's points as errors) and exits "
@@ -121,9 +108,7 @@ def parse_args(argv=None):
     p.add_argument("--check-tokens", type=int, default=16,
                    help="tokens per rank checked against the dense fp32 forward, per point "
                    "(0 = no check)")
-    p.add_argument("--ceilings-from", default="",
-                   help="an `epmoe bench --json` file: its measured HBM / peer / matmul ceilings "
-                   "give this run's floors")
+    common.add_ceilings_arg(p)
     p.add_argument("--json", default="", help="write the points here (rank 0)")
     p.add_argument("--jit-cache", default=default_path("FLASHINFER_EP_JIT", "build",
                                                        "flashinfer-jit"),
@@ -182,11 +167,6 @@ def unsupported(m, world):
     return ""
 
 
-def model_label(m):
-    return m["name"] if m["experts"] == m["model_experts"] else \
-        f'{m["name"]} E{m["experts"]}/{m["model_experts"]}'
-
-
 def base_point(m, world, graph, check):
     p = dict(impl=IMPL, baseline=IMPL, model=m["name"], hidden=m["hidden"],
              intermediate=m["intermediate"], experts=m["experts"],
@@ -197,17 +177,6 @@ def base_point(m, world, graph, check):
              eff_tflops=None)
     p.update({key: None for key in TRAFFIC_KEYS})
     return p
-
-
-def worlds_of(args, nproc):
-    if args.worlds == "auto":
-        worlds = {nproc, 1}
-    else:
-        try:
-            worlds = {int(w) for w in args.worlds.split(",") if w.strip()}
-        except ValueError:
-            sys.exit(f"--worlds {args.worlds!r}: 'auto' or a comma list of integers")
-    return sorted((w for w in worlds if 1 <= w <= nproc), reverse=True)
 
 
 def settings_of(args):
@@ -226,28 +195,11 @@ def settings_of(args):
 
 
 def write_json(path, doc):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
+    common.write_json(path, doc)
 
 
 def print_table(points):
-    print(f"\n{'model':22} {'W':>2} {'mode':5} {'T':>5} {'p50 ms':>9} {'p90 ms':>9} {'wt GB':>8} "
-          f"{'TB/s':>6} {'TFLOPS':>7} {'NVL MB':>8} {'floor ms':>9} bound  check")
-    for p in points:
-        label = p["model"] if p["experts"] == p["model_experts"] else \
-            f'{p["model"]} E{p["experts"]}/{p["model_experts"]}'
-        mode = "graph" if p["graph"] else "eager"
-        head = f"{label:22} {p['world']:>2} {mode:5} {p['tokens_per_rank']:>5} "
-        if p["status"] != "ok":
-            print(head + f"{p['status']}: {p['note']}")
-            continue
-        gb = None if p["weight_bytes"] is None else p["weight_bytes"] / 1e9
-        mb = None if p["nvlink_bytes"] is None else p["nvlink_bytes"] / 1e6
-        print(head + f"{fmt(p['latency_ms_p50']):>9} {fmt(p['latency_ms_p90']):>9} "
-              f"{fmt(gb):>8} {fmt(p['eff_tbps'], '.2f'):>6} {fmt(p['eff_tflops'], '.1f'):>7} "
-              f"{fmt(mb, '.2f'):>8} {fmt(p['floor_ms']):>9} {p['bound'] or '-':5}  {p['check']}")
+    common.print_ep_table(points, modes=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +265,7 @@ def dry_run(args):
         write_json(args.json, {
             "schema": "epmoe-bench/1", "tool": "flashinfer_ep",
             "executor": f"dry run: flashinfer-python {FLASHINFER_VERSION} ({KERNEL}) not imported",
-            "gpus": [], "ceilings": dict(hbm_gbps=None, peer_gbps=None, matmul_tflops=None),
+            "gpus": [], "ceilings": common.read_ceilings(""),
             "settings": settings_of(args), "prepare": [], "total_s": 0.0, "points": points})
         print(f"wrote {args.json}")
     return 0
@@ -403,12 +355,7 @@ class FlashInferEP:
         if not torch.cuda.is_available():
             sys.exit("flashinfer_ep.py needs CUDA GPUs (one process per GPU under torchrun); "
                      "--dry-run runs without")
-        if "RANK" not in os.environ:  # plain `python3 flashinfer_ep.py`: a world of one
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", "29534"))
-        self.rank = int(os.environ["RANK"])
-        self.nproc = int(os.environ["WORLD_SIZE"])
-        self.local = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.rank, self.nproc, self.local = common.init_rank_env(29534)
         self.device = torch.device("cuda", self.local)
         torch.cuda.set_device(self.device)
         cap = torch.cuda.get_device_capability(self.device)
@@ -420,7 +367,7 @@ class FlashInferEP:
                                 timeout=datetime.timedelta(minutes=60))
         self.points, self.prepare, self.current = [], [], []
         self.models, self.tokens = [], []
-        self.ceilings = dict(hbm_gbps=None, peer_gbps=None, matmul_tflops=None)
+        self.ceilings = common.read_ceilings("")
         self.gpus = [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())]
         self.watchdog = ShapeTimeout(self, args.hard_limit_s)
 
@@ -459,34 +406,16 @@ class FlashInferEP:
 
     # ---- the same draws as torch_ep.py (same seeds, same generator, same order) ----
     def make_weights(self, hidden, inter, e_local, seed):
-        torch = self.torch
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        w13 = torch.empty(e_local, 2 * inter, hidden, device=self.device, dtype=torch.bfloat16)
-        w2 = torch.empty(e_local, hidden, inter, device=self.device, dtype=torch.bfloat16)
-        for e in range(e_local):
-            w13[e] = (torch.rand(2 * inter, hidden, device=self.device, generator=g) * 2 - 1) / \
-                math.sqrt(hidden)
-            w2[e] = (torch.rand(hidden, inter, device=self.device, generator=g) * 2 - 1) / \
-                math.sqrt(inter)
-        return w13, w2
+        return common.make_weights(self.torch, self.device, hidden, inter, e_local, seed)
 
     def make_routing(self, t, experts, k, seed):
         """ids [t, k] int32 (-1 = dropped slot), contiguous; weights [t, k] fp32."""
-        torch = self.torch
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        ids = torch.rand(t, experts, device=self.device, generator=g).topk(k, dim=1).indices
-        drop = torch.rand(t, k, device=self.device, generator=g) < 0.05
-        ids = ids.masked_fill(drop, -1)
-        w = (0.1 + torch.rand(t, k, device=self.device, generator=g)).masked_fill(drop, 0.0)
-        w = w / w.sum(1, keepdim=True).clamp_min(1e-30)
-        return ids.to(torch.int32).contiguous(), w.contiguous()
+        ids, w = common.make_routing(self.torch, self.device, t, experts, k, seed)
+        return ids.to(self.torch.int32).contiguous(), w.contiguous()
 
     def agree(self, flag, group):
         """True on every rank of the group if any rank's flag is; also a barrier."""
-        torch = self.torch
-        v = torch.tensor([1 if flag else 0], device=self.device, dtype=torch.int32)
-        self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX, group=group)
-        return bool(v.item())
+        return common.any_rank(self.torch, self.dist, self.device, flag, group)
 
     # ---- the layer ----
     def build_layer(self, m, world, group, w13, w2):
@@ -596,43 +525,15 @@ class FlashInferEP:
         rs.fill_diagonal_(0.0)
         out = rt.sum(1) * row + rs.sum(1) * meta + rt.sum(0) * row
         inn = rt.sum(0) * row + rs.sum(0) * meta + rt.sum(1) * row
-        c = self.ceilings
         tr = dict(weight_bytes=float(touched.sum()) * expert_bytes, pairs=float(pairs.sum()),
                   flops=float(pairs.sum()) * 6.0 * inter * h,
                   nvlink_bytes=float(rt.sum()) * 2 * row + float(rs.sum()) * meta,
                   dispatched_rows=float(rt.sum()), returned_rows=float(rt.sum()))
-        tr["hbm_floor_ms"] = (float(touched.max()) * expert_bytes / (c["hbm_gbps"] * 1e9) * 1e3
-                              if c.get("hbm_gbps") else None)
-        tr["compute_floor_ms"] = (float(pairs.max()) * 6.0 * inter * h
-                                  / (c["matmul_tflops"] * 1e12) * 1e3
-                                  if c.get("matmul_tflops") else None)
-        if world == 1:
-            tr["nvlink_floor_ms"] = 0.0
-        elif c.get("peer_gbps"):
-            tr["nvlink_floor_ms"] = max(float(out.max()), float(inn.max())) / \
-                (c["peer_gbps"] * 1e9) * 1e3
-        else:
-            tr["nvlink_floor_ms"] = None
-        return tr
+        return common.traffic_floors(tr, self.ceilings, float(touched.max()) * expert_bytes,
+                                     float(pairs.max()) * 6.0 * inter * h,
+                                     max(float(out.max()), float(inn.max())), world)
 
-    @staticmethod
-    def finish_point(p, lat, traffic, world, rounds_wanted):
-        p.update(status="ok", rounds=len(lat), latency_ms=lat,
-                 latency_ms_p50=percentile(lat, 0.5), latency_ms_p90=percentile(lat, 0.9),
-                 latency_ms_min=min(lat))
-        if len(lat) < rounds_wanted:
-            p["note"] = f"stopped after {len(lat)} rounds (--max-point-s)"
-        for key in traffic[0]:
-            vals = [tr[key] for tr in traffic]
-            p[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
-        sec = p["latency_ms_p50"] * 1e-3
-        p["eff_tbps"] = p["weight_bytes"] / world / sec / 1e12 if sec > 0 else None
-        p["eff_tflops"] = p["flops"] / world / sec / 1e12 if sec > 0 else None
-        floors = {"hbm": p["hbm_floor_ms"], "mma": p["compute_floor_ms"],
-                  "nvl": p["nvlink_floor_ms"]}
-        floors = {n: v for n, v in floors.items() if v}
-        p["bound"] = max(floors, key=floors.get) if floors else ""
-        p["floor_ms"] = floors[p["bound"]] if floors else None
+    finish_point = staticmethod(common.finish_point)
 
     # ---- one model at one world size ----
     def sweep_model(self, m, mi, world, group):
@@ -667,19 +568,26 @@ class FlashInferEP:
         x_all = ((torch.rand(max(self.tokens[-1], 1), h, device=self.device, generator=g) * 2 - 1)
                  .to(torch.bfloat16))
         layer, err = None, ""
+
+        def failed(stage):
+            """Whether `stage` failed on any rank: then every point an error, the layer freed."""
+            if not self.agree(bool(err), group):
+                return False
+            msg = err or "failed on another rank"
+            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: {stage}: {msg}",
+                  file=sys.stderr, flush=True)
+            for p in ordered:
+                p.update(status="error", note=f"{stage}: {msg}"[:500])
+            self.cleanup(layer, group)
+            return True
+
         try:
             layer = self.build_layer(m, world, group, w13, w2)
         except Exception as e:  # noqa: BLE001 - reported in the points, the run goes on
             err = f"{type(e).__name__}: {e}"
         torch.cuda.synchronize()
         build_s = time.monotonic() - t0
-        if self.agree(bool(err), group):
-            msg = err or "failed on another rank"
-            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: layer: {msg}",
-                  file=sys.stderr, flush=True)
-            for p in ordered:
-                p.update(status="error", note=f"layer: {msg}"[:500])
-            self.cleanup(layer, group)
+        if failed("layer"):
             return ordered
         # First forward: the symmetric window (collective) and module loads; then every rank
         # knows the layer works. Its own warmup() builds int64 ids that its validator rejects.
@@ -692,13 +600,7 @@ class FlashInferEP:
         except Exception as e:  # noqa: BLE001
             err = f"{type(e).__name__}: {e}"
         first_s = time.monotonic() - t1
-        if self.agree(bool(err), group):
-            msg = err or "failed on another rank"
-            print(f"[flashinfer_ep] rank {self.rank}: {label} W={world}: first forward: {msg}",
-                  file=sys.stderr, flush=True)
-            for p in ordered:
-                p.update(status="error", note=f"first forward: {msg}"[:500])
-            self.cleanup(layer, group)
+        if failed("first forward"):
             return ordered
         self.prepare.append(dict(model=m["name"], experts=m["experts"], world=world,
                                  max_tokens_per_rank=max(self.tokens[-1], 1),
@@ -728,17 +630,12 @@ class FlashInferEP:
                 if broken:
                     p.update(status="error", note=broken)
                     continue
-                warmup, rounds = args.warmup, args.rounds
-                if last[graph] is not None:
-                    last_ms, last_t = last[graph]
-                    est_s = last_ms * max(1.0, t / last_t if last_t > 0 else float(t)) * 1e-3
-                    if est_s * (warmup + rounds) > args.max_point_s:
-                        warmup = min(warmup, 1)
-                        rounds = max(3, int(args.max_point_s / est_s) - warmup)
-                        if est_s * (warmup + rounds) > 1.5 * args.max_point_s:
-                            p.update(status="skipped", note=f"estimated {est_s:.2f} s per "
-                                     f"forward exceeds --max-point-s={args.max_point_s:g}")
-                            continue
+                last_ms, last_t = last[graph] or (None, 0)
+                warmup, rounds, skip = common.plan_rounds(
+                    args, last_ms, t / last_t if last_t > 0 else float(t))
+                if skip:
+                    p.update(status="skipped", note=skip)
+                    continue
                 try:
                     res = self.time_point(layer, m, world, group, e_local, x, t, warmup, rounds,
                                           graph, start_ev, stop_ev, w13, w2)
@@ -811,10 +708,7 @@ class FlashInferEP:
             if i >= warmup:
                 mine.append(start_ev.elapsed_time(stop_ev))
                 traffic.append(self.round_traffic(ids, m, world, e_local, group))
-        lat = torch.tensor(mine, device=self.device, dtype=torch.float64)
-        if world > 1:
-            self.dist.all_reduce(lat, op=self.dist.ReduceOp.MAX, group=group)
-        lat = lat.cpu().tolist()
+        lat = common.slowest_rank(torch, self.dist, self.device, mine, world, group)
         rel = None
         c = min(t, args.check_tokens)
         if c > 0 and last is not None:  # the last round's output against its inputs
@@ -867,11 +761,7 @@ class FlashInferEP:
         self.tokens = args.token_list
         worlds = worlds_of(args, self.nproc)
         if args.ceilings_from and os.path.exists(args.ceilings_from):
-            with open(args.ceilings_from) as f:
-                c = json.load(f).get("ceilings", {})
-            for key in list(self.ceilings):
-                self.ceilings[key] = c.get(key)
-            self.ceilings["from"] = args.ceilings_from
+            self.ceilings = common.read_ceilings(args.ceilings_from)
         for world in worlds:
             group = self.dist.new_group(ranks=list(range(world)))  # every process calls it
             if self.rank < world:

@@ -33,19 +33,13 @@ JSON has the schema of `epmoe bench --json` (impl "torch_ep", precision "bf16", 
 """
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
 
-MODELS = {  # hidden, moe intermediate, routed experts, experts per token (as tools' models.cpp)
-    "qwen3-30b-a3b": (2048, 768, 128, 8),
-    "deepseek-v3": (7168, 2048, 256, 8),
-    "gpt-oss-120b": (2880, 2880, 128, 4),
-    "mixtral-8x7b": (4096, 14336, 8, 2),
-    "tiny": (64, 64, 16, 4),
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (stdlib only at import)
+from common import MODELS, TRAFFIC_KEYS, parse_models, plan_rounds  # noqa: E402,F401
 
 
 def parse_args(argv=None):
@@ -55,78 +49,16 @@ def parse_args(argv=None):
         "--nproc-per-node=N tools/baselines/torch_ep.py ...",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3",
-                   help="comma list of NAME[:EXPERTS]; names: " + ", ".join(MODELS))
-    p.add_argument("--experts", type=int, default=0,
-                   help="cap every model without :EXPERTS at this many experts (0 = the model's)")
-    p.add_argument("--tokens", default="0,1,16,64,128,512,2048,8192",
-                   help="comma list of T (tokens per rank)")
-    p.add_argument("--worlds", default="auto",
-                   help="comma list of world sizes <= the processes; auto = all of them, then 1")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds per point")
-    p.add_argument("--rounds", type=int, default=10, help="timed rounds per point")
-    p.add_argument("--max-point-s", type=float, default=8.0,
-                   help="time one point may take: fewer rounds (>= 3) or skipped beyond it")
-    p.add_argument("--budget-s", type=float, default=0.0,
-                   help="wall time of the whole sweep; later points are skipped (0 = none)")
+    common.add_model_args(p, "qwen3-30b-a3b,deepseek-v3")
+    common.add_tokens_worlds_args(p)
+    common.add_timing_args(p)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-check", action="store_true",
                    help="skip the per-world check of the layer against a dense fp32 forward "
                    "(small shape, all weights on every rank)")
-    p.add_argument("--ceilings-from", default="",
-                   help="an `epmoe bench --json` file: its measured HBM / peer / matmul ceilings "
-                   "give this run's floors")
+    common.add_ceilings_arg(p)
     p.add_argument("--json", default="", help="write the points here (rank 0)")
     return p.parse_args(argv)
-
-
-def parse_models(text, experts_cap):
-    out = []
-    for spec in [s for s in text.split(",") if s]:
-        name, _, e = spec.partition(":")
-        if name not in MODELS:
-            sys.exit(f"--models: {name}: must be one of {', '.join(MODELS)}")
-        h, i, n, k = MODELS[name]
-        experts = n
-        if e:
-            experts = min(int(e), n)
-        elif experts_cap > 0:
-            experts = min(experts_cap, n)
-        out.append(dict(name=name, hidden=h, intermediate=i, experts=experts, model_experts=n,
-                        top_k=k))
-    return out
-
-
-def percentile(values, q):
-    if not values:
-        return None
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(math.floor(pos))
-    hi = min(len(v) - 1, lo + 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def plan_rounds(args, last_ms, scale, what="forward"):
-    """(warmup, rounds, skip note or None) of a point whose previous point took last_ms (None:
-    none yet) and is `scale` times smaller: every round, fewer (>= 3 timed, 1 warm-up) to fit
-    --max-point-s, or a skip; `epmoe bench`'s rule (tools/sweep.cpp, plan_rounds)."""
-    warmup, rounds = args.warmup, args.rounds
-    if last_ms is None:
-        return warmup, rounds, None
-    est_s = last_ms * max(1.0, scale) * 1e-3
-    if est_s * (warmup + rounds) <= args.max_point_s:
-        return warmup, rounds, None
-    warmup = min(warmup, 1)
-    rounds = max(3, int(args.max_point_s / est_s) - warmup)
-    if est_s * (warmup + rounds) > 1.5 * args.max_point_s:
-        return warmup, rounds, (f"estimated {est_s:.2f} s per {what} exceeds "
-                                f"--max-point-s={args.max_point_s:g}")
-    return warmup, rounds, None
-
-
-TRAFFIC_KEYS = ("weight_bytes", "pairs", "flops", "nvlink_bytes", "dispatched_rows",
-                "returned_rows", "hbm_floor_ms", "compute_floor_ms", "nvlink_floor_ms")
 
 
 class TorchEP:
@@ -143,12 +75,7 @@ class TorchEP:
         self.args = args
         if not torch.cuda.is_available():
             sys.exit("torch_ep.py needs CUDA GPUs (one process per GPU under torchrun)")
-        if "RANK" not in os.environ:  # plain `python3 torch_ep.py`: a world of one
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=os.environ.get("MASTER_PORT", "29533"))
-        self.rank = int(os.environ["RANK"])
-        self.nproc = int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.rank, self.nproc, local = common.init_rank_env(29533)
         self.device = torch.device("cuda", local)
         torch.cuda.set_device(self.device)
         dist.init_process_group("nccl", device_id=self.device,
@@ -161,37 +88,10 @@ class TorchEP:
             print(text, flush=True)
 
     # ---- grouped GEMM: torch._grouped_mm when it exists and passes a probe, else a loop ----
-    @staticmethod
-    def loop_mm(a, b, offs):
-        """a [M, K], b [E, K, N], offs [E] cumulative row ends -> [M, N]."""
-        out = a.new_empty(a.shape[0], b.shape[2])
-        start = 0
-        for e, end in enumerate(offs.tolist()):
-            if end > start:
-                out[start:end] = a[start:end] @ b[e]
-            start = end
-        return out
+    loop_mm = staticmethod(common.loop_mm)
 
     def pick_grouped_mm(self):
-        torch = self.torch
-        if not hasattr(torch, "_grouped_mm"):
-            self.log("torch._grouped_mm does not exist in this torch: per-expert matmul loop")
-            return self.loop_mm, "per-expert matmul loop"
-        try:
-            g = torch.Generator(device=self.device).manual_seed(5)
-            a = torch.randn(48, 64, device=self.device, generator=g).to(torch.bfloat16)
-            b = torch.randn(3, 32, 64, device=self.device, generator=g).to(torch.bfloat16)
-            bt = b.transpose(1, 2)  # [E, K, N] as a view of [E, N, K], like the weights
-            offs = torch.tensor([16, 16, 48], device=self.device, dtype=torch.int32)  # one empty
-            got = torch._grouped_mm(a, bt, offs=offs).float()
-            want = self.loop_mm(a, bt, offs).float()
-            err = ((got - want).norm() / want.norm()).item()
-            if err < 1e-2:
-                return (lambda a, b, offs: torch._grouped_mm(a, b, offs=offs)), "torch._grouped_mm"
-            self.log(f"torch._grouped_mm probe: rel err {err:.3g}; per-expert matmul loop")
-        except Exception as e:  # noqa: BLE001 - any failure means: use the loop
-            self.log(f"torch._grouped_mm unusable ({e}); per-expert matmul loop")
-        return self.loop_mm, "per-expert matmul loop"
+        return common.pick_grouped_mm(self.torch, self.device, self.log)
 
     # ---- the layer ----
     def forward(self, x, ids, wts, w13t, w2t, e_local, world, group):
@@ -240,33 +140,15 @@ class TorchEP:
         return y.to(torch.bfloat16)
 
     def make_weights(self, hidden, inter, e_local, seed):
-        torch = self.torch
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        w13 = torch.empty(e_local, 2 * inter, hidden, device=self.device, dtype=torch.bfloat16)
-        w2 = torch.empty(e_local, hidden, inter, device=self.device, dtype=torch.bfloat16)
-        for e in range(e_local):  # per expert: no fp32 copy of the whole layer
-            w13[e] = (torch.rand(2 * inter, hidden, device=self.device, generator=g) * 2 - 1) / \
-                math.sqrt(hidden)
-            w2[e] = (torch.rand(hidden, inter, device=self.device, generator=g) * 2 - 1) / \
-                math.sqrt(inter)
-        return w13, w2  # [E, 2I, H], [E, H, I] as a checkpoint has them
+        return common.make_weights(self.torch, self.device, hidden, inter, e_local, seed)
 
     def make_routing(self, t, experts, k, seed):
-        torch = self.torch
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        ids = torch.rand(t, experts, device=self.device, generator=g).topk(k, dim=1).indices
-        drop = torch.rand(t, k, device=self.device, generator=g) < 0.05
-        ids = ids.masked_fill(drop, -1)
-        w = (0.1 + torch.rand(t, k, device=self.device, generator=g)).masked_fill(drop, 0.0)
-        return ids, w / w.sum(1, keepdim=True).clamp_min(1e-30)
+        return common.make_routing(self.torch, self.device, t, experts, k, seed)
 
     def agree(self, flag, group):
         """Rank 0's flag on every rank of the group; also a barrier (all-reduce, then a sync)."""
-        torch = self.torch
-        v = torch.tensor([1 if (flag and self.rank == 0) else 0], device=self.device,
-                         dtype=torch.int32)
-        self.dist.all_reduce(v, op=self.dist.ReduceOp.MAX, group=group)
-        return bool(v.item())
+        return common.any_rank(self.torch, self.dist, self.device, flag and self.rank == 0,
+                               group)
 
     # ---- check: a small shape against a dense fp32 forward (all weights gathered) ----
     def check(self, world, group):
@@ -321,7 +203,6 @@ class TorchEP:
         remote.fill_diagonal_(0.0)
         out = remote.sum(1) * row_out + remote.sum(0) * row_back
         inn = remote.sum(0) * row_out + remote.sum(1) * row_back
-        c = self.ceilings
         tr = dict(
             weight_bytes=float(touched.sum()) * expert_bytes,
             pairs=float(pairs.sum()),
@@ -330,25 +211,14 @@ class TorchEP:
             dispatched_rows=float(remote.sum()),
             returned_rows=float(remote.sum()),
         )
-        tr["hbm_floor_ms"] = (float(touched.max()) * expert_bytes / (c["hbm_gbps"] * 1e9) * 1e3
-                              if c.get("hbm_gbps") else None)
-        tr["compute_floor_ms"] = (float(pairs.max()) * 6.0 * inter * h
-                                  / (c["matmul_tflops"] * 1e12) * 1e3
-                                  if c.get("matmul_tflops") else None)
-        if world == 1:
-            tr["nvlink_floor_ms"] = 0.0
-        elif c.get("peer_gbps"):
-            link = max(float(out.max()), float(inn.max()))
-            tr["nvlink_floor_ms"] = link / (c["peer_gbps"] * 1e9) * 1e3
-        else:
-            tr["nvlink_floor_ms"] = None
-        return tr
+        return common.traffic_floors(tr, self.ceilings, float(touched.max()) * expert_bytes,
+                                     float(pairs.max()) * 6.0 * inter * h,
+                                     max(float(out.max()), float(inn.max())), world)
 
     # ---- one model at one world size ----
     def sweep_model(self, m, mi, world, group, check_result):
         torch, args = self.torch, self.args
-        label = m["name"] if m["experts"] == m["model_experts"] else \
-            f'{m["name"]} E{m["experts"]}/{m["model_experts"]}'
+        label = common.model_label(m)
         base = dict(impl="torch_ep", model=m["name"], hidden=m["hidden"],
                     intermediate=m["intermediate"], experts=m["experts"],
                     model_experts=m["model_experts"], top_k=m["top_k"], precision="bf16",
@@ -400,26 +270,9 @@ class TorchEP:
                 if i >= warmup:
                     mine.append(start_ev.elapsed_time(stop_ev))
                     traffic.append(self.round_traffic(ids, m, world, e_local, group))
-            lat = torch.tensor(mine, device=self.device, dtype=torch.float64)
-            if world > 1:
-                self.dist.all_reduce(lat, op=self.dist.ReduceOp.MAX, group=group)
-            lat = lat.cpu().tolist()
-            p.update(status="ok", warmup=warmup, rounds=len(lat), latency_ms=lat,
-                     latency_ms_p50=percentile(lat, 0.5), latency_ms_p90=percentile(lat, 0.9),
-                     latency_ms_min=min(lat))
-            if len(lat) < rounds:
-                p["note"] = f"stopped after {len(lat)} rounds (--max-point-s)"
-            for key in traffic[0]:
-                vals = [tr[key] for tr in traffic]
-                p[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
-            sec = p["latency_ms_p50"] * 1e-3
-            p["eff_tbps"] = p["weight_bytes"] / world / sec / 1e12 if sec > 0 else None
-            p["eff_tflops"] = p["flops"] / world / sec / 1e12 if sec > 0 else None
-            floors = {"hbm": p["hbm_floor_ms"], "mma": p["compute_floor_ms"],
-                      "nvl": p["nvlink_floor_ms"]}
-            floors = {n: v for n, v in floors.items() if v}
-            p["bound"] = max(floors, key=floors.get) if floors else ""
-            p["floor_ms"] = floors[p["bound"]] if floors else None
+            lat = common.slowest_rank(torch, self.dist, self.device, mine, world, group)
+            p["warmup"] = warmup
+            common.finish_point(p, lat, traffic, world, rounds)
             last_ms, last_t = p["latency_ms_p50"], t
             self.log(f"[torch_ep] {label} W={world} T={t}: {p['latency_ms_p50']:.3f} ms")
         del w13, w2, w13t, w2t, x_all
@@ -430,18 +283,8 @@ class TorchEP:
         args = self.args
         self.models = parse_models(args.models, args.experts)
         self.tokens = sorted({int(t) for t in args.tokens.split(",") if t})
-        if args.worlds == "auto":
-            worlds = sorted({self.nproc, 1}, reverse=True)
-        else:
-            worlds = sorted({int(w) for w in args.worlds.split(",") if w}, reverse=True)
-        worlds = [w for w in worlds if w <= self.nproc]
-        self.ceilings = dict(hbm_gbps=None, peer_gbps=None, matmul_tflops=None)
-        if args.ceilings_from and os.path.exists(args.ceilings_from):
-            with open(args.ceilings_from) as f:
-                c = json.load(f).get("ceilings", {})
-            for key in list(self.ceilings):
-                self.ceilings[key] = c.get(key)
-            self.ceilings["from"] = args.ceilings_from
+        worlds = common.worlds_of(args, self.nproc)
+        self.ceilings = common.read_ceilings(args.ceilings_from)
 
         points = []
         for world in worlds:
@@ -454,7 +297,7 @@ class TorchEP:
             self.dist.barrier()
 
         if self.rank == 0:
-            print_table(points)
+            common.print_ep_table(points)
             if args.json:
                 torch = self.torch
                 doc = {
@@ -472,32 +315,11 @@ class TorchEP:
                     "total_s": time.monotonic() - self.t_start,
                     "points": points,
                 }
-                with open(args.json, "w") as f:
-                    json.dump(doc, f, indent=1)
+                common.write_json(args.json, doc)
                 print(f"wrote {args.json}")
         self.dist.destroy_process_group()
         failed = any(p.get("check", "").startswith("fail") for p in points)
         return 1 if failed else 0
-
-
-def fmt(v, spec=".3f"):
-    return "-" if v is None else format(v, spec)
-
-
-def print_table(points):
-    print(f"\n{'model':22} {'W':>2} {'T':>5} {'p50 ms':>9} {'p90 ms':>9} {'wt GB':>8} "
-          f"{'TB/s':>6} {'TFLOPS':>7} {'NVL MB':>8} {'floor ms':>9} bound  check")
-    for p in points:
-        label = p["model"] if p["experts"] == p["model_experts"] else \
-            f'{p["model"]} E{p["experts"]}/{p["model_experts"]}'
-        head = f"{label:22} {p['world']:>2} {p['tokens_per_rank']:>5} "
-        if p["status"] != "ok":
-            print(head + f"{p['status']}: {p['note']}")
-            continue
-        print(head + f"{fmt(p['latency_ms_p50']):>9} {fmt(p['latency_ms_p90']):>9} "
-              f"{fmt(p['weight_bytes'] / 1e9):>8} {fmt(p['eff_tbps'], '.2f'):>6} "
-              f"{fmt(p['eff_tflops'], '.1f'):>7} {fmt(p['nvlink_bytes'] / 1e6, '.2f'):>8} "
-              f"{fmt(p['floor_ms']):>9} {p['bound'] or '-':5}  {p['check']}")
 
 
 def main(argv=None):

@@ -27,14 +27,13 @@ recipe this torch lacks or rejects is skipped with its reason. Timing: --warmup 
 """
 
 import argparse
-import json
 import os
 import sys
 import time
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_ep  # noqa: E402  (MODELS, parse_models, percentile, plan_rounds, weights, GEMMs)
+import common  # noqa: E402  (models, round plan, statistics, weights, grouped GEMM, JSON)
+from common import model_label as label, percentile  # noqa: E402
 
 PRECISIONS = ("bf16", "fp8_rowwise", "fp8_block128")
 E4M3_MAX = 448.0
@@ -45,24 +44,15 @@ def parse_args(argv=None):
         description="The expert GEMMs alone (FC1 + SwiGLU + FC2 over E experts, R rows each) "
         "with torch._grouped_mm and torch's scaled FP8 GEMMs, timed like `epmoe bench gemm`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--models", default="qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b",
-                   help="comma list of NAME[:EXPERTS]; names: " + ", ".join(torch_ep.MODELS))
-    p.add_argument("--experts", type=int, default=32,
-                   help="cap every model without :EXPERTS at this many experts (0 = the model's)")
+    common.add_model_args(p, "qwen3-30b-a3b,deepseek-v3,gpt-oss-120b,mixtral-8x7b", 32)
     p.add_argument("--rows", default="1,4,16,64,256,1024,4096",
                    help="comma list of R, rows per expert")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help="comma list of " + ", ".join(PRECISIONS))
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per point")
-    p.add_argument("--rounds", type=int, default=10, help="timed steps per point")
-    p.add_argument("--max-point-s", type=float, default=8.0,
-                   help="time one point may take: fewer rounds (>= 3) or skipped beyond it")
-    p.add_argument("--budget-s", type=float, default=0.0,
-                   help="wall time of the whole sweep; later points are skipped (0 = none)")
+    common.add_timing_args(p, "steps")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--ceilings-from", default="",
-                   help="an `epmoe bench gemm --json` (or `epmoe bench --json`) file: its "
-                   "measured HBM and matmul ceilings give this run's floors")
+    common.add_ceilings_arg(p, "an `epmoe bench gemm --json` (or `epmoe bench --json`) file",
+                            "HBM and matmul ceilings")
     p.add_argument("--json", default="", help="write the points here")
     p.add_argument("--device", default="cuda",
                    help="cuda, or cpu for tests (wall-clock timing; torch's FP8 GEMMs are mostly "
@@ -82,7 +72,7 @@ def parse_args(argv=None):
         p.error(f"--precisions={a.precisions}: each must be one of {', '.join(PRECISIONS)}")
     if a.warmup < 0 or a.rounds < 1:
         p.error(f"--warmup={a.warmup} --rounds={a.rounds}: need warmup >= 0 and rounds >= 1")
-    a.model_list = torch_ep.parse_models(a.models, a.experts)
+    a.model_list = common.parse_models(a.models, a.experts)
     return a
 
 
@@ -92,11 +82,6 @@ def refusal(m, precision):
         return (f"fp8_block128 needs H and I in whole 128-blocks (H={m['hidden']}, "
                 f"I={m['intermediate']})")
     return None
-
-
-def label(m):
-    return m["name"] if m["experts"] == m["model_experts"] else \
-        f'{m["name"]} E{m["experts"]}/{m["model_experts"]}'
 
 
 def make_points(args):
@@ -123,10 +108,10 @@ def make_points(args):
 
 def finish(p, us, ceilings):
     """Fills a point's statistics and floors from its per-round times (us)."""
-    p50 = torch_ep.percentile(us, 0.5)
+    p50 = percentile(us, 0.5)
     p.update(status="ok", rounds=len(us), gemm_us=us, gemm_us_p50=p50,
-             gemm_us_p90=torch_ep.percentile(us, 0.9), gemm_us_min=min(us),
-             latency_ms_p50=p50 * 1e-3, latency_ms_p90=torch_ep.percentile(us, 0.9) * 1e-3)
+             gemm_us_p90=percentile(us, 0.9), gemm_us_min=min(us),
+             latency_ms_p50=p50 * 1e-3, latency_ms_p90=percentile(us, 0.9) * 1e-3)
     p["eff_tflops"] = p["flops"] / (p50 * 1e-6) / 1e12
     p["eff_tbps"] = p["weight_bytes"] / (p50 * 1e-6) / 1e12
     if ceilings.get("hbm_gbps"):
@@ -140,12 +125,7 @@ def finish(p, us, ceilings):
 
 
 def read_ceilings(path):
-    c = dict(hbm_gbps=None, matmul_tflops=None)
-    if path and os.path.exists(path):
-        with open(path) as f:
-            got = json.load(f).get("ceilings", {})
-        c.update({k: got.get(k) for k in c}, source=path)
-    return c
+    return common.read_ceilings(path, ("hbm_gbps", "matmul_tflops"), "source")
 
 
 class TorchGemm:
@@ -164,11 +144,11 @@ class TorchGemm:
         else:
             sys.exit("torch_gemm.py needs a CUDA GPU (use --dry-run to see the plan without one)")
         self.fp8 = getattr(torch, "float8_e4m3fn", None)
-        # torch_ep's weight maker and its probed grouped GEMM, on this device.
-        ep = types.SimpleNamespace(torch=torch, device=self.device, rank=0, log=print,
-                                   loop_mm=torch_ep.TorchEP.loop_mm)
-        self.make_weights = lambda h, i, e, seed: torch_ep.TorchEP.make_weights(ep, h, i, e, seed)
-        self.grouped, self.grouped_name = torch_ep.TorchEP.pick_grouped_mm(ep)
+        # torch_ep's weights and its probed grouped GEMM, on this device.
+        self.grouped, self.grouped_name = common.pick_grouped_mm(torch, self.device, print)
+
+    def make_weights(self, hidden, inter, e, seed):
+        return common.make_weights(self.torch, self.device, hidden, inter, e, seed)
 
     # ---- quantization (E4M3 with fp32 scales: value = code * scale) ----
     def quant_rows(self, a):
@@ -380,7 +360,7 @@ class TorchGemm:
                 continue
             key = (prec, p["model"], p["experts"])
             last_us, last_r = last.get(key, (None, 1))
-            warmup, rounds, skip = torch_ep.plan_rounds(
+            warmup, rounds, skip = common.plan_rounds(
                 args, last_us and last_us * 1e-3, p["rows_per_expert"] / last_r, what="step")
             if skip:
                 p.update(status="skipped", note=skip)
@@ -411,15 +391,14 @@ class TorchGemm:
 
 
 def fmt(v, spec=".1f"):
-    return "-" if v is None else format(v, spec)
+    return common.fmt(v, spec)
 
 
 def print_table(points):
     print(f"\n{'model':22} {'prec':12} {'R':>5} {'gemm us':>10} {'p90 us':>10} {'TFLOPS':>7} "
           f"{'TB/s':>6} {'floor us':>9} bound  check")
     for p in points:
-        m = dict(name=p["model"], experts=p["experts"], model_experts=p["model_experts"])
-        head = f"{label(m):22} {p['precision']:12} {p['rows_per_expert']:>5} "
+        head = f"{label(p):22} {p['precision']:12} {p['rows_per_expert']:>5} "
         if p["status"] != "ok":
             print(head + f"{p['status']}: {p['note']}")
             continue
@@ -455,8 +434,7 @@ def main(argv=None):
         doc = {"schema": "epmoe-bench-gemm/1", "tool": "torch_gemm", "executor": executor,
                "gpus": gpus, "ceilings": ceilings, "settings": settings,
                "total_s": time.monotonic() - t_start, "points": points}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        common.write_json(args.json, doc)
         print(f"wrote {args.json}")
     bad = [p for p in points if p["status"] == "error" or p["check"].startswith("fail")]
     return 1 if bad else 0
