@@ -58,6 +58,18 @@ __device__ __forceinline__ void for_each_chunk_tile(const ExpertInputs& in,
     item(find_chunk(in, local_experts, i / tiles), i % tiles);
 }
 
+// An item's per-row lookup into shared memory: out[r] = lookup(pair r of the chunk), written by
+// the chunk's first `rows` threads between two CTA barriers (the previous item is done with `out`;
+// every row is there before the item reads it). Called by every thread of the CTA.
+template <class T, class Lookup>
+__device__ __forceinline__ void stage_chunk_rows(const ExpertInputs& in, const Chunk& chunk, T* out,
+                                                 Lookup lookup) {
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < chunk.rows)
+    out[threadIdx.x] = lookup(in.pairs[chunk.first_pair + threadIdx.x]);
+  __syncthreads();
+}
+
 // f(std::integral_constant<Activation, a>{}) for the layer's activation `a`: an FC1 kernel is a
 // template on the activation, so each instance holds one activation's code (registers).
 template <class F>

@@ -31,10 +31,8 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   for_each_chunk_tile(
       in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
         const std::int64_t j0 = std::int64_t{column_tile} * kColumnsPerTile;
-        __syncthreads();  // the previous item's epilogue is done with x_row_of
-        if (threadIdx.x < chunk.rows)
-          x_row_of[threadIdx.x] = x_row_of_pair(in, in.pairs[chunk.first_pair + threadIdx.x]);
-        __syncthreads();
+        stage_chunk_rows(in, chunk, x_row_of,
+                         [&](std::uint32_t pair) { return x_row_of_pair(in, pair); });
         const auto h_of = [&](int r) {  // row r's part of h in this tile
           return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
         };

@@ -23,11 +23,8 @@ __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
     for_each_chunk_tile(
         in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
           const std::int64_t c0 = std::int64_t{column_tile} * kCols;
-          __syncthreads();  // the previous item's epilogue is done with home_of
-          if (threadIdx.x < chunk.rows)
-            home_of[threadIdx.x] =
-                home_slot(p.step.home, round, in.pairs[chunk.first_pair + threadIdx.x]);
-          __syncthreads();
+          stage_chunk_rows(in, chunk, home_of,
+                           [&](std::uint32_t pair) { return home_slot(p.step.home, round, pair); });
           // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never
           // stored.
           const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };

@@ -229,12 +229,12 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 }  // namespace
 
 StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms) {
+  const int group = activate_group_size(problem);
   return StepShapes{
       occupancy_shape(gather_kernel, 0, device, num_sms),
-      occupancy_shape(activate_kernel,
-                      (kThreads / activate_group_size(problem)) * activate_row_smem(problem),
-                      device, num_sms),
-      occupancy_shape(home_kernel, 0, device, num_sms)};
+      occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem), device,
+                      num_sms),
+      occupancy_shape(home_kernel, 0, device, num_sms), group};
 }
 
 void launch_plan(const Params& p, cudaStream_t stream) {
@@ -246,7 +246,7 @@ void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  launch_chained(activate_kernel, s.activate, stream, p, activate_group_size(p.problem));
+  launch_chained(activate_kernel, s.activate, stream, p, s.activate_group);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {

@@ -50,6 +50,7 @@ struct Params {
 
 struct StepShapes {
   KernelShape gather, activate, home;
+  int activate_group;  // threads per h row in activate (a RowGroup slice)
 };
 StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms);
 
