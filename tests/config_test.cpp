@@ -462,12 +462,14 @@ std::pair<std::int32_t, std::int32_t> tile_after(Precision p, ExpertMath math, s
   return {out.block_m, out.block_n};
 }
 
-TEST(WithKnobsWgmma, Bf16GemmsGet128RowsAnd128Or256Columns) {
+TEST(WithKnobsWgmma, Bf16GemmsGet128Or64RowsAnd128Or256Columns) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::mxfp4}) {
-    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 64), T(128, 128)) << to_string(p);
-    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 128), T(128, 128)) << to_string(p);
-    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 256), T(128, 256)) << to_string(p);
+    // 64 rows: the ping-pong FC1 of the precisions whose FC1 epilogue activates (not nvfp4).
+    const std::int32_t rows = p == Precision::nvfp4 ? 128 : 64;
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 64), T(rows, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 128), T(rows, 128)) << to_string(p);
+    EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 256), T(rows, 256)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 64), T(128, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 128), T(128, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 128, 256), T(128, 256)) << to_string(p);
@@ -501,7 +503,7 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
   ASSERT_EQ(notes.size(), 2u);
   EXPECT_EQ(notes[0],
             "block_m=64 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 "
-            "rows)");
+            "rows) for fp8_block128 (64-row FC1 tiles: bf16, mxfp8, mxfp4)");
   EXPECT_EQ(notes[1],
             "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
             "(E4M3 blockwise)");
@@ -529,8 +531,10 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)
       for (std::int32_t bn : kKnobSpace.block_n) {
-        const bool shipped =
-            bm == 128 && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
+        const bool rows =
+            bm == 128 ||
+            (bm == 64 && (p == Precision::bf16 || p == Precision::mxfp8 || p == Precision::mxfp4));
+        const bool shipped = rows && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
         EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
       }
 }

@@ -170,9 +170,13 @@ TEST_P(WithKnobsProperty,
               fail("result breaks a rule: " + c, out);
             }
             // Minimal adjustment: only conflicting knobs move, and only downwards, except onto
-            // the wgmma tiles: block_m up to 128, a 64-wide block_n up to 128.
+            // the wgmma tiles: block_m up to 128 (64 kept where FC1 activates in its epilogue), a
+            // 64-wide block_n up to 128.
             const bool wgmma = options.expert_math == ExpertMath::wgmma;
-            const bool block_m_ok = wgmma ? out.block_m == 128 : out.block_m == in.block_m;
+            const std::int32_t wgmma_block_m =
+                in.block_m == 64 && core::wgmma_fc1_activates(precision) ? 64 : 128;
+            const bool block_m_ok =
+                wgmma ? out.block_m == wgmma_block_m : out.block_m == in.block_m;
             const bool block_n_ok =
                 out.block_n <= in.block_n || (wgmma && in.block_n == 64 && out.block_n == 128);
             if (!block_m_ok || !block_n_ok || out.dispatch_warps != in.dispatch_warps ||

@@ -27,10 +27,19 @@ inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs)
 // The deepest pipeline in [min_stages, max_stages] whose footprint fits kMaxSharedMemoryBytes.
 std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
+// The precisions whose wgmma FC1 applies the activation in its epilogue (grouped_gemm.hpp,
+// Bf16GluGroupedGemm): bf16, mxfp8 and mxfp4. constexpr: the kernels ask it too.
+constexpr bool wgmma_fc1_activates(Precision precision) {
+  return precision == Precision::bf16 || precision == Precision::mxfp8 ||
+         precision == Precision::mxfp4;
+}
+
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
-// fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m is always 128: the
-// cooperative kernel's two consumer warpgroups own 64 rows each.
+// fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m 128 runs the
+// cooperative kernel (two consumer warpgroups of 64 rows); block_m 64, for the precisions whose FC1
+// activates in its epilogue, runs that FC1 on 64 x 128 ping-pong tiles (one warpgroup per tile,
+// the other's epilogue overlapping its mainloop) and FC2 on 128 x block_n.
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
@@ -45,7 +54,8 @@ void check_knob_space(const Knobs& knobs);
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
-//     -> 128, block_n 64 -> 128, and 256 -> 128 for fp8_block128;
+//     -> 128 (64 stays for wgmma_fc1_activates precisions), block_n 64 -> 128, and 256 -> 128
+//     for fp8_block128;
 //   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
 // `notes` (may be null) receives one line per change, for logs (and a future `epmoe tune`).
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,

@@ -14,15 +14,20 @@
 
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "formats/codec.hpp"
+#include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
 #include "support/device_vectors.hpp"
 
 namespace epmoe {
 namespace {
 
+using cuda::experts::ExpertProblem;
+using cuda::experts::wgmma::Bf16GluGroupedGemm;
 using cuda::experts::wgmma::Bf16GroupedGemm;
 using cuda::experts::wgmma::Bf16Tile;
 using cuda::experts::wgmma::Fp8BlockwiseGroupedGemm;
 using cuda::experts::wgmma::GemmProblem;
+using cuda::experts::wgmma::GluTile;
 
 bool have_gpu() {
   int devices = 0;
@@ -218,6 +223,126 @@ TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
   });
   std::printf("E4M3 grouped GEMM worst |D - exact| / sum|a b| = %.3g\n", worst);
   EXPECT_LT(worst, 1e-3);  // measured 7.8e-5 on an H200
+}
+
+// FC1 with the activation in its epilogue (Bf16GluGroupedGemm) against the host: w13 drawn in the
+// caller's order (gate rows, then up rows) and interleaved as the backend stores it, gate and up
+// summed in float64, rounded to fp32 (the accumulator), b13 and the activation, then FC2's input
+// quantization point (bf16, or MXFP8 blocks of 32 h columns, decoded: the bf16 codes FC2 reads).
+// The GPU's fp32 sums and __expf differ from that in the last bits, so a few elements may land on
+// the other side of a rounding boundary; a gate / up pairing, row, column, block or bias mistake
+// moves most of them.
+struct GluCase {
+  Precision precision;
+  Activation activation;
+  float limit;
+  bool biases;
+};
+// Returns the h codes the GPU stored.
+std::vector<std::uint16_t> check_glu_gemm(const GluCase& c, GluTile tile) {
+  const int h = 512, inter = 192, n = 2 * inter;
+  const Groups g({0, 5, 300, 128, 0, 1});
+  ExpertProblem problem{h,      inter, g.count(), c.precision, ScaleRounding::rceil, c.activation,
+                        c.limit};
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * h);
+  std::vector<std::uint16_t> w13(static_cast<std::size_t>(g.count()) * n * h);  // caller's order
+  std::vector<float> b13(static_cast<std::size_t>(g.count()) * n);
+  for (auto& v : a) v = formats::float_to_bf16(normal(rng));
+  for (auto& v : w13) v = formats::float_to_bf16(normal(rng) * 0.06f);
+  for (auto& v : b13) v = normal(rng) * 0.5f;
+  std::vector<std::uint16_t> interleaved(w13.size());
+  for (int e = 0; e < g.count(); ++e)
+    for (int r = 0; r < n; ++r) {
+      const int to = r < inter ? 2 * r : 2 * (r - inter) + 1;
+      std::memcpy(&interleaved[(static_cast<std::size_t>(e) * n + to) * h],
+                  &w13[(static_cast<std::size_t>(e) * n + r) * h], h * sizeof(std::uint16_t));
+    }
+  const DeviceCopy<std::uint16_t> a_dev(a), b_dev(interleaved);
+  const DeviceCopy<float> b13_dev(b13);
+  const DeviceCopy<std::uint16_t> h_dev(static_cast<std::size_t>(g.total) * inter);
+
+  Bf16GluGroupedGemm gemm(problem, sm_count(), 0, tile);
+  EXPECT_EQ(gemm.tile(), tile);
+  std::vector<const std::uint16_t*> a_ptr, b_ptr;
+  std::vector<std::uint16_t*> h_ptr;
+  std::vector<const float*> b13_ptr;
+  for (int group = 0; group < g.count(); ++group) {
+    a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * h);
+    b_ptr.push_back(b_dev.ptr + static_cast<std::size_t>(group) * n * h);
+    h_ptr.push_back(h_dev.ptr + static_cast<std::size_t>(g.first[group]) * inter);
+    b13_ptr.push_back(c.biases ? b13_dev.ptr + static_cast<std::size_t>(group) * n : nullptr);
+  }
+  const auto& arrays = gemm.arrays();
+  upload(arrays.problems, g.problems(n, h));
+  upload(arrays.a, a_ptr);
+  upload(arrays.b, b_ptr);
+  upload(arrays.h, h_ptr);
+  upload(arrays.b13, b13_ptr);
+  gemm.run(nullptr);
+  const std::vector<std::uint16_t> got =
+      from_device(h_dev.ptr, static_cast<std::size_t>(g.total) * inter);
+
+  std::size_t differ = 0;
+  double err2 = 0.0, ref2 = 0.0;
+  for (int group = 0; group < g.count(); ++group)
+    for (int r = g.first[group]; r < g.first[group] + g.rows[group]; ++r) {
+      std::vector<float> row(inter);
+      for (int j = 0; j < inter; ++j) {
+        double gate = 0.0, up = 0.0;
+        for (int k = 0; k < h; ++k) {
+          const double x = formats::bf16_to_float(a[static_cast<std::size_t>(r) * h + k]);
+          gate +=
+              x * formats::bf16_to_float(w13[(static_cast<std::size_t>(group) * n + j) * h + k]);
+          up += x * formats::bf16_to_float(
+                        w13[(static_cast<std::size_t>(group) * n + inter + j) * h + k]);
+        }
+        const float* bias = c.biases ? &b13[static_cast<std::size_t>(group) * n] : nullptr;
+        row[j] =
+            math::activation_f32(c.activation, math::biased(static_cast<float>(gate), bias, j),
+                                 math::biased(static_cast<float>(up), bias, inter + j), c.limit);
+      }
+      if (c.precision != Precision::bf16)  // mxfp8, and mxfp4 layers' MXFP8 activations
+        for (int b = 0; b < inter; b += formats::kMxfp8Block) {
+          std::uint8_t codes[formats::kMxfp8Block], scale = 0;
+          formats::mxfp8_encode_block(&row[b], formats::kMxfp8Block, problem.rounding, codes,
+                                      &scale);
+          for (int j = 0; j < formats::kMxfp8Block; ++j)
+            row[b + j] = formats::mxfp8_decode_value(codes[j], scale);
+        }
+      for (int j = 0; j < inter; ++j) {
+        const std::uint16_t want = formats::float_to_bf16(row[j]);
+        const std::uint16_t have = got[static_cast<std::size_t>(r) * inter + j];
+        differ += want != have ? 1 : 0;
+        const double d = formats::bf16_to_float(have) - formats::bf16_to_float(want);
+        err2 += d * d;
+        ref2 += static_cast<double>(row[j]) * row[j];
+      }
+    }
+  const double rel_l2 = std::sqrt(err2 / ref2);
+  const std::size_t total = static_cast<std::size_t>(g.total) * inter;
+  std::printf("FC1 + %s %s%s, %s: %zu of %zu h elements differ from the host's, rel_l2 %.3g\n",
+              to_string(c.activation), to_string(c.precision), c.biases ? " + b13" : "",
+              to_string(tile), differ, total, rel_l2);
+  EXPECT_LE(differ, total / 100);
+  EXPECT_LT(rel_l2, c.precision == Precision::bf16 ? 2e-3 : 2e-2);
+  return got;
+}
+
+// Both tiles, and the same bits from each: every output is the same k16 WGMMA steps in the same
+// order, whichever kernel walks the tiles.
+TEST(GpuGroupedGemm, Fc1EpilogueActivatesAsTheHostDoesOnBothTiles) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  for (const GluCase& c :
+       {GluCase{Precision::bf16, Activation::swiglu, 0.0f, false},
+        GluCase{Precision::bf16, Activation::swiglu, 7.0f, true},
+        GluCase{Precision::mxfp8, Activation::swiglu, 0.0f, true},
+        GluCase{Precision::mxfp4, Activation::swiglu_oai, kSwigluOaiLimit, true}}) {
+    const std::vector<std::uint16_t> wide = check_glu_gemm(c, GluTile::m128_n128_k64);
+    const std::vector<std::uint16_t> narrow = check_glu_gemm(c, GluTile::m64_n128_k64);
+    EXPECT_EQ(wide, narrow) << to_string(c.precision);
+  }
 }
 
 }  // namespace

@@ -8,17 +8,26 @@ namespace {
 // Weights as exact bf16 codes, value * s_enc of the matrix (math::bf16_codes on the host), and the
 // scale. A NaN value keeps its own payload, as the host's NaN * scale does (a GPU product would
 // return the canonical NaN instead).
+// `interleave_rows` = I moves w13's row r (gate rows, then up rows) to 2r (gate) or 2(r - I) + 1
+// (up): GateUp::interleaved; 0 keeps the caller's order.
 struct StoreCodes {
   std::uint16_t* out;
   float* scale;  // [E_local]
   std::int64_t matrix_size;
+  std::int64_t cols = 0;             // of a matrix row (for interleave_rows)
+  std::int64_t interleave_rows = 0;  // I, or 0
   __device__ void operator()(std::int64_t expert, std::int64_t at, const float (&v)[kWeightBlock],
                              float s_enc) const {
+    if (interleave_rows != 0) {  // a block never straddles rows (cols % kWeightBlock == 0)
+      const std::int64_t row = at / cols;
+      const std::int64_t to = row < interleave_rows ? 2 * row : 2 * (row - interleave_rows) + 1;
+      at = to * cols + at % cols;
+    }
     std::uint16_t* dst = out + expert * matrix_size + at;
 #pragma unroll
     for (int i = 0; i < kWeightBlock; ++i)
       dst[i] = formats::float_to_bf16(isnan(v[i]) ? v[i] : v[i] * s_enc);
-    if (at == 0) scale[expert] = s_enc;
+    if (at == 0) scale[expert] = s_enc;  // row 0 stays row 0 when interleaved
   }
 };
 
@@ -37,7 +46,8 @@ Bf16CodeWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* b
 
 }  // namespace
 
-DeviceBf16CodeWeights::DeviceBf16CodeWeights(const ExpertProblem& problem) : problem_(problem) {
+DeviceBf16CodeWeights::DeviceBf16CodeWeights(const ExpertProblem& problem, GateUp order)
+    : problem_(problem), order_(order) {
   slice(nullptr, problem_, &bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
   weights_ = slice(memory_, problem_, &bytes_);
@@ -49,11 +59,12 @@ DeviceBf16CodeWeights::~DeviceBf16CodeWeights() {
 
 void DeviceBf16CodeWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
-  prepare_fc_weights(local.w13, local.w13_quantized, 2 * i, h, problem_.precision,
-                     problem_.rounding, StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h},
-                     stream);
+  const std::int64_t interleave = order_ == GateUp::interleaved ? i : 0;
+  prepare_fc_weights(
+      local.w13, local.w13_quantized, 2 * i, h, problem_.precision, problem_.rounding,
+      StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h, h, interleave}, stream);
   prepare_fc_weights(local.w2, local.w2_quantized, h, i, problem_.precision, problem_.rounding,
-                     StoreCodes{weights_.w2, weights_.w2_scale, h * i}, stream);
+                     StoreCodes{weights_.w2, weights_.w2_scale, h * i, i}, stream);
 }
 
 }  // namespace epmoe::cuda::experts

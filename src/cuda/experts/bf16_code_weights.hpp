@@ -14,9 +14,13 @@
 
 namespace epmoe::cuda::experts {
 
-// Device pointers for kernels, in the caller's [expert][row][col] order.
+// The order of w13's 2I rows: the caller's (gate rows, then up rows), or interleaved (row 2j =
+// gate j, row 2j + 1 = up j) for a GEMM whose epilogue applies the activation (wgmma's FC1).
+enum class GateUp : std::uint8_t { stacked, interleaved };
+
+// Device pointers for kernels, in the caller's [expert][row][col] order but for GateUp.
 struct Bf16CodeWeights {
-  std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows
+  std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows, or interleaved (GateUp)
   std::uint16_t* w2;   // [E_local, H, I]
   float* w13_scale;    // [E_local]
   float* w2_scale;     // [E_local]
@@ -25,7 +29,7 @@ struct Bf16CodeWeights {
 // Owns one rank's weights in that form.
 class DeviceBf16CodeWeights {
  public:
-  explicit DeviceBf16CodeWeights(const ExpertProblem& problem);
+  explicit DeviceBf16CodeWeights(const ExpertProblem& problem, GateUp order = GateUp::stacked);
   ~DeviceBf16CodeWeights();
   DeviceBf16CodeWeights(const DeviceBf16CodeWeights&) = delete;
   DeviceBf16CodeWeights& operator=(const DeviceBf16CodeWeights&) = delete;
@@ -39,6 +43,7 @@ class DeviceBf16CodeWeights {
 
  private:
   ExpertProblem problem_;
+  GateUp order_;
   std::uint8_t* memory_ = nullptr;
   std::size_t bytes_ = 0;
   Bf16CodeWeights weights_{};

@@ -130,7 +130,7 @@ std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_co
 }  // namespace
 
 Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device, Bf16Tile tile)
-    : kernel_(std::make_unique<Kernel>()), tile_(tile), sm_count_(sm_count) {
+    : kernel_(std::make_unique<Kernel>()), tile_(tile), sm_count_(sm_count), n_(n), k_(k) {
   if (tile == Bf16Tile::m128_n256_k64) {
     auto& gemm = kernel_->gemm.emplace<Tile128x256::Gemm>();
     device_bytes_ = build<Tile128x256>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);

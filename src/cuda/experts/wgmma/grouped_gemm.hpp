@@ -19,6 +19,9 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/knob_table.hpp"  // wgmma_fc1_activates
+#include "cuda/experts/inputs.hpp"
+
 namespace epmoe::cuda::experts::wgmma {
 
 // One group's problem, laid out as CUTLASS's Shape<int, int, int> (static_assert in the .cu).
@@ -56,6 +59,8 @@ class Bf16GroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   Bf16Tile tile() const { return tile_; }
   int sm_count() const { return sm_count_; }
+  int n() const { return n_; }
+  int k() const { return k_; }
 
   // Queues the GEMM over whatever arrays() holds when it runs (no host synchronisation).
   void run(cudaStream_t stream) const;
@@ -71,6 +76,64 @@ class Bf16GroupedGemm {
   std::size_t device_bytes_ = 0;
   Bf16Tile tile_;
   int sm_count_;
+  int n_, k_;
+};
+
+// FC1 with the activation in its epilogue (grouped_gemm_glu.cu): the bf16 GEMM over w13 stored
+// with gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j: GateUp::interleaved), so
+// each thread's accumulator pair (2j, 2j + 1) of a row is one h element. The epilogue adds b13,
+// applies the activation and FC2's input quantization point from registers and stores h as the
+// bf16 codes FC2 reads: no fp32 [pairs, 2I] round trip and no activate kernel. It runs for the
+// precisions whose h quantization needs nothing beyond the tile (fc1_epilogue_activates): bf16,
+// and MXFP8's 32-element blocks (mxfp8 and mxfp4 layers; a 128-wide tile holds two of them per
+// row). NVFP4 needs the whole row's amax first, fp8_block128 128 h columns (256 of FC1's).
+struct GluGemmArrays {
+  GemmProblem* problems;
+  const std::uint16_t** a;  // bf16 codes [M, H]
+  const std::uint16_t** b;  // bf16 codes [2I, H], gate and up rows interleaved
+  std::uint16_t** h;        // bf16 codes [M, I]: FC2's operand
+  const float** b13;        // the expert's [2I] fp32 biases (gate then up), or nullptr
+};
+
+// The precisions whose FC1 runs Bf16GluGroupedGemm (core::wgmma_fc1_activates).
+EPMOE_HD bool fc1_epilogue_activates(const ExpertProblem& problem) {
+  return core::wgmma_fc1_activates(problem.precision);
+}
+
+// Its two tiles (knobs block_m): 128 x 128 x 64 on CUTLASS's cooperative kernel (two consumer
+// warpgroups share a tile, then both run its epilogue), and 64 x 128 x 64 on the ping-pong kernel
+// (a tile per consumer warpgroup, one's epilogue overlapping the other's mainloop; twice the tiles
+// for experts with few rows). Measured on one H200 (bench/RESULTS.md, session 13): 64 x 128 is
+// faster up to T = 512 per rank on qwen3-30b-a3b, 128 x 128 at 8192.
+enum class GluTile : std::uint8_t { m64_n128_k64, m128_n128_k64 };
+const char* to_string(GluTile tile);
+
+class Bf16GluGroupedGemm {
+ public:
+  // One group per local expert of `problem` (N = 2I, K = H), `sm_count` persistent CTAs.
+  Bf16GluGroupedGemm(const ExpertProblem& problem, int sm_count, int device, GluTile tile);
+  ~Bf16GluGroupedGemm();
+  Bf16GluGroupedGemm(const Bf16GluGroupedGemm&) = delete;
+  Bf16GluGroupedGemm& operator=(const Bf16GluGroupedGemm&) = delete;
+
+  const GluGemmArrays& arrays() const { return arrays_; }
+  std::size_t device_bytes() const { return device_bytes_; }
+  int sm_count() const { return sm_count_; }
+  GluTile tile() const { return tile_; }
+
+  void run(cudaStream_t stream) const;
+
+  // Empty, or why the kernel cannot take this FC1 (I a multiple of 64; 16-byte rows).
+  static const char* cannot_take(const ExpertProblem& problem);
+
+ private:
+  struct Kernel;
+  std::unique_ptr<Kernel> kernel_;
+  GluGemmArrays arrays_{};
+  std::uint8_t* memory_ = nullptr;
+  std::size_t device_bytes_ = 0;
+  int sm_count_;
+  GluTile tile_;
 };
 
 // The E4M3 GEMM's device arrays. Scales are K-major: sfa[g] holds M_g rows of ceil(K / 128)

@@ -1,7 +1,7 @@
-// What the wgmma backend's two CUTLASS translation units (grouped_gemm.cu, grouped_gemm_fp8.cu)
-// share around their kernels: one device allocation carved in order, the per-group strides of
-// K-major operands, the hardware info and CUTLASS status checks. Includes CUTLASS: only those two
-// files include it.
+// What the wgmma backend's CUTLASS translation units (grouped_gemm.cu, grouped_gemm_glu.cu,
+// grouped_gemm_fp8.cu) share around their kernels: one device allocation carved in order, the
+// per-group strides of K-major operands, the hardware info and CUTLASS status checks. Includes
+// CUTLASS: only those files include it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
@@ -37,6 +38,97 @@ using Fp32Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, float,
     LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
     cutlass::epilogue::fusion::LinearCombination<float, float, void>>::CollectiveOp;
+
+// An epilogue of ours in CUTLASS's SM90 pointer-array kernels (cooperative or ping-pong), where
+// CUTLASS's own map one accumulator to one output element (its visitor trees too): the interface
+// of CUTLASS's DefaultEpilogueArray (no shared memory, stores from registers, no workspace;
+// Arguments = Params = `Args`), wrapped by CUTLASS's adapter for warp-specialized kernels
+// (NoSmemEpilogueOf). `Derived` adds operator() and, where it checks its arguments, can_implement.
+template <class Args>
+class NoSmemEpilogue {
+ public:
+  using StrideUnused = cute::Stride<std::int64_t, cute::_1, cute::_0>;  // the kernel's typedefs
+  using DispatchPolicy = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
+  using EpilogueSchedule = DispatchPolicy;
+  using ThreadEpilogueOp =
+      cutlass::epilogue::thread::LinearCombination<cutlass::bfloat16_t, 1, float, float>;
+  using ElementOutput = cutlass::bfloat16_t;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = cutlass::bfloat16_t;
+  using StrideC = StrideUnused*;
+  using InternalStrideC = StrideUnused;
+  using ElementD = cutlass::bfloat16_t;
+  using StrideD = StrideUnused*;
+  using InternalStrideD = StrideUnused;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  struct SharedStorage {};
+  using TensorMapStorage = SharedStorage;
+  using Arguments = Args;
+  using Params = Args;
+
+  template <class Problems>
+  static constexpr Params to_underlying_arguments(Problems const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class Problems>
+  static std::size_t get_workspace_size(Problems const&, Arguments const&, int) {
+    return 0;
+  }
+  template <class Problems>
+  static cutlass::Status initialize_workspace(Problems const&, Arguments const&, void*,
+                                              cudaStream_t, cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class Problems>
+  static bool can_implement(Problems const&, Arguments const&) {
+    return true;
+  }
+
+  CUTLASS_HOST_DEVICE explicit NoSmemEpilogue(Params const& params) : params_(params) {}
+
+ protected:
+  Params params_;
+};
+template <class Epilogue>
+using NoSmemEpilogueOf =
+    cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epilogue>;
+
+// Where a thread's accumulators sit (SM90 GMMA, a 64 x N atom per consumer warpgroup): thread t of
+// a warpgroup holds rows r = 16 (t / 32 % 4) + t % 32 / 4 and r + 8, and of each 8-column group k
+// the columns 8k + 2 (t % 4) and 8k + 2 (t % 4) + 1; fragment index i = col parity + 2 row half +
+// 4 k. So a row's columns are spread over the 4 threads of a quad (kQuad).
+inline constexpr int kQuad = 4;
+inline constexpr int kGroupCols = 8;
+struct AccumulatorPlace {
+  int quad_rank;  // t % 4
+  int row0;       // of the tile's problem (row half 0; half 1 is row0 + 8)
+  int col0;       // of the tile's problem, column group 0, even column
+};
+// The place from CuTe's partition of the tile, checked against the layout above at the fragment's
+// two ends: a trap if CUTLASS ever lays its accumulators out otherwise.
+template <int kValues, class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL,
+          class TiledMma>
+CUTLASS_DEVICE AccumulatorPlace accumulator_place(ProblemShapeMNKL problem_mnkl,
+                                                  BlockShapeMNK blk_shape, BlockCoordMNKL blk_coord,
+                                                  TiledMma tiled_mma, int thread_idx) {
+  using namespace cute;
+  constexpr int kGroups = kValues / 4;
+  const auto thr_mma = tiled_mma.get_thread_slice(thread_idx);
+  const Tensor coords = thr_mma.partition_C(
+      local_tile(make_identity_tensor(make_shape(get<0>(problem_mnkl), get<1>(problem_mnkl))),
+                 take<0, 2>(blk_shape), make_coord(get<0>(blk_coord), get<1>(blk_coord))));
+  const int q = thread_idx % kQuad;
+  const int row0 = get<0>(coords(0));
+  const int col0 = static_cast<int>(get<1>(blk_coord)) * size<1>(blk_shape) + 2 * q;
+  if (get<1>(coords(0)) != col0 || get<1>(coords(1)) != col0 + 1 ||
+      get<0>(coords(kValues - 1)) != row0 + 8 ||
+      get<1>(coords(kValues - 1)) != col0 + kGroupCols * (kGroups - 1) + 1)
+    __trap();  // CUTLASS's accumulator layout is not the one these epilogues were written for
+  return AccumulatorPlace{q, row0, col0};
+}
 
 // Offsets of 256-byte aligned slices of one allocation, taken in order.
 struct Carve {
@@ -61,19 +153,25 @@ inline cutlass::KernelHardwareInfo hardware(int device, int sm_count) {
   return hw;
 }
 
-// Every group has the same N and K, so the strides go up once: A [M, K] and B [N, K] rows of K
-// elements, D [M, N] rows of N (each stride type is CUTLASS's (row stride, 1, 0)).
+// Every group has the same K, so A's and B's strides go up once: A [M, K] and B [N, K] rows of K
+// elements (each stride type is CUTLASS's (row stride, 1, 0)).
+template <class GemmKernel>
+void upload_ab_strides(std::uint8_t* a, std::uint8_t* b, std::size_t groups, int k) {
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  const std::vector<StrideA> sa(groups, StrideA(std::int64_t{k}, cute::_1{}, cute::_0{}));
+  const std::vector<StrideB> sb(groups, StrideB(std::int64_t{k}, cute::_1{}, cute::_0{}));
+  EPMOE_CUDA_CHECK(cudaMemcpy(a, sa.data(), groups * sizeof(StrideA), cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(b, sb.data(), groups * sizeof(StrideB), cudaMemcpyHostToDevice));
+}
+
+// The same, and D [M, N] rows of N.
 template <class GemmKernel>
 void upload_strides(std::uint8_t* a, std::uint8_t* b, std::uint8_t* d, std::size_t groups, int n,
                     int k) {
-  using StrideA = typename GemmKernel::InternalStrideA;
-  using StrideB = typename GemmKernel::InternalStrideB;
   using StrideD = typename GemmKernel::InternalStrideD;
-  const std::vector<StrideA> sa(groups, StrideA(std::int64_t{k}, cute::_1{}, cute::_0{}));
-  const std::vector<StrideB> sb(groups, StrideB(std::int64_t{k}, cute::_1{}, cute::_0{}));
+  upload_ab_strides<GemmKernel>(a, b, groups, k);
   const std::vector<StrideD> sd(groups, StrideD(std::int64_t{n}, cute::_1{}, cute::_0{}));
-  EPMOE_CUDA_CHECK(cudaMemcpy(a, sa.data(), groups * sizeof(StrideA), cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(cudaMemcpy(b, sb.data(), groups * sizeof(StrideB), cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(d, sd.data(), groups * sizeof(StrideD), cudaMemcpyHostToDevice));
 }
 

@@ -1,6 +1,7 @@
 // The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
-// activate and home. Each joins the round like every kernel of the chain (nothing at all when
-// this rank's round already failed); home closes the expert step (fc2_round).
+// activate (nvfp4 and fp8_block128: the other precisions' FC1 epilogue activates) and home. Each
+// joins the round like every kernel of the chain (nothing at all when this rank's round already
+// failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
@@ -35,10 +36,18 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
-    p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
-    p.fc1.a[e] = p.scratch.a1 + first * hidden;
-    p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
-    p.fc1.d[e] = p.scratch.d + first * 2 * inter;
+    if (p.glu()) {
+      p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
+      p.glu_fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+      p.glu_fc1.h[e] = p.scratch.h16 + first * inter;
+      p.glu_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    } else {
+      p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.fc1.a[e] = p.scratch.a1 + first * hidden;
+      p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+      p.fc1.d[e] = p.scratch.d + first * 2 * inter;
+    }
     p.fc2.problems[e] = GemmProblem{m, h, i};
     p.fc2.a[e] = p.scratch.h16 + first * inter;
     p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
@@ -200,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.fp8() ? 1.0f : p.scratch.h_scale[pair];
+      const float h_scale = p.fp8() || p.glu() ? 1.0f : p.scratch.h_scale[pair];
       const float w_scale = p.fp8() ? 1.0f : p.weights.w2_scale[e];
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);

@@ -22,7 +22,7 @@ struct Scratch {
   // bf16
   std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
-  float* h_scale;      // [max_pairs]
+  float* h_scale;      // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
   // E4M3: the rows' codes and their 1 x 128 scales, as on the wire
   std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
   float* a8_scale;   // [max_pairs, H / 128]
@@ -43,9 +43,11 @@ struct Params {
   Fp8BlockWeights fp8_weights;  // fp8
   Biases biases;                // fp32, never quantized; nullptr = none
   Scratch scratch;
+  GluGemmArrays glu_fc1;                  // FC1 with the activation (fc1_epilogue_activates)
   GroupedGemmArrays fc1, fc2;             // the GEMMs' device arrays, written by plan (!fp8)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;  // (fp8)
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
+  EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }
 };
 
 struct StepShapes {

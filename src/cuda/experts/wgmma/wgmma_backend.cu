@@ -33,11 +33,11 @@ Bf16Tile bf16_tile(const Knobs& k) {
   return k.block_n == 256 ? Bf16Tile::m128_n256_k64 : Bf16Tile::m128_n128_k64;
 }
 
-// The FC1 / FC2 pair in `owned` for which `same` holds, made by `make` (and kept) if none is.
-template <class Pair, class Same, class Make>
-const Pair& find_or_make(std::vector<Pair>& owned, Same same, Make make) {
-  for (const Pair& pair : owned)
-    if (same(pair)) return pair;
+// The GEMM (or pair) in `owned` for which `same` holds, made by `make` (and kept) if none is.
+template <class Owned, class Same, class Make>
+const Owned& find_or_make(std::vector<Owned>& owned, Same same, Make make) {
+  for (const Owned& o : owned)
+    if (same(o)) return o;
   owned.push_back(make());
   return owned.back();
 }
@@ -47,9 +47,14 @@ const Pair& find_or_make(std::vector<Pair>& owned, Same same, Make make) {
 std::string WgmmaBackend::can_implement(const LayerConfig& config) {
   const LayerShape& s = config.shape();
   const int h = static_cast<int>(s.hidden), i = static_cast<int>(s.intermediate);
-  const bool fp8 = runs_e4m3(expert_problem(config));
+  const ExpertProblem problem = expert_problem(config);
+  const bool fp8 = runs_e4m3(problem);
   const auto cannot_take =
       fp8 ? Fp8BlockwiseGroupedGemm::cannot_take : Bf16GroupedGemm::cannot_take;
+  if (fc1_epilogue_activates(problem))
+    if (const char* why = Bf16GluGroupedGemm::cannot_take(problem))
+      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
+             ": FC1: " + why;
   if (const char* why = cannot_take(2 * i, h))
     return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) + ": FC1: " + why;
   if (const char* why = cannot_take(h, i))
@@ -71,7 +76,8 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   if (fp8())
     fp8_weights_ = std::make_unique<DeviceFp8BlockWeights>(problem_);
   else
-    weights_ = std::make_unique<DeviceBf16CodeWeights>(problem_);
+    weights_ = std::make_unique<DeviceBf16CodeWeights>(
+        problem_, fc1_epilogue_activates(problem_) ? GateUp::interleaved : GateUp::stacked);
   runs_ = per_bucket(config, [&](const Knobs& k) { return make_bucket_run(k, device); });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
@@ -97,27 +103,43 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc2 = g.fc2.get();
   } else {
     const Bf16Tile tile = bf16_tile(k);
-    const Bf16Gemms& g = find_or_make(
-        gemms_,
-        [&](const Bf16Gemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
-        [&] {
-          return Bf16Gemms{std::make_unique<Bf16GroupedGemm>(experts, 2 * i, h, sms, device, tile),
-                           std::make_unique<Bf16GroupedGemm>(experts, h, i, sms, device, tile)};
-        });
-    run.fc1 = g.fc1.get();
-    run.fc2 = g.fc2.get();
+    const auto gemm = [&](int n, int kk) {
+      return find_or_make(
+                 gemms_,
+                 [&](const std::unique_ptr<Bf16GroupedGemm>& g) {
+                   return g->sm_count() == sms && g->tile() == tile && g->n() == n && g->k() == kk;
+                 },
+                 [&] {
+                   return std::make_unique<Bf16GroupedGemm>(experts, n, kk, sms, device, tile);
+                 })
+          .get();
+    };
+    if (fc1_epilogue_activates(problem_)) {
+      const GluTile glu_tile = k.block_m == 64 ? GluTile::m64_n128_k64 : GluTile::m128_n128_k64;
+      run.glu_fc1 =
+          find_or_make(
+              glu_gemms_,
+              [&](const std::unique_ptr<Bf16GluGroupedGemm>& g) {
+                return g->sm_count() == sms && g->tile() == glu_tile;
+              },
+              [&] { return std::make_unique<Bf16GluGroupedGemm>(problem_, sms, device, glu_tile); })
+              .get();
+    } else {
+      run.fc1 = gemm(2 * i, h);
+    }
+    run.fc2 = gemm(h, i);
   }
   return run;
 }
 
 Bf16Tile WgmmaBackend::tile(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.fc1 != nullptr ? run.fc1->tile() : Bf16Tile::m128_n128_k64;
+  return run.fc2 != nullptr ? run.fc2->tile() : Bf16Tile::m128_n128_k64;
 }
 
 int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.fc1 != nullptr ? run.fc1->sm_count() : run.fp8_fc1->sm_count();
+  return run.fc2 != nullptr ? run.fc2->sm_count() : run.fp8_fc1->sm_count();
 }
 
 WgmmaBackend::~WgmmaBackend() {
@@ -130,7 +152,8 @@ std::size_t WgmmaBackend::weight_bytes() const {
 
 std::size_t WgmmaBackend::scratch_bytes() const {
   std::size_t bytes = scratch_bytes_;
-  for (const Bf16Gemms& g : gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
+  for (const auto& g : glu_gemms_) bytes += g->device_bytes();
+  for (const auto& g : gemms_) bytes += g->device_bytes();
   for (const Fp8Gemms& g : fp8_gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
   return bytes;
 }
@@ -155,7 +178,10 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.fp8_fc2 = run.fp8_fc2->arrays();
   } else {
     p.weights = weights_->weights();
-    p.fc1 = run.fc1->arrays();
+    if (run.glu_fc1 != nullptr)
+      p.glu_fc1 = run.glu_fc1->arrays();
+    else
+      p.fc1 = run.fc1->arrays();
     p.fc2 = run.fc2->arrays();
   }
   return p;
@@ -169,6 +195,10 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
   const Params p = params(step, run);
   launch_plan(p, stream);
   launch_gather(p, run.shapes, stream);
+  if (run.glu_fc1 != nullptr) {
+    run.glu_fc1->run(stream);  // its epilogue activates: no activate kernel
+    return;
+  }
   if (p.fp8())
     run.fp8_fc1->run(stream);
   else

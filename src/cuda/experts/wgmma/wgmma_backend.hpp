@@ -3,21 +3,26 @@
 // expert's row count on the device) on exact bf16 codes of the rows and weights with fp32
 // accumulation — the same operands as tensor_core, with Hopper's tensor-core path (its check rule
 // allows more outliers: reference::outlier_fraction).
-// A round is six launches on the caller's stream (steps.cu):
+// A round is six launches on the caller's stream (steps.cu), five where FC1's epilogue applies the
+// activation (bf16, mxfp8, mxfp4: fc1_epilogue_activates):
 //   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
 //   gather    each pair's staged row into the expert-contiguous FC1 operand
-//   FC1       grouped GEMM: [pairs, 2I] fp32
-//   activate  scales, b13, the activation, FC2's input quantization point: h16 and its scale
+//   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
+//             the activation and FC2's input quantization point: h16
+//   activate  (nvfp4, fp8_block128) scales, b13, the activation, FC2's input quantization
+//             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
 //   FC2       grouped GEMM: [pairs, H] fp32
 //   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
-// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp) for every precision but
-// fp8_block128, which runs E4M3 GEMMs with its block scales instead (fp8_block_weights.hpp; the
-// rows' codes straight from the wire).
-// Knobs, per token bucket: block_n = 256 (with block_m = 128) runs the bf16 GEMMs on 128 x 256
-// tiles, anything else on 128 x 128 (E4M3: always 128 x 128 x 128); num_sms sizes the GEMMs'
-// persistent grids (CUTLASS's hw_info.sm_count) and the steps' grids. with_knobs already moved the
-// knobs onto a tile this backend has (core::wgmma_tile); stages is not read (CUTLASS's automatic
-// carveout picks the depth). Buckets with the same tile and SM count share their GEMMs.
+// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp; w13's gate and up rows
+// interleaved for the activating FC1) for every precision but fp8_block128, which runs E4M3 GEMMs
+// with its block scales instead (fp8_block_weights.hpp; the rows' codes straight from the wire).
+// Knobs, per token bucket: block_n = 256 runs the bf16 GEMMs that store fp32 on 128 x 256 tiles,
+// anything else on 128 x 128 (E4M3: always 128 x 128); block_m picks the activating FC1's tile
+// (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative);
+// num_sms sizes the GEMMs' persistent grids (CUTLASS's hw_info.sm_count) and the steps' grids.
+// with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is
+// not read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
+// share their GEMMs.
 #pragma once
 
 #include <memory>
@@ -56,10 +61,11 @@ class WgmmaBackend final : public ExpertBackend {
   int gemm_sms(TokenBucket bucket) const;
 
  private:
-  // One bucket's GEMMs (owned by gemms_ / fp8_gemms_, shared between buckets of the same tile and
-  // SM count) and step grids.
+  // One bucket's GEMMs (owned below, shared between buckets of the same tile and SM count) and
+  // step grids.
   struct BucketRun {
-    const Bf16GroupedGemm* fc1 = nullptr;
+    const Bf16GluGroupedGemm* glu_fc1 = nullptr;  // fc1_epilogue_activates
+    const Bf16GroupedGemm* fc1 = nullptr;         // nvfp4
     const Bf16GroupedGemm* fc2 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc1 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
@@ -74,14 +80,12 @@ class WgmmaBackend final : public ExpertBackend {
   std::unique_ptr<DeviceBf16CodeWeights> weights_;
   std::unique_ptr<DeviceFp8BlockWeights> fp8_weights_;
   DeviceBiases biases_;
-  struct Bf16Gemms {
-    std::unique_ptr<Bf16GroupedGemm> fc1, fc2;
-  };
   struct Fp8Gemms {
     std::unique_ptr<Fp8BlockwiseGroupedGemm> fc1, fc2;
   };
-  std::vector<Bf16Gemms> gemms_;     // one pair per (tile, SM count) some bucket names
-  std::vector<Fp8Gemms> fp8_gemms_;  // one pair per SM count
+  std::vector<std::unique_ptr<Bf16GluGroupedGemm>> glu_gemms_;  // one per (tile, SM count)
+  std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;         // one per (N, K, tile, SM count)
+  std::vector<Fp8Gemms> fp8_gemms_;                             // one pair per SM count
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};
