@@ -32,6 +32,16 @@ EPMOE_HD float biased(float sum, const float* bias, std::int64_t i) {
   return bias == nullptr ? sum : static_cast<float>(static_cast<double>(sum) + bias[i]);
 }
 
+// An fp32 GEMM sum of codes back to its value: v / s1 / s2 (the row's and the weight's scales), one
+// scale at a time as the other backends divide (the product of two NVFP4 s_enc of tiny-amax rows
+// can overflow), skipping a division by a scale of 1 (exact; bf16, mxfp8 and fp8_block128 rows and
+// weights have no such scale): those divisions left the wgmma kernels issue-bound.
+EPMOE_HD float unscaled(float v, float s1, float s2) {
+  if (s1 != 1.0f) v /= s1;
+  if (s2 != 1.0f) v /= s2;
+  return v;
+}
+
 // x: [H] input row after its wire quantization; out: [H] fp32 FC2 row.
 // `scratch` is resized as needed (2I floats).
 void expert_forward_row(const float* x, const ExpertMatrices& expert, const LayerShape& shape,

@@ -139,11 +139,6 @@ using Cooperative =
     GluKernel<Shape<_128, _128, _64>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
 using Pingpong =
     GluKernel<Shape<_64, _128, _64>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
-using StrideA = Cooperative::GemmKernel::InternalStrideA;
-using StrideB = Cooperative::GemmKernel::InternalStrideB;
-static_assert(std::is_same_v<StrideA, Pingpong::GemmKernel::InternalStrideA> &&
-                  std::is_same_v<StrideB, Pingpong::GemmKernel::InternalStrideB>,
-              "one set of strides serves both kernels");
 // NOTES: with no epilogue shared memory, 7 stages of (128 + 128) x 64 bf16 (32 KiB) fit, and 9 of
 // (64 + 128) x 64 (24 KiB).
 static_assert(Cooperative::Mainloop::DispatchPolicy::Stages == 7, "128 x 128: 7 stages");
@@ -173,54 +168,26 @@ Bf16GluGroupedGemm::Bf16GluGroupedGemm(const ExpertProblem& problem, int sm_coun
     : kernel_(std::make_unique<Kernel>()), sm_count_(sm_count), tile_(tile) {
   const int groups = static_cast<int>(problem.local_experts);
   const auto g = static_cast<std::size_t>(groups);
-  const int k = static_cast<int>(problem.hidden);
-  parts::Carve carve;
-  const std::size_t problems = carve.take(g * sizeof(GemmProblem));
-  const std::size_t a = carve.take(g * sizeof(void*)), b = carve.take(g * sizeof(void*));
-  const std::size_t h = carve.take(g * sizeof(void*)), b13 = carve.take(g * sizeof(void*));
-  const std::size_t stride_a = carve.take(g * sizeof(StrideA));
-  const std::size_t stride_b = carve.take(g * sizeof(StrideB));
   const cutlass::KernelHardwareInfo hw = parts::hardware(device, sm_count);
-  const auto sizing = [&](auto kernel) {
+  const auto build = [&](auto kernel) {
     using K = decltype(kernel);
-    return K::Gemm::get_workspace_size(
-        typename K::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                    {groups, nullptr, nullptr},
-                                    {nullptr, nullptr, nullptr, nullptr},
-                                    {},
-                                    hw});
-  };
-  const std::size_t workspace =
-      carve.take(tile == GluTile::m64_n128_k64 ? sizing(Pingpong{}) : sizing(Cooperative{}));
-  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, carve.end));
-  device_bytes_ = carve.end;
-  std::uint8_t* m = memory_;
-  arrays_.problems = reinterpret_cast<GemmProblem*>(m + problems);
-  arrays_.a = reinterpret_cast<const std::uint16_t**>(m + a);
-  arrays_.b = reinterpret_cast<const std::uint16_t**>(m + b);
-  arrays_.h = reinterpret_cast<std::uint16_t**>(m + h);
-  arrays_.b13 = reinterpret_cast<const float**>(m + b13);
-  parts::upload_ab_strides<Cooperative::GemmKernel>(m + stride_a, m + stride_b, g, k);
-  EPMOE_CUDA_CHECK(cudaMemset(m + problems, 0, g * sizeof(GemmProblem)));
-
-  const auto init = [&](auto kernel) {
-    using K = decltype(kernel);
-    auto& gemm = kernel_->gemm.emplace<typename K::Gemm>();
-    const typename K::Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems),
-         nullptr},
-        {reinterpret_cast<const ElementAB**>(arrays_.a), reinterpret_cast<StrideA*>(m + stride_a),
-         reinterpret_cast<const ElementAB**>(arrays_.b), reinterpret_cast<StrideB*>(m + stride_b)},
-        GluArguments{arrays_.h, arrays_.b13, problem},
-        hw};
-    parts::check(gemm.can_implement(args), kName, "can_implement");
-    parts::check(gemm.initialize(args, m + workspace), kName, "initialize");
+    parts::OwnEpilogueAllocation at;
+    at.take_operands<K>(g);
+    const std::size_t h = at.carve.take(g * sizeof(void*)), b13 = at.carve.take(g * sizeof(void*));
+    memory_ = at.finish<K>(groups, hw, &device_bytes_);
+    arrays_ = GluGemmArrays{reinterpret_cast<GemmProblem*>(memory_ + at.problems),
+                            reinterpret_cast<const std::uint16_t**>(memory_ + at.a),
+                            reinterpret_cast<const std::uint16_t**>(memory_ + at.b),
+                            reinterpret_cast<std::uint16_t**>(memory_ + h),
+                            reinterpret_cast<const float**>(memory_ + b13)};
+    at.initialize<K>(kernel_->gemm.emplace<typename K::Gemm>(), memory_, groups,
+                     static_cast<int>(problem.hidden), hw,
+                     GluArguments{arrays_.h, arrays_.b13, problem}, kName);
   };
   if (tile == GluTile::m64_n128_k64)
-    init(Pingpong{});
+    build(Pingpong{});
   else
-    init(Cooperative{});
+    build(Cooperative{});
 }
 
 Bf16GluGroupedGemm::~Bf16GluGroupedGemm() {

@@ -153,6 +153,43 @@ inline cutlass::KernelHardwareInfo hardware(int device, int sm_count) {
   return hw;
 }
 
+// The offsets, in one allocation, of what a pointer-array kernel with an epilogue of ours reads
+// beside its epilogue's own arrays: the problems, A and B pointers, their strides and CUTLASS's
+// workspace (OwnEpilogueAllocation::take, then the epilogue's, then finish).
+struct OwnEpilogueAllocation {
+  Carve carve;
+  std::size_t problems = 0, a = 0, b = 0, stride_a = 0, stride_b = 0, workspace = 0;
+  template <class K>
+  void take_operands(std::size_t groups) {
+    problems = carve.take(groups * sizeof(GemmProblem));
+    a = carve.take(groups * sizeof(void*));
+    b = carve.take(groups * sizeof(void*));
+    stride_a = carve.take(groups * sizeof(typename K::GemmKernel::InternalStrideA));
+    stride_b = carve.take(groups * sizeof(typename K::GemmKernel::InternalStrideB));
+  }
+  // CUTLASS's workspace for kernel K (its size does not depend on the pointers), then the memory.
+  template <class K>
+  std::uint8_t* finish(int groups, const cutlass::KernelHardwareInfo& hw, std::size_t* bytes) {
+    workspace = carve.take(K::Gemm::get_workspace_size(
+        typename K::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                    {groups, nullptr, nullptr},
+                                    {nullptr, nullptr, nullptr, nullptr},
+                                    {},
+                                    hw}));
+    std::uint8_t* memory = nullptr;
+    EPMOE_CUDA_CHECK(cudaMalloc(&memory, carve.end));
+    EPMOE_CUDA_CHECK(cudaMemset(memory + problems, 0, groups * sizeof(GemmProblem)));
+    *bytes = carve.end;
+    return memory;
+  }
+  // Kernel K's `gemm` initialized over the allocation `m` with its epilogue's arguments (the
+  // strides of K-long rows uploaded first).
+  template <class K, class Gemm, class EpilogueArguments>
+  void initialize(Gemm& gemm, std::uint8_t* m, int groups, int k,
+                  const cutlass::KernelHardwareInfo& hw, const EpilogueArguments& epilogue,
+                  const char* name) const;
+};
+
 // Every group has the same K, so A's and B's strides go up once: A [M, K] and B [N, K] rows of K
 // elements (each stride type is CUTLASS's (row stride, 1, 0)).
 template <class GemmKernel>
@@ -163,6 +200,28 @@ void upload_ab_strides(std::uint8_t* a, std::uint8_t* b, std::size_t groups, int
   const std::vector<StrideB> sb(groups, StrideB(std::int64_t{k}, cute::_1{}, cute::_0{}));
   EPMOE_CUDA_CHECK(cudaMemcpy(a, sa.data(), groups * sizeof(StrideA), cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(b, sb.data(), groups * sizeof(StrideB), cudaMemcpyHostToDevice));
+}
+
+template <class K, class Gemm, class EpilogueArguments>
+void OwnEpilogueAllocation::initialize(Gemm& gemm, std::uint8_t* m, int groups, int k,
+                                       const cutlass::KernelHardwareInfo& hw,
+                                       const EpilogueArguments& epilogue, const char* name) const {
+  using GemmKernel = typename K::GemmKernel;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  upload_ab_strides<GemmKernel>(m + stride_a, m + stride_b, static_cast<std::size_t>(groups), k);
+  const typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {groups, reinterpret_cast<typename ProblemShape::UnderlyingProblemShape*>(m + problems),
+       nullptr},
+      {reinterpret_cast<const typename GemmKernel::ElementA**>(m + a),
+       reinterpret_cast<StrideA*>(m + stride_a),
+       reinterpret_cast<const typename GemmKernel::ElementB**>(m + b),
+       reinterpret_cast<StrideB*>(m + stride_b)},
+      epilogue,
+      hw};
+  check(gemm.can_implement(args), name, "can_implement");
+  check(gemm.initialize(args, m + workspace), name, "initialize");
 }
 
 // The same, and D [M, N] rows of N.
