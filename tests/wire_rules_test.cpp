@@ -2,7 +2,6 @@
 // may be computed on, how a result is sent home, and the staged sum on the home rank.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -110,19 +109,6 @@ TEST(SendHome, FourColumnsAtOnceStoreWhatFourSingleSendsStore) {
     for (int i = 0; i < 4; ++i) send_home(one.combine, to, i, values[i]);
     send_home4(four.combine, to, 0, values);
     EXPECT_EQ(one.bytes, four.bytes) << (mode == Combine::staged ? "staged" : "in_kernel_reduce");
-  }
-}
-
-TEST(SendHome, TwoColumnsAtOnceStoreWhatTwoSingleSendsStore) {
-  for (const Combine mode : {Combine::staged, Combine::in_kernel_reduce}) {
-    Buffer one(mode), two(mode);
-    const HomeSlot to{0, 1, 2, 0.75f};
-    send_home(one.combine, to, 2, 1.00390625f);
-    send_home(one.combine, to, 3, -3.5f);
-    send_home2(two.combine, to, 1, 1.00390625f, -3.5f);
-    EXPECT_EQ(one.bytes, two.bytes) << (mode == Combine::staged ? "staged" : "in_kernel_reduce");
-    EXPECT_NE(static_cast<std::size_t>(std::count(two.bytes.begin(), two.bytes.end(), 0)),
-              two.bytes.size());
   }
 }
 

@@ -98,20 +98,6 @@ EPMOE_HD void send_home4(const CombineBuffer& home, const HomeSlot& to, std::int
   for (int i = 0; i < 4; ++i) send_home(home, to, 4 * column4 + i, values[i]);
 }
 
-// send_home of two consecutive elements, columns 2 * column2 and 2 * column2 + 1: staged, one
-// 4-byte store of their bf16 values; in_kernel_reduce, two atomics, as send_home.
-EPMOE_HD void send_home2(const CombineBuffer& home, const HomeSlot& to, std::int64_t column2,
-                         float value0, float value1) {
-  if (home.mode == Combine::staged) {
-    const std::uint32_t packed = std::uint32_t{formats::float_to_bf16(value0)} |
-                                 std::uint32_t{formats::float_to_bf16(value1)} << 16;
-    reinterpret_cast<std::uint32_t*>(home.staged_row(to.token, to.slot))[column2] = packed;
-    return;
-  }
-  send_home(home, to, 2 * column2, value0);
-  send_home(home, to, 2 * column2 + 1, value1);
-}
-
 // Step 7, on the home rank once every done has arrived: y[token, column] as bf16.
 // staged: the fp32 sum of weight[k] x row[token, k][column] over the routed slots k, from 0 to
 // top_k - 1 in that order, each product and sum rounded on its own, so y is deterministic and,

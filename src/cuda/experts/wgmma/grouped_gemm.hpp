@@ -21,7 +21,6 @@
 
 #include "core/knob_table.hpp"  // wgmma_fc1_activates
 #include "cuda/experts/inputs.hpp"
-#include "protocol/token_back.hpp"  // HomeSlot
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -135,51 +134,6 @@ class Bf16GluGroupedGemm {
   std::size_t device_bytes_ = 0;
   int sm_count_;
   GluTile tile_;
-};
-
-// FC2 with each result sent home from its epilogue (grouped_gemm_home.cu): the bf16 GEMM over h16
-// and w2 whose epilogue divides by the row's and the expert's scales, adds b2 and sends each
-// column pair home (protocol::send_home2: staged, one 4-byte store of two bf16; in_kernel_reduce,
-// two atomics): no fp32 [pairs, H] round trip and no home kernel. The bf16-code precisions (all
-// but fp8_block128). The done messages follow from a kernel after it (steps.cu: finish).
-struct HomeGroup {
-  const protocol::HomeSlot* homes;  // per row of the group (gather resolves them)
-  const float* h_scale;             // per row, or nullptr (1)
-  const float* b2;                  // [H], or nullptr
-  float w_scale;                    // the expert's w2 scale (1 but for NVFP4)
-};
-struct HomeGemmArrays {
-  GemmProblem* problems;
-  const std::uint16_t** a;  // h16 [M, I]
-  const std::uint16_t** b;  // w2 [H, I]
-  HomeGroup* groups;
-  TokenBackTarget* target;  // where results go this round (plan writes it)
-};
-
-class Bf16HomeGroupedGemm {
- public:
-  // `groups` groups of K = I (N = H comes with each round's problems); `tile` as
-  // Bf16GroupedGemm's (block_n).
-  Bf16HomeGroupedGemm(int groups, int k, int sm_count, int device, Bf16Tile tile);
-  ~Bf16HomeGroupedGemm();
-  Bf16HomeGroupedGemm(const Bf16HomeGroupedGemm&) = delete;
-  Bf16HomeGroupedGemm& operator=(const Bf16HomeGroupedGemm&) = delete;
-
-  const HomeGemmArrays& arrays() const { return arrays_; }
-  std::size_t device_bytes() const { return device_bytes_; }
-  Bf16Tile tile() const { return tile_; }
-  int sm_count() const { return sm_count_; }
-
-  void run(cudaStream_t stream) const;
-
- private:
-  struct Kernel;
-  std::unique_ptr<Kernel> kernel_;
-  HomeGemmArrays arrays_{};
-  std::uint8_t* memory_ = nullptr;
-  std::size_t device_bytes_ = 0;
-  Bf16Tile tile_;
-  int sm_count_;
 };
 
 // The E4M3 GEMM's device arrays. Scales are K-major: sfa[g] holds M_g rows of ceil(K / 128)

@@ -6,7 +6,7 @@
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
 #include "math/activation.hpp"
-#include "math/expert_row.hpp"  // math::biased
+#include "math/expert_row.hpp"  // math::biased, math::unscaled
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -36,15 +36,6 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
-    HomeGemmArrays& fc2 = p.home_fc2;
-    fc2.problems[e] = GemmProblem{m, h, i};
-    fc2.a[e] = p.scratch.h16 + first * inter;
-    fc2.b[e] = p.weights.w2 + e * hidden * inter;
-    fc2.groups[e] = HomeGroup{
-        p.scratch.homes + first,
-        p.problem.precision == Precision::nvfp4 ? p.scratch.h_scale + first : nullptr,
-        p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden, p.weights.w2_scale[e]};
-    if (e == 0) *fc2.target = p.step.home;
     if (p.glu()) {
       p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
@@ -57,12 +48,16 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
       p.fc1.d[e] = p.scratch.d + first * 2 * inter;
     }
+    p.fc2.problems[e] = GemmProblem{m, h, i};
+    p.fc2.a[e] = p.scratch.h16 + first * inter;
+    p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
+    p.fc2.d[e] = p.scratch.d + first * hidden;
   }
 }
 
-// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row and the pair's
-// home slot (FC2's epilogue sends its result there), or (fp8) the received row's wire payload
-// itself, its E4M3 codes and 1 x 128 scales (checked by route; the same bytes route decoded).
+// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (fp8) the
+// received row's wire payload itself, its E4M3 codes and 1 x 128 scales (checked by route; the
+// same bytes route decoded).
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
@@ -91,7 +86,6 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
     return;
   }
   for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-    if (lane == 0) p.scratch.homes[pair] = home_slot(p.step.home, start.round, in.pairs[pair]);
     const auto* src = reinterpret_cast<const uint4*>(
         in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
     auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
@@ -185,9 +179,8 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
-// fp8_block128 (the bf16-code precisions send results home from FC2's epilogue): one warp per pair
-// (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums (the GEMM applied both
-// scales), b2, the result home (send_home4), four columns per lane per step; the last CTA
+// One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
+// both scales, b2, the result home (send_home4), four columns per lane per step; the last CTA
 // publishes done to every rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
   fc2_round<Stamps::end_only>(p.step, [&](std::uint32_t round) {
@@ -207,6 +200,8 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
+      const float h_scale = p.fp8() || p.glu() ? 1.0f : p.scratch.h_scale[pair];
+      const float w_scale = p.fp8() ? 1.0f : p.weights.w2_scale[e];
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
@@ -222,17 +217,13 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
           const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
           float out[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) out[i] = math::biased(sums[i], b2, 4 * c4 + i);
+          for (int i = 0; i < 4; ++i)
+            out[i] = math::biased(math::unscaled(sums[i], h_scale, w_scale), b2, 4 * c4 + i);
           send_home4(p.step.home, home, c4, out);
         }
       }
     }
   });
-}
-
-// The expert step's close after the GEMM that sent every result home: done to every rank.
-__global__ void __launch_bounds__(kThreads) finish_kernel(Params p) {
-  fc2_round<Stamps::end_only>(p.step, [](std::uint32_t) {});
 }
 
 }  // namespace
@@ -260,10 +251,6 @@ void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) 
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
   launch_chained(home_kernel, s.home, stream, p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-}
-void launch_finish(const Params& p, cudaStream_t stream) {
-  launch_chained(finish_kernel, KernelShape{1, 0}, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

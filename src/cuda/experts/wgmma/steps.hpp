@@ -18,14 +18,11 @@ namespace epmoe::cuda::experts::wgmma {
 // bf16 operands (every precision but fp8_block128) or E4M3 ones with their scales (fp8_block128):
 // one set is allocated, the other's pointers are null.
 struct Scratch {
-  // fp32 GEMM outputs: fp8_block128's FC1 then FC2 ([max_pairs, max(2I, H)]; FC1's is spent by
-  // then), NVFP4's FC1 ([max_pairs, 2I]); none where FC1's epilogue activates.
-  float* d;
+  float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
   // bf16
-  std::uint16_t* a1;          // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
-  std::uint16_t* h16;         // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
-  protocol::HomeSlot* homes;  // [max_pairs] where each pair's result goes (gather: this round's)
-  float* h_scale;             // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
+  std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
+  std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
+  float* h_scale;      // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
   // E4M3: the rows' codes and their 1 x 128 scales, as on the wire
   std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
   float* a8_scale;   // [max_pairs, H / 128]
@@ -46,18 +43,16 @@ struct Params {
   Fp8BlockWeights fp8_weights;  // fp8
   Biases biases;                // fp32, never quantized; nullptr = none
   Scratch scratch;
-  // The GEMMs' device arrays, written by plan.
   GluGemmArrays glu_fc1;                  // FC1 with the activation (fc1_epilogue_activates)
-  GroupedGemmArrays fc1;                  // FC1 storing fp32 (nvfp4)
-  HomeGemmArrays home_fc2;                // FC2 sending results home (!fp8)
+  GroupedGemmArrays fc1, fc2;             // the GEMMs' device arrays, written by plan (!fp8)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;  // (fp8)
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }
 };
 
 struct StepShapes {
-  KernelShape gather, activate, home;  // home: fp8_block128 only
-  int activate_group;                  // threads per h row in activate (a RowGroup slice)
+  KernelShape gather, activate, home;
+  int activate_group;  // threads per h row in activate (a RowGroup slice)
 };
 StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms);
 
@@ -67,8 +62,5 @@ void launch_plan(const Params& p, cudaStream_t stream);
 void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream);
-// After Bf16HomeGroupedGemm (its epilogue sent every result home): closes the expert step, done to
-// every rank (fc2_round), one CTA.
-void launch_finish(const Params& p, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -13,10 +13,7 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   const auto h = static_cast<std::size_t>(e.hidden), i = static_cast<std::size_t>(e.intermediate);
   ScratchCursor cursor{base};
   Scratch s{};
-  if (runs_e4m3(e))
-    s.d = cursor.take<float>(pairs * std::max(2 * i, h));
-  else if (!fc1_epilogue_activates(e))
-    s.d = cursor.take<float>(pairs * 2 * i);
+  s.d = cursor.take<float>(pairs * std::max(2 * i, h));
   if (runs_e4m3(e)) {
     s.a8 = cursor.take<std::uint8_t>(pairs * h);
     s.a8_scale = cursor.take<float>(pairs * (h / formats::kFp8Block128));
@@ -26,7 +23,6 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.a1 = cursor.take<std::uint16_t>(pairs * h);
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
-    s.homes = cursor.take<protocol::HomeSlot>(pairs);
   }
   *bytes = cursor.used;
   return s;
@@ -131,26 +127,19 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     } else {
       run.fc1 = gemm(2 * i, h);
     }
-    run.home_fc2 =
-        find_or_make(
-            home_gemms_,
-            [&](const std::unique_ptr<Bf16HomeGroupedGemm>& g) {
-              return g->sm_count() == sms && g->tile() == tile;
-            },
-            [&] { return std::make_unique<Bf16HomeGroupedGemm>(experts, i, sms, device, tile); })
-            .get();
+    run.fc2 = gemm(h, i);
   }
   return run;
 }
 
 Bf16Tile WgmmaBackend::tile(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.home_fc2 != nullptr ? run.home_fc2->tile() : Bf16Tile::m128_n128_k64;
+  return run.fc2 != nullptr ? run.fc2->tile() : Bf16Tile::m128_n128_k64;
 }
 
 int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.home_fc2 != nullptr ? run.home_fc2->sm_count() : run.fp8_fc1->sm_count();
+  return run.fc2 != nullptr ? run.fc2->sm_count() : run.fp8_fc1->sm_count();
 }
 
 WgmmaBackend::~WgmmaBackend() {
@@ -165,7 +154,6 @@ std::size_t WgmmaBackend::scratch_bytes() const {
   std::size_t bytes = scratch_bytes_;
   for (const auto& g : glu_gemms_) bytes += g->device_bytes();
   for (const auto& g : gemms_) bytes += g->device_bytes();
-  for (const auto& g : home_gemms_) bytes += g->device_bytes();
   for (const Fp8Gemms& g : fp8_gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
   return bytes;
 }
@@ -194,7 +182,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
       p.glu_fc1 = run.glu_fc1->arrays();
     else
       p.fc1 = run.fc1->arrays();
-    p.home_fc2 = run.home_fc2->arrays();
+    p.fc2 = run.fc2->arrays();
   }
   return p;
 }
@@ -221,13 +209,11 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
 void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  if (fp8()) {
+  if (fp8())
     run.fp8_fc2->run(stream);
-    launch_home(params(step, run), run.shapes, stream);
-    return;
-  }
-  run.home_fc2->run(stream);  // its epilogue sends every result home
-  launch_finish(params(step, run), stream);
+  else
+    run.fc2->run(stream);
+  launch_home(params(step, run), run.shapes, stream);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -6,19 +6,17 @@
 // A round is six launches on the caller's stream (steps.cu), five where FC1's epilogue applies the
 // activation (bf16, mxfp8, mxfp4: fc1_epilogue_activates):
 //   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
-//   gather    each pair's staged row into the expert-contiguous FC1 operand, and its home slot
+//   gather    each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
 //   activate  (nvfp4, fp8_block128) scales, b13, the activation, FC2's input quantization
 //             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
-//   FC2       grouped GEMM whose epilogue divides by the scales, adds b2 and sends every result
-//             home (Bf16HomeGroupedGemm); fp8_block128: [pairs, H] fp32
-//   finish    done to every rank (fc2_round); fp8_block128: home, b2 and every result sent home
-//             first
+//   FC2       grouped GEMM: [pairs, H] fp32
+//   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
 // Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp; w13's gate and up rows
 // interleaved for the activating FC1) for every precision but fp8_block128, which runs E4M3 GEMMs
 // with its block scales instead (fp8_block_weights.hpp; the rows' codes straight from the wire).
-// Knobs, per token bucket: block_n = 256 runs the bf16 FC2 (and NVFP4's FC1) on 128 x 256 tiles,
+// Knobs, per token bucket: block_n = 256 runs the bf16 GEMMs that store fp32 on 128 x 256 tiles,
 // anything else on 128 x 128 (E4M3: always 128 x 128); block_m picks the activating FC1's tile
 // (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative);
 // num_sms sizes the GEMMs' persistent grids (CUTLASS's hw_info.sm_count) and the steps' grids.
@@ -66,9 +64,9 @@ class WgmmaBackend final : public ExpertBackend {
   // One bucket's GEMMs (owned below, shared between buckets of the same tile and SM count) and
   // step grids.
   struct BucketRun {
-    const Bf16GluGroupedGemm* glu_fc1 = nullptr;    // fc1_epilogue_activates
-    const Bf16GroupedGemm* fc1 = nullptr;           // nvfp4
-    const Bf16HomeGroupedGemm* home_fc2 = nullptr;  // every precision but fp8_block128
+    const Bf16GluGroupedGemm* glu_fc1 = nullptr;  // fc1_epilogue_activates
+    const Bf16GroupedGemm* fc1 = nullptr;         // nvfp4
+    const Bf16GroupedGemm* fc2 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc1 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
     StepShapes shapes{};
@@ -85,10 +83,9 @@ class WgmmaBackend final : public ExpertBackend {
   struct Fp8Gemms {
     std::unique_ptr<Fp8BlockwiseGroupedGemm> fc1, fc2;
   };
-  std::vector<std::unique_ptr<Bf16GluGroupedGemm>> glu_gemms_;    // one per (tile, SM count)
-  std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;           // one per (N, K, tile, SM count)
-  std::vector<std::unique_ptr<Bf16HomeGroupedGemm>> home_gemms_;  // one per (tile, SM count)
-  std::vector<Fp8Gemms> fp8_gemms_;                               // one pair per SM count
+  std::vector<std::unique_ptr<Bf16GluGroupedGemm>> glu_gemms_;  // one per (tile, SM count)
+  std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;         // one per (N, K, tile, SM count)
+  std::vector<Fp8Gemms> fp8_gemms_;                             // one pair per SM count
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};
