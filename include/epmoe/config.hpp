@@ -100,7 +100,7 @@ const char* to_string(TokenBucket b);
 // them (docs/tuning.md#knobs): the CUDA executor picks each forward's bucket from T on the host and
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
-//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tile.
+//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles.
 // token_back, stages, dispatch_warps and megakernel are read by no code: they are reserved for the
 // persistent kernel (issue 13) and planned GEMMs, validated, adjusted by with_knobs and compared
 // across ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile
@@ -113,14 +113,18 @@ struct Knobs {
   // warps from a staging pool, or stored by the epilogue).
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64 or 128.
-  // wgmma's cooperative GEMMs take 128 only; with_knobs moves 64 to 128 under wgmma.
+  // wgmma's cooperative GEMMs take 128; for bf16, mxfp8 and mxfp4, 64 runs FC1 (whose epilogue
+  // activates) on 64 x 128 ping-pong tiles (FC2 stays 128-row). with_knobs moves 64 to 128 under
+  // wgmma for nvfp4 and fp8_block128.
   std::int32_t block_m = 64;
-  // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs its bf16 GEMMs on
-  // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (fp8_block128: 128 x 128 x 128 only);
-  // with_knobs moves 64 to 128, and 256 to 128 for fp8_block128.
+  // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs its bf16 GEMMs that store
+  // fp32 (FC2, and NVFP4's FC1) on 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the
+  // activating FC1: 128 columns always; fp8_block128: 128 x 128 x 128 only); with_knobs moves 64
+  // to 128, and 256 to 128 for fp8_block128.
   std::int32_t block_n = 128;
   // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
-  // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256); a StageCount<N> per value
+  // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating
+  // FC1's 128 x 128 and 64 x 128); a StageCount<N> per value
   // would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
   // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
@@ -198,5 +202,21 @@ LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
 
 // The built-in default knob table, keyed by (precision, world, H, I, E, K, bucket).
 Knobs default_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket);
+
+// Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by
+// what they were chosen for: precision, world, the shape's hidden, intermediate, num_experts and
+// top_k, and expert_math. Every Layer loads the file $EPMOE_KNOB_FILE names when that is set and
+// not empty (so `epmoe run`, `epmoe bench` and the Python package do too).
+inline constexpr const char* kKnobFileEnv = "EPMOE_KNOB_FILE";
+// The file for `config`'s four buckets.
+std::string knob_file_text(const LayerConfig& config);
+// `config` with the buckets the text holds (with_knobs each, so adjusted where they conflict;
+// buckets it does not name keep theirs). Error(invalid_argument) naming `source`, the line and the
+// field for a malformed line, an unknown field or bucket, a knob outside kKnobSpace, or a key that
+// is not `config`'s (a file tuned for another layer).
+LayerConfig with_knob_text(const LayerConfig& config, const std::string& text,
+                           const std::string& source = "knob file");
+// The same from a file; Error(invalid_argument) naming the path when it cannot be read.
+LayerConfig with_knob_file(const LayerConfig& config, const std::string& path);
 
 }  // namespace epmoe

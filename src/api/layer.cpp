@@ -1,5 +1,7 @@
 #include "epmoe/layer.hpp"
 
+#include <cstdlib>
+
 #include "core/layer_impl.hpp"
 #include "epmoe/testing.hpp"
 #include "host/host_layer.hpp"
@@ -13,7 +15,18 @@ const char* to_string(Backend b) {
   return b == Backend::cpu_threads ? "cpu_threads" : "cuda_nccl";
 }
 
-Layer::Layer(Communicator& comm, const LayerConfig& config, const ExpertWeights& local_weights) {
+namespace {
+
+// The layer's config with the knob file $EPMOE_KNOB_FILE names, when set and not empty.
+LayerConfig with_env_knob_file(const LayerConfig& config) {
+  const char* path = std::getenv(kKnobFileEnv);
+  return path == nullptr || *path == '\0' ? config : with_knob_file(config, path);
+}
+
+}  // namespace
+
+Layer::Layer(Communicator& comm, const LayerConfig& given, const ExpertWeights& local_weights) {
+  const LayerConfig config = with_env_knob_file(given);
   if (comm.rank() != config.rank() || comm.world() != config.world())
     throw Error(ErrorCode::invalid_argument,
                 "Layer: config is for rank " + std::to_string(config.rank()) + " of " +
