@@ -50,12 +50,6 @@ struct BenchOptions : SweepOptions {
   }
 };
 
-// Uniform random top-k, drawn as harness::make_random_batch draws it.
-Routing make_routing(const LayerShape& s, std::int64_t tokens, std::uint64_t seed) {
-  harness::Rng rng(seed);
-  return harness::make_routing(s, 1, tokens, harness::Routing::uniform, 0, rng);
-}
-
 // ---- what a round must move, and its floors ----
 
 struct Traffic {
@@ -227,12 +221,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
         cp.plan(o, pi, last_ms, last_t > 0 ? double(T) / double(last_t) : double(T));
     if (!plan) return;
     const int warmup = plan->warmup, rounds = plan->rounds;
-    std::vector<Routing> routing;
-    for (int i = 0; i < warmup + rounds; ++i)
-      for (int r = 0; r < world; ++r)
-        routing.push_back(make_routing(s, T,
-                                       o.seed * 1000003 + static_cast<std::uint64_t>(T) * 7777 +
-                                           static_cast<std::uint64_t>(i * world + r)));
+    const std::vector<Routing> routing = uniform_routing(s, T, world, warmup + rounds, o.seed);
     try {
       const RoundTimes times = time_rounds(*cluster, routing, data, T, warmup, rounds,
                                            o.max_point_s, st.backend, o.phases);
@@ -241,13 +230,10 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
       std::array<std::vector<double>, kRoundPhases> phase_us;  // per phase, the timed rounds'
       for (int i = warmup; i < warmup + times.timed; ++i) {
         const auto round = static_cast<std::size_t>(i);
-        std::size_t slowest = 0;
+        const std::size_t slowest = slowest_rank(times, round);
         std::vector<const std::vector<std::int32_t>*> ids;
-        for (int r = 0; r < world; ++r) {
-          if (times.ms[static_cast<std::size_t>(r)][round] > times.ms[slowest][round])
-            slowest = static_cast<std::size_t>(r);
+        for (int r = 0; r < world; ++r)
           ids.push_back(&routing[static_cast<std::size_t>(i * world + r)].topk_ids);
-        }
         pt.latency_ms.push_back(times.ms[slowest][round]);
         per_round.push_back(round_traffic(ids, s, world, precision, combine, st.ceilings));
         const PhaseTimes& phases = times.phases[slowest][round];

@@ -1,5 +1,5 @@
 // epmoe: run a real model's MoE layer end to end (`run`), time it (`bench`), hammer it with idle
-// ranks and faults (`stress`).
+// ranks and faults (`stress`), pick its knobs by measurement (`tune`).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -53,12 +53,14 @@ int main(int argc, char** argv) {
 
   const epmoe::tools::Subcommand stress = epmoe::tools::add_stress_command(app);
   const epmoe::tools::Subcommand bench = epmoe::tools::add_bench_command(app);
+  const epmoe::tools::Subcommand tune = epmoe::tools::add_tune_command(app, argc, argv);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (run_cmd->parsed()) return epmoe::tools::run_command(run);
     if (stress.app->parsed()) return stress.run();
     if (bench.app->parsed()) return bench.run();
+    if (tune.app->parsed()) return tune.run();
   } catch (const epmoe::Error& e) {
     std::fprintf(stderr, "epmoe: error (%s): %s\n", epmoe::to_string(e.code()), e.what());
     return 2;

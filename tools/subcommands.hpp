@@ -1,5 +1,6 @@
-// The subcommands of `epmoe` that live in their own files (bench.cpp, bench_gemm.cpp, stress.cpp),
-// as main.cpp sees them: the CLI11 subcommand (to ask whether it was parsed) and how to run it.
+// The subcommands of `epmoe` that live in their own files (bench.cpp, bench_gemm.cpp, stress.cpp,
+// tune.cpp), as main.cpp sees them: the CLI11 subcommand (to ask whether it was parsed) and how to
+// run it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -16,5 +17,7 @@ struct Subcommand {
 Subcommand add_bench_command(CLI::App& parent);      // tools/bench.cpp (with `bench gemm`)
 Subcommand add_bench_gemm_command(CLI::App& bench);  // tools/bench_gemm.cpp
 Subcommand add_stress_command(CLI::App& parent);     // tools/stress.cpp
+// tools/tune.cpp; argv: the command line, which the knob file records.
+Subcommand add_tune_command(CLI::App& parent, int argc, char** argv);
 
 }  // namespace epmoe::tools

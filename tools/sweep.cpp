@@ -473,6 +473,25 @@ void print_ceilings(const Ceilings& c) {
 // Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
 // rank's host work never counts against its peers); returns per-rank latencies per round.
 
+std::size_t slowest_rank(const RoundTimes& times, std::size_t round) {
+  std::size_t slowest = 0;
+  for (std::size_t r = 1; r < times.ms.size(); ++r)
+    if (times.ms[r][round] > times.ms[slowest][round]) slowest = r;
+  return slowest;
+}
+
+std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, int world,
+                                     int rounds, std::uint64_t seed) {
+  std::vector<Routing> routing;
+  for (int i = 0; i < rounds; ++i)
+    for (int r = 0; r < world; ++r) {
+      harness::Rng rng(seed * 1000003 + static_cast<std::uint64_t>(tokens) * 7777 +
+                       static_cast<std::uint64_t>(i * world + r));
+      routing.push_back(harness::make_routing(s, 1, tokens, harness::Routing::uniform, 0, rng));
+    }
+  return routing;
+}
+
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
                        std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
                        [[maybe_unused]] bool phases) {
@@ -561,11 +580,13 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, co
 }
 
 ConfigCluster make_cluster(const LayerShape& s, Precision precision, const LayerOptions& options,
-                           int world, const ModelData& data, Backend backend) {
+                           int world, const ModelData& data, Backend backend,
+                           const Cluster::Tune& tune) {
   ConfigCluster out;
   const auto t0 = Clock::now();
   try {
-    out.cluster = std::make_unique<Cluster>(s, precision, options, world, data.weights, backend);
+    out.cluster = std::make_unique<Cluster>(s, precision, options, world, data.weights, backend,
+                                            Cluster::LocalWeights{}, tune);
   } catch (const Error& e) {
     out.unsupported = e.code() == ErrorCode::unsupported;
     out.error = std::string("layer creation: ") + e.what();

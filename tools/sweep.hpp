@@ -150,6 +150,13 @@ struct RoundTimes {
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
                        std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
                        bool phases);
+// The rank whose forward took longest in `round` (the round's latency is that rank's).
+std::size_t slowest_rank(const RoundTimes& times, std::size_t round);
+// Uniform random top-k for `rounds` rounds of `world` ranks at T tokens each, in time_rounds'
+// order (routing[round * W + rank]), drawn as harness::make_random_batch draws it; each draw's
+// seed depends on (seed, T, round, rank) only, so every config of a sweep sees the same rounds.
+std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, int world,
+                                     int rounds, std::uint64_t seed);
 
 // How many rounds a point runs, from the previous point's p50 scaled linearly by `scale` (this
 // point's size over the previous one's): all of them, fewer (at least 3 timed, 1 warm-up) to fit
@@ -171,8 +178,10 @@ struct ConfigCluster {
   bool unsupported = false;
   double prep_s = 0.0;  // the time it took
 };
+// `tune`: Cluster's (each rank's config turned into the one its layer is created with).
 ConfigCluster make_cluster(const LayerShape& s, Precision precision, const LayerOptions& options,
-                           int world, const ModelData& data, Backend backend);
+                           int world, const ModelData& data, Backend backend,
+                           const Cluster::Tune& tune = {});
 
 // The points of one config (P: a point type with `status` and `note`) and its label: every point
 // that ends is counted on the progress line.

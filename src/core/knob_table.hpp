@@ -57,7 +57,7 @@ void check_knob_space(const Knobs& knobs);
 //     -> 128 (64 stays for wgmma_fc1_activates precisions), block_n 64 -> 128, and 256 -> 128
 //     for fp8_block128;
 //   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
-// `notes` (may be null) receives one line per change, for logs (and a future `epmoe tune`).
+// `notes` (may be null) receives one line per change, for logs.
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
                    const LayerOptions& options, std::vector<std::string>* notes = nullptr);
 
