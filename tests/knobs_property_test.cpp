@@ -271,17 +271,35 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128ForRealShapes) {
   }
 }
 
-TEST(DefaultKnobTable, GptOssPrefillUsesBlockN128BecauseTwoITilesExactly) {
+TEST(DefaultKnobTable, GptOssNvfp4UsesBlockN128BecauseTwoITilesExactly) {
   const LayerShape gpt_oss = known_models()[2].layer_shape(8192);
   ASSERT_EQ(gpt_oss.hidden, 2880);
-  for (Precision p : kPrecisions) {
-    EXPECT_EQ(default_knobs(p, 8, gpt_oss, TokenBucket::prefill).block_n, 128);
+  for (TokenBucket b : {TokenBucket::small, TokenBucket::medium, TokenBucket::prefill}) {
+    EXPECT_EQ(default_knobs(Precision::nvfp4, 8, gpt_oss, b).block_n, 128) << to_string(b);
+    // The override is specific: the other precisions (FC1 activating on 128-wide tiles) and
+    // nvfp4 of other shapes get the rule's 256.
+    EXPECT_EQ(default_knobs(Precision::bf16, 8, gpt_oss, b).block_n, 256) << to_string(b);
+    EXPECT_EQ(default_knobs(Precision::nvfp4, 8, known_models()[0].layer_shape(8192), b).block_n,
+              256)
+        << to_string(b);
   }
-  // The override is specific: the same rule picks 256 for nvfp4 prefill of other shapes.
-  EXPECT_EQ(
-      default_knobs(Precision::nvfp4, 8, known_models()[0].layer_shape(8192), TokenBucket::prefill)
-          .block_n,
-      256);
+}
+
+// The measured block_n rule (bench/RESULTS.md, session 14): 256 outside decode, bf16 prefill
+// included; 128 in decode's 64-row tiles; 64 where few local experts leave SMs without a tile.
+TEST(DefaultKnobTable, BlockNIs256OutsideDecodeAnd128InDecode) {
+  const LayerShape qwen = known_models()[0].layer_shape(8192);
+  ASSERT_EQ(qwen.hidden, 2048);
+  for (int world : {1, 2, 8}) {
+    EXPECT_EQ(default_knobs(Precision::bf16, world, qwen, TokenBucket::decode).block_n, 128);
+    for (TokenBucket b : {TokenBucket::small, TokenBucket::medium, TokenBucket::prefill})
+      EXPECT_EQ(default_knobs(Precision::bf16, world, qwen, b).block_n, 256)
+          << world << " " << to_string(b);
+  }
+  const LayerShape mixtral = known_models()[3].layer_shape(8192);
+  ASSERT_EQ(mixtral.num_experts, 8);
+  EXPECT_EQ(default_knobs(Precision::bf16, 2, mixtral, TokenBucket::small).block_n, 64);
+  EXPECT_EQ(default_knobs(Precision::bf16, 2, mixtral, TokenBucket::prefill).block_n, 256);
 }
 
 TEST(DefaultKnobTable, DoesNotDependOnMaxTokensPerRank) {

@@ -135,13 +135,13 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
   // block_m: an expert with <= 64 rows would leave half of a 128-row tile empty (and 64 is the
   // M of one WGMMA warpgroup), so decode-like loads use 64; larger loads use 128.
   k.block_m = rows_per_expert <= 64 ? 64 : 128;
-  // block_n: with 64-row tiles the GEMMs are bound by streaming weights, so narrower N tiles give
-  // more CTAs to stream them; with 128-row tiles they are compute bound and 128×256 gives the most
-  // reuse per byte of shared memory.
-  k.block_n = k.block_m == 64 ? 128 : 256;
-  // ...unless the 128×256 tile leaves fewer than 4 stages (bf16: 3): a 3-deep pipeline cannot keep
-  // two consumer warpgroups fed across TMA latency, so 128×128 at 6 stages is the better trade.
-  if (k.block_n == 256 && max_fitting_stages(precision, k.block_m, k.block_n) < 4) k.block_n = 128;
+  // block_n, measured (`epmoe tune` at EP2-equivalent expert loads on one H200, every real shape,
+  // bf16 and mxfp8: bench/RESULTS.md, session 14): 256 wherever the wgmma backend ships it, since
+  // FC2 (N = H) on 128 x 256 tiles won 3-9 % in the small and medium buckets and 3-5 % in prefill,
+  // bf16 included (its 4-stage carveout keeps the consumers fed); 128 in decode with 64-row tiles,
+  // where 256 tied or lost (T = 1: 3 of the 4 shapes). fp8_block128 moves 256 to 128
+  // (adjust_knobs).
+  k.block_n = bucket == TokenBucket::decode && k.block_m == 64 ? 128 : 256;
   // Few local experts in a weight-bound bucket: FC2 has N = H per expert, and 128-wide tiles may
   // not give every SM a tile (mixtral at EP2+ has 2 or fewer local experts with H/128 = 32 tiles).
   if (k.block_m == 64 && local_experts * (hidden / 128) < kTypicalSms) k.block_n = 64;
@@ -172,16 +172,17 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
 struct Override {
   const char* model;
   std::int64_t hidden, intermediate, num_experts, top_k;
-  std::optional<TokenBucket> bucket;       // empty: every bucket
-  std::optional<std::int32_t> block_m_is;  // applies only when the rule chose this block_m
+  std::optional<Precision> precision;  // empty: every precision
+  std::optional<TokenBucket> bucket;   // empty: every bucket
   std::optional<std::int32_t> block_n;
   const char* why;
 };
 
 const Override kOverrides[] = {
-    {"gpt-oss-120b", 2880, 2880, 128, 4, std::nullopt, 128, 128,
-     "FC1 has 2I = 5760 = 22.5 × 256 columns: a half-empty last 256-wide tile per expert; "
-     "128 divides it exactly"},
+    {"gpt-oss-120b", 2880, 2880, 128, 4, Precision::nvfp4, std::nullopt, 128,
+     "nvfp4's wgmma FC1 stores fp32 on block_n-wide tiles, and 2I = 5760 = 22.5 x 256 columns: a "
+     "half-empty last 256-wide tile per expert; 128 divides it exactly (the other precisions' FC1 "
+     "activates on 128-wide tiles whatever block_n is)"},
 };
 
 }  // namespace
@@ -309,8 +310,8 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
         o.num_experts != shape.num_experts || o.top_k != shape.top_k) {
       continue;
     }
+    if (o.precision && *o.precision != precision) continue;
     if (o.bucket && *o.bucket != bucket) continue;
-    if (o.block_m_is && *o.block_m_is != k.block_m) continue;
     if (o.block_n) k.block_n = *o.block_n;
   }
   // Entries fit the hardware for any precision, and are conflict-free for the default options
