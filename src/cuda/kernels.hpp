@@ -72,8 +72,8 @@ inline int bucket_index(TokenBucket b) {
 // dependent launch (docs/design.md §4): its CTAs may be scheduled while the predecessor drains,
 // and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds them
 // until the predecessor has completed and its memory is visible, before any global access. Not
-// for CUTLASS's pointer-array GEMMs (they issue no griddepcontrol.wait) nor for dispatch, the
-// first kernel of a forward.
+// for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
+// wait and attribute through parts::WaitsForPreviousKernel.)
 template <class... Params, class... Args>
 void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream,
                     Args&&... args) {

@@ -37,7 +37,7 @@ struct Bf16Kernel {
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using Gemm = parts::PdlGemm<GemmKernel>;
   static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
 };
 using Tile128x128 = Bf16Kernel<Shape<_128, _128, _64>>;
@@ -145,7 +145,11 @@ Bf16GroupedGemm::~Bf16GroupedGemm() {
 }
 
 void Bf16GroupedGemm::run(cudaStream_t stream) const {
-  std::visit([&](auto& gemm) { parts::check(gemm.run(stream), kName, "run"); }, kernel_->gemm);
+  std::visit(
+      [&](auto& gemm) {
+        parts::check(gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+      },
+      kernel_->gemm);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -42,7 +42,7 @@ using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
     cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+using Gemm = parts::PdlGemm<GemmKernel>;
 using StrideA = GemmKernel::InternalStrideA;
 using StrideB = GemmKernel::InternalStrideB;
 using StrideD = GemmKernel::InternalStrideD;
@@ -136,7 +136,7 @@ void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
   scale_layouts_kernel<<<1, 256, 0, stream>>>(arrays_.problems, groups_, kernel_->sfa_layouts,
                                               kernel_->sfb_layouts);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  parts::check(kernel_->gemm.run(stream), kName, "run");
+  parts::check(kernel_->gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

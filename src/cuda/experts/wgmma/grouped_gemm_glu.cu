@@ -133,7 +133,7 @@ struct GluKernel {
       LayoutB*, kAlignAB, float, Tile, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<0>, Schedule>::CollectiveOp;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using Gemm = parts::PdlGemm<GemmKernel>;
 };
 using Cooperative =
     GluKernel<Shape<_128, _128, _64>, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
@@ -195,7 +195,11 @@ Bf16GluGroupedGemm::~Bf16GluGroupedGemm() {
 }
 
 void Bf16GluGroupedGemm::run(cudaStream_t stream) const {
-  std::visit([&](auto& gemm) { parts::check(gemm.run(stream), kName, "run"); }, kernel_->gemm);
+  std::visit(
+      [&](auto& gemm) {
+        parts::check(gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+      },
+      kernel_->gemm);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -18,10 +18,29 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/kernel_hardware_info.h"
 
 namespace epmoe::cuda::experts::wgmma::parts {
+
+// Programmatic dependent launch for CUTLASS's kernels (docs/design.md §4). The SM90 pointer-array
+// GEMMs issue no griddepcontrol.wait, so launched with the PDL attribute as they are they could
+// read the per-expert row counts before the previous kernel wrote them. This kernel is CUTLASS's
+// with that wait first: every thread waits until the previous kernel has completed and its memory
+// is visible, before any global access; what PDL buys is the launch and CTA rasterization
+// overlapping the previous kernel's tail. The adapter launches it with the PDL attribute
+// (run(stream, nullptr, kLaunchWithPdl)).
+template <class Kernel>
+struct WaitsForPreviousKernel : Kernel {
+  CUTLASS_DEVICE void operator()(typename Kernel::Params const& params, char* smem) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    Kernel::operator()(params, smem);
+  }
+};
+template <class Kernel>
+using PdlGemm = cutlass::gemm::device::GemmUniversalAdapter<WaitsForPreviousKernel<Kernel>>;
+inline constexpr bool kLaunchWithPdl = true;
 
 // (M, N, K) per group, M read on the device each round.
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
