@@ -26,7 +26,8 @@ inline Backend choose_backend(const std::string& executor, int ranks) {
 
 inline std::string describe_backend(Backend backend, int ranks) {
   if (backend == Backend::cuda_nccl)
-    return "cuda (" + std::to_string(ranks) + " GPUs, one rank each; NCCL symmetric windows)";
+    return "cuda (" + std::to_string(ranks) + (ranks == 1 ? " GPU" : " GPUs, one rank each") +
+           "; NCCL symmetric windows)";
   return "cpu (" + std::to_string(ranks) + " rank threads" +
          (cuda_device_count() == 0 ? std::string("; no GPU visible") : std::string()) + ")";
 }
