@@ -115,21 +115,25 @@ std::string describe_knobs(const Knobs& k, ExpertMath math) {
   const std::string tile_mark =
       math == ExpertMath::wgmma ? ""
                                 : std::string(" (not read by expert_math=") + to_string(math) + ")";
-  std::string s = "{token_back=";
-  s += to_string(k.token_back);
-  s += kNotReadYet;
-  s += " block_m=" + std::to_string(k.block_m) + tile_mark;
-  s += " block_n=" + std::to_string(k.block_n) + tile_mark;
-  s += " stages=" + std::to_string(k.stages) + kNotReadYet;
-  s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + kNotReadYet;
-  s += " num_sms=" + std::to_string(k.num_sms);
-  s += k.megakernel ? " megakernel=true" : " megakernel=false";
-  s += kNotReadYet;
-  s += "}";
-  return s;
+  return "{" + core::knob_fields(k, kNotReadYet, tile_mark) + "}";
 }
 
 }  // namespace
+
+std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
+                              const std::string& tile_mark) {
+  std::string s = "token_back=";
+  s += to_string(k.token_back);
+  s += not_read_mark;
+  s += " block_m=" + std::to_string(k.block_m) + tile_mark;
+  s += " block_n=" + std::to_string(k.block_n) + tile_mark;
+  s += " stages=" + std::to_string(k.stages) + not_read_mark;
+  s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + not_read_mark;
+  s += " num_sms=" + std::to_string(k.num_sms);
+  s += k.megakernel ? " megakernel=true" : " megakernel=false";
+  s += not_read_mark;
+  return s;
+}
 
 const char* to_string(Precision p) {
   switch (p) {

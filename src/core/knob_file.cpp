@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/knob_table.hpp"
 #include "epmoe/config.hpp"
 #include "epmoe/errors.hpp"
 
@@ -25,18 +26,6 @@ std::vector<std::pair<std::string, std::string>> key_of(const LayerConfig& c) {
           {"num_experts", std::to_string(c.shape().num_experts)},
           {"top_k", std::to_string(c.shape().top_k)},
           {"expert_math", to_string(c.options().expert_math)}};
-}
-
-std::string knob_fields(const Knobs& k) {
-  std::string s = "token_back=";
-  s += to_string(k.token_back);
-  s += " block_m=" + std::to_string(k.block_m);
-  s += " block_n=" + std::to_string(k.block_n);
-  s += " stages=" + std::to_string(k.stages);
-  s += " dispatch_warps=" + std::to_string(k.dispatch_warps);
-  s += " num_sms=" + std::to_string(k.num_sms);
-  s += k.megakernel ? " megakernel=true" : " megakernel=false";
-  return s;
 }
 
 // Throws naming where: "<source>:<line>: <what>".
@@ -117,7 +106,7 @@ std::string knob_file_text(const LayerConfig& config) {
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     const auto bucket = static_cast<TokenBucket>(b);
     s += to_string(bucket);
-    s += " " + knob_fields(config.knobs(bucket)) + "\n";
+    s += " " + core::knob_fields(config.knobs(bucket)) + "\n";
   }
   return s;
 }

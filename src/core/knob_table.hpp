@@ -49,6 +49,11 @@ bool in_knob_space(const Knobs& knobs) noexcept;
 // be in [2, 8]").
 void check_knob_space(const Knobs& knobs);
 
+// Every knob as name=value fields, in the order and spelling of describe() and knob files
+// (config.cpp); `not_read_mark` follows each knob no code reads, `tile_mark` block_m and block_n.
+std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "",
+                        const std::string& tile_mark = "");
+
 // Adjusts in-space knobs where they conflict with caller-owned fields or with the hardware; never
 // throws for in-space knobs and changes nothing that does not conflict:
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;

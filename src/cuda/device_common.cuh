@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/pdl.cuh"
 #include "cuda/round_params.hpp"
 #include "epmoe/errors.hpp"
 #include "protocol/round.hpp"
@@ -118,13 +119,6 @@ __device__ inline void fail_round(const RoundParams& p, const DeviceSession& ses
 __device__ inline bool round_failed(RoundState* state) {
   return protocol::system_ref<std::uint32_t>(state->failed)
              .load(::cuda::std::memory_order_relaxed) != 0;
-}
-
-// Programmatic dependent launch (launch_chained): wait until the previous kernel on the stream has
-// completed and its memory is visible. Every thread of every chain kernel passes here before its
-// first global access; a kernel launched without the attribute returns at once.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // What every CTA of a round's kernel knows when it starts: the round, whether to do nothing

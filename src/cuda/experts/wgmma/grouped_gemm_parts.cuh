@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/pdl.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -34,7 +35,7 @@ namespace epmoe::cuda::experts::wgmma::parts {
 template <class Kernel>
 struct WaitsForPreviousKernel : Kernel {
   CUTLASS_DEVICE void operator()(typename Kernel::Params const& params, char* smem) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    wait_for_previous_kernel();
     Kernel::operator()(params, smem);
   }
 };
