@@ -470,9 +470,6 @@ void print_ceilings(const Ceilings& c) {
   std::fflush(stdout);
 }
 
-// Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
-// rank's host work never counts against its peers); returns per-rank latencies per round.
-
 std::size_t slowest_rank(const RoundTimes& times, std::size_t round) {
   std::size_t slowest = 0;
   for (std::size_t r = 1; r < times.ms.size(); ++r)
@@ -491,6 +488,9 @@ std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, i
     }
   return routing;
 }
+
+// Every rank runs `warmup + rounds` forwards of T tokens with a host barrier before each (so a
+// rank's host work never counts against its peers); returns per-rank latencies per round.
 
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
                        std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,

@@ -103,8 +103,12 @@ int tune(const TuneOptions& o) {
   if (const char* env = std::getenv(kKnobFileEnv); env != nullptr && *env != '\0')
     reject(std::string("$") + kKnobFileEnv + "=" + env +
            " is set: every layer would load it over the candidates; unset it to tune");
-  if (o.warmup < 0) reject("--warmup=" + std::to_string(o.warmup) + ": must be >= 0");
-  if (o.rounds < 1) reject("--rounds=" + std::to_string(o.rounds) + ": must be >= 1");
+  SweepOptions so;  // what tune shares with the sweeps: the round counts, and the check's settings
+  so.warmup = o.warmup;
+  so.rounds = o.rounds;
+  so.seed = o.seed;
+  so.check_tokens = 1;  // one token per rank, where the host reference is quick (check auto)
+  validate_sweep_options(so);
   if (o.ranks < 1 || o.ranks > kMaxWorld)
     reject("--ranks=" + std::to_string(o.ranks) + ": must be in [1, 64]");
   const Precision precision = parse_precision(o.precision, "--precision");
@@ -169,9 +173,6 @@ int tune(const TuneOptions& o) {
         "note: the CPU executor reads no knob: its candidates differ by noise only; the "
         "file it writes is valid but tunes nothing\n");
 
-  SweepOptions so;  // the check's settings: one token per rank where the host reference is quick
-  so.seed = o.seed;
-  so.check_tokens = 1;
   const auto start = Clock::now();
   const std::unique_ptr<ModelData> data = make_model_data(model, o.ranks, o.seed);
   Progress progress("tune", static_cast<std::int64_t>(candidates.size()));
