@@ -1,14 +1,15 @@
 // `epmoe tune`: measures the knob candidates of one layer (model shape, precision, world, expert
 // math) on the ranks at hand and writes the winners as a knob file (docs/tuning.md#epmoe-tune).
 //
-// For each candidate — the knobs the running code reads (num_sms, and block_m / block_n under
-// expert_math=wgmma), every value given, applied to every bucket through with_knobs and
-// deduplicated after its adjustments — one cluster is created and checked once against the
-// emulating reference, then each bucket's T is timed as `epmoe bench` times a point (warm-up
-// rounds, then timed rounds of uniform random routing; a round's latency is the slowest rank's
-// forward). A bucket's winner is the checked candidate with the lowest p50; the knobs no code reads
-// keep the table's values. The ranks are threads of this one process, so the winner is chosen once
-// and every rank loads the same file. The file's comment lines say how each bucket was measured.
+// For each candidate — the knobs the running code reads (num_sms; block_m / block_n under
+// expert_math=wgmma; megakernel, both paths by default under tensor_core), every value given,
+// applied to every bucket through with_knobs and deduplicated after its adjustments — one cluster
+// is created and checked once against the emulating reference, then each bucket's T is timed as
+// `epmoe bench` times a point (warm-up rounds, then timed rounds of uniform random routing; a
+// round's latency is the slowest rank's forward). A bucket's winner is the checked candidate with
+// the lowest p50; the knobs no code reads keep the table's values. The ranks are threads of this
+// one process, so the winner is chosen once and every rank loads the same file. The file's comment
+// lines say how each bucket was measured.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -47,6 +48,7 @@ struct TuneOptions {
   std::string num_sms = "0";
   std::string block_m = "64,128";
   std::string block_n = "128,256";
+  std::string megakernel = "auto";
   int warmup = 3;
   int rounds = 20;
   std::uint64_t seed = 1;
@@ -58,6 +60,7 @@ struct TuneOptions {
 // The knob fields a candidate sets; the rest of each bucket's knobs stay the table's.
 struct Candidate {
   std::int32_t block_m = 0, block_n = 0, num_sms = 0;
+  bool megakernel = false;
   std::array<Knobs, kNumTokenBuckets> knobs{};  // what runs, after with_knobs' adjustments
   std::string check = "skipped";
   std::array<double, kNumTokenBuckets> p50{};  // NaN where the bucket was not timed
@@ -68,6 +71,7 @@ std::string knob_label(const Knobs& k, ExpertMath math) {
   std::string s = "num_sms=" + std::to_string(k.num_sms);
   if (math == ExpertMath::wgmma)
     s = "block_m=" + std::to_string(k.block_m) + " block_n=" + std::to_string(k.block_n) + " " + s;
+  if (k.megakernel) s += " megakernel=true";
   return s;
 }
 
@@ -80,6 +84,7 @@ LayerConfig apply(const LayerConfig& config, const Candidate& c) {
     k.block_m = c.block_m;
     k.block_n = c.block_n;
     k.num_sms = c.num_sms;
+    k.megakernel = c.megakernel;
     out = with_knobs(out, k, bucket);
   }
   return out;
@@ -144,22 +149,36 @@ int tune(const TuneOptions& o) {
       tiles ? parse_knob_values(o.block_m, "--block-m") : std::vector<std::int32_t>{first.block_m};
   const std::vector<std::int32_t> ns =
       tiles ? parse_knob_values(o.block_n, "--block-n") : std::vector<std::int32_t>{first.block_n};
+  // megakernel: both paths where the CUDA executor has a persistent round (tensor_core), unless
+  // given.
+  std::vector<bool> megakernels;
+  if (o.megakernel == "auto")
+    megakernels = options.expert_math == ExpertMath::tensor_core ? std::vector<bool>{false, true}
+                                                                 : std::vector<bool>{false};
+  for (const auto& v : o.megakernel == "auto" ? std::vector<std::string>{} : split(o.megakernel)) {
+    if (v != "true" && v != "false")
+      reject("--megakernel=" + o.megakernel + ": give auto, or a comma list of true / false");
+    megakernels.push_back(v == "true");
+  }
+  if (megakernels.empty()) reject("--megakernel: give at least one value");
   std::vector<Candidate> candidates;
   for (std::int32_t sms : parse_knob_values(o.num_sms, "--num-sms"))
     for (std::int32_t m : ms)
-      for (std::int32_t n : ns) {
-        Candidate c;
-        c.block_m = m;
-        c.block_n = n;
-        c.num_sms = sms;
-        const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
-        for (int b = 0; b < kNumTokenBuckets; ++b)
-          c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
-        c.p50.fill(kNaN);
-        const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                      [&](const Candidate& d) { return d.knobs == c.knobs; });
-        if (!seen) candidates.push_back(c);
-      }
+      for (std::int32_t n : ns)
+        for (const bool mk : megakernels) {
+          Candidate c;
+          c.block_m = m;
+          c.block_n = n;
+          c.num_sms = sms;
+          c.megakernel = mk;
+          const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
+          for (int b = 0; b < kNumTokenBuckets; ++b)
+            c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
+          c.p50.fill(kNaN);
+          const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                        [&](const Candidate& d) { return d.knobs == c.knobs; });
+          if (!seen) candidates.push_back(c);
+        }
 
   std::printf("epmoe tune: %s, precision %s, world %d, expert_math %s, combine %s; executor %s\n",
               model.label().c_str(), o.precision.c_str(), o.ranks, o.math.c_str(),
@@ -331,6 +350,10 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
   cmd->add_option("--block-m", o->block_m, "comma list of block_m candidates (wgmma)")
       ->capture_default_str();
   cmd->add_option("--block-n", o->block_n, "comma list of block_n candidates (wgmma)")
+      ->capture_default_str();
+  cmd->add_option("--megakernel", o->megakernel,
+                  "comma list of megakernel candidates (true, false), or auto: both under "
+                  "--math tensor_core (the persistent round), false otherwise")
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed rounds per bucket")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "timed rounds per bucket")->capture_default_str();

@@ -133,7 +133,10 @@ struct Knobs {
   // on min(num_sms, the device's SMs), and wgmma's GEMMs that many persistent CTAs; 0 = all SMs.
   // It caps CTAs, not placement: a chain kernel's CTAs may still land on more SMs.
   std::int32_t num_sms = 0;
-  // not read yet: reserved for one persistent launch per forward (the megakernel).
+  // read by the CUDA executor: true runs this bucket's rounds as one persistent (cooperative)
+  // launch per forward instead of the chain of kernels (docs/design.md §4.3). Only
+  // expert_math=tensor_core has one: under exact or wgmma a bucket with true is refused at layer
+  // creation (unsupported, naming the knob).
   bool megakernel = false;
 
   bool operator==(const Knobs&) const = default;

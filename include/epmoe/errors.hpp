@@ -39,6 +39,7 @@ enum class Phase : std::uint32_t {
   dispatch_counts = 1,  // step 4: waiting for every peer's (round, n) count message
   expert_done = 2,      // step 7: waiting for every peer's done message
   reset = 3,            // the collective reset() itself
+  grid_barrier = 4,     // the persistent round kernel: its own CTAs meeting between two steps
 };
 
 const char* to_string(Phase phase);

@@ -105,7 +105,8 @@ void check_options(const LayerOptions& o) {
 
 // docs/design.md §5: a knob exists only if the code that runs reads it. Knobs no code reads are
 // marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
-// a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms with
+// a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms and
+// megakernel (the persistent round, or a refusal at creation where the backend has none) with
 // every expert math and block_m / block_n with wgmma; the CPU executor reads none (its describe()
 // is the same line: ranks compare configs, not executors).
 constexpr const char* kNotReadYet = " (not read yet)";
@@ -131,7 +132,6 @@ std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
   s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + not_read_mark;
   s += " num_sms=" + std::to_string(k.num_sms);
   s += k.megakernel ? " megakernel=true" : " megakernel=false";
-  s += not_read_mark;
   return s;
 }
 
@@ -261,7 +261,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/5";
+  std::string s = "epmoe.config/6";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);

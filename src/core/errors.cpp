@@ -32,6 +32,8 @@ const char* to_string(Phase phase) {
       return "expert_done";
     case Phase::reset:
       return "reset";
+    case Phase::grid_barrier:
+      return "grid_barrier";
   }
   return "unknown";
 }

@@ -160,8 +160,8 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
   // NVLink. (make_config turns this back to epilogue_warps under in_kernel_reduce.)
   k.token_back = large_tokens && w > 1 ? TokenBack::dispatch_warps : TokenBack::epilogue_warps;
   k.num_sms = 0;  // all SMs: the layer runs alone between attention layers
-  // There is no megakernel yet; once there is, it stays off until bench/RESULTS.md shows it
-  // winning for a bucket.
+  // The persistent round exists for expert_math=tensor_core only (exact and wgmma refuse it), and
+  // the table does not know the expert math: off, turned on per bucket by a knob file.
   k.megakernel = false;
   k.stages = kKnobSpace.max_stages;  // as deep as fits: reduced by adjust_knobs below
   return k;

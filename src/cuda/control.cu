@@ -27,6 +27,7 @@ __global__ void reset_kernel(RoundParams p, std::uint32_t first_epoch, std::int3
     p.state->round = protocol::kFirstRound;
     p.state->failed = 0;
     for (auto& t : p.state->tickets) t = 0;
+    p.state->barrier_arrived = 0;
     for (int r = 0; r < kMaxWorld; ++r) p.state->rows_to[r] = 0;
     __threadfence_system();
     w = session.meet(first_epoch + 1, protocol::deadline_after_ms(platform, p.timeout_ms),

@@ -13,6 +13,7 @@
 #include "cuda/experts/backend.hpp"
 #include "cuda/kernels.hpp"
 #include "cuda/nccl_comm.hpp"
+#include "cuda/persistent_round.hpp"
 #include "cuda/round_params.hpp"
 #include "protocol/failure.hpp"
 #include "protocol/message.hpp"
@@ -91,6 +92,16 @@ class CudaLayer final : public LayerImpl {
                            experts_shape(base_, device_, k.num_sms),
                            combine_shape(base_, device_, k.num_sms)};
       });
+      // The persistent round for the buckets whose knobs ask for it (Knobs::megakernel).
+      for (int b = 0; b < kNumTokenBuckets; ++b) {
+        const auto bucket = static_cast<TokenBucket>(b);
+        if (!config.knobs(bucket).megakernel) continue;
+        if (const std::string why = PersistentRound::cannot_run(*backend_); !why.empty())
+          throw Error(ErrorCode::unsupported, std::string("Layer: knobs.") + to_string(bucket) +
+                                                  ".megakernel=true: " + why);
+        if (persistent_ == nullptr)
+          persistent_ = std::make_unique<PersistentRound>(base_, *backend_, config, device_);
+      }
 
       // The legacy default stream, as the host copy of the weights used before: ordered after
       // pending work on blocking streams that may still be writing the caller's device tensors.
@@ -131,11 +142,18 @@ class CudaLayer final : public LayerImpl {
     p.ids_are_i64 = a.id_dtype == DType::i64;
     p.topk_weights = a.topk_weights;
     p.y = a.y;
-    launch_dispatch(p, shapes.dispatch, s);
-    if (fault_fires(testing::Fault::stall))
-      launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
-    launch_experts(p, shapes.experts, bucket, *backend_, s);
-    launch_combine(p, shapes.combine, s);
+    if (config().knobs(bucket).megakernel) {
+      // One launch (docs/design.md §4.3): a stall fault holds the whole round back instead.
+      if (fault_fires(testing::Fault::stall))
+        launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
+      persistent_->launch(p, bucket, s);
+    } else {
+      launch_dispatch(p, shapes.dispatch, s);
+      if (fault_fires(testing::Fault::stall))
+        launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
+      launch_experts(p, shapes.experts, bucket, *backend_, s);
+      launch_combine(p, shapes.combine, s);
+    }
     last_stream_ = s;
   }
 
@@ -286,6 +304,7 @@ class CudaLayer final : public LayerImpl {
     cudaSetDevice(device_);
     cudaFree(state_);
     state_ = nullptr;
+    persistent_.reset();
     backend_.reset();
     cudaFree(route_scratch_);
     route_scratch_ = nullptr;
@@ -310,6 +329,7 @@ class CudaLayer final : public LayerImpl {
   std::int32_t* reset_outcome_host_ = nullptr;
   std::int32_t* reset_outcome_device_ = nullptr;
   std::unique_ptr<experts::ExpertBackend> backend_;  // its weights, scratch and GEMM kernels
+  std::unique_ptr<PersistentRound> persistent_;      // when a bucket's knobs ask for megakernel
   std::uint8_t* route_scratch_ = nullptr;            // route's and bucket's (kernels.hpp)
   RoundParams base_{};
   struct ChainShapes {

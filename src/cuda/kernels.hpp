@@ -68,6 +68,21 @@ inline int bucket_index(TokenBucket b) {
   return static_cast<int>(b);
 }
 
+// Launches `kernel` with 256 threads per CTA and one launch attribute.
+template <class... Params, class... Args>
+void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...),
+                 const KernelShape& shape, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(shape.grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = shape.smem;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[1] = {attribute};
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
 // dependent launch (docs/design.md §4): its CTAs may be scheduled while the predecessor drains,
 // and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds them
@@ -77,17 +92,10 @@ inline int bucket_index(TokenBucket b) {
 template <class... Params, class... Args>
 void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream,
                     Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(shape.grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = shape.smem;
-  config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  launch_with(attribute, kernel, shape, stream, std::forward<Args>(args)...);
 }
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish

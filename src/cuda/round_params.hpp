@@ -27,6 +27,11 @@ struct RoundState {
   std::uint32_t tickets[4];            // CTAs finished per kernel: the last one publishes
   std::uint32_t rows_to[kMaxWorld];    // dispatch: rows written to each rank this round
   std::uint32_t rows_from[kMaxWorld];  // counts received this round (written by the last waiter)
+  // The persistent round kernel's grid barrier (persistent_round.cu): CTAs arrived at the current
+  // barrier, and barriers passed (never reset; only its changes are watched). reset() zeroes
+  // `arrived`, which a failed round may leave part-counted.
+  std::uint32_t barrier_arrived;
+  std::uint32_t barrier_generation;
   // Per-phase timing (docs/design.md §4.2), set by the host between rounds: when nonzero the
   // kernels stamp round r into phases[r % 2], and the last combine CTA clears the next round's.
   std::uint32_t timing;

@@ -59,6 +59,12 @@ std::string describe_failure(const Health& h, std::uint32_t timeout_ms) {
   if (h.phase == Phase::reset)
     return me + ": reset() timed out: rank " + peer + " did not call reset() within " +
            std::to_string(timeout_ms) + " ms";
+  if (h.phase == Phase::grid_barrier)
+    return me + where +
+           ": the persistent round kernel's CTAs did not all reach a grid barrier within " +
+           std::to_string(timeout_ms) +
+           " ms (a CTA was not resident or did not return from a step: "
+           "an epmoe bug; please report it with this message)";
   switch (h.code) {
     case ErrorCode::timeout:
       return me + " timed out after " + std::to_string(timeout_ms) + " ms" + where +

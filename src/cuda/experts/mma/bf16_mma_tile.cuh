@@ -75,8 +75,8 @@ __device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std:
 }
 
 // acc = sum over k < k_total of a_row(r)[k] * b_row(c)[k] for the warp's tile (see Accumulators).
-// a_row(r) is called for r < rows only (rows past the chunk repeat its last row and are never
-// stored); b_row(c) for every c < kCols (the caller clamps columns past the matrix). k_total is a
+// a_row(r) is called for r < rows only (rows past the chunk hold stale shared memory, so their
+// sums are garbage and are never stored); b_row(c) for every c < kCols (the caller clamps columns past the matrix). k_total is a
 // multiple of kSlabK. Every thread of the CTA calls it; it starts and ends with a barrier.
 template <class ARow, class BRow>
 __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total, ARow a_row,
@@ -93,9 +93,12 @@ __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total
       const int c = i / kCopiesPerRow, q = i % kCopiesPerRow;
       cp_async_16(&st.b[c][8 * q], b_row(c) + k0 + 8 * q);
     }
-    for (int i = threadIdx.x; i < kRows * kCopiesPerRow; i += kThreads) {
+    // Only the chunk's rows: rows past it keep whatever the buffer held (their sums are never
+    // stored). Loading the last row again in their place made every CTA of a decode round read
+    // one token's row 64 times per slab, all from one L2 slice.
+    for (int i = threadIdx.x; i < rows * kCopiesPerRow; i += kThreads) {
       const int r = i / kCopiesPerRow, q = i % kCopiesPerRow;
-      cp_async_16(&st.a[r][8 * q], a_row(r < rows ? r : rows - 1) + k0 + 8 * q);
+      cp_async_16(&st.a[r][8 * q], a_row(r) + k0 + 8 * q);
     }
   };
 

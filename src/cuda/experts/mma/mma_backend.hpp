@@ -32,11 +32,13 @@ class MmaBackend final : public ExpertBackend {
   // The prepared weights (device pointers), for tests that compare them with the host's.
   const Weights& weights() const { return weights_.weights(); }
 
- private:
+  // What its steps take for a round (its kernels', and the persistent round kernel's).
+  const ExpertProblem& problem() const { return problem_; }
   Params params(const ExpertStep& step) const {
     return Params{step, problem_, weights_.weights(), biases_.biases(), h_, h16_, h_scale_};
   }
 
+ private:
   ExpertProblem problem_;
   DeviceBf16CodeWeights weights_;
   std::uint8_t* scratch_memory_ = nullptr;

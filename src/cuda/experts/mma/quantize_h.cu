@@ -1,24 +1,11 @@
-// The tensor-core backend's FC2 input quantization point (fc2_input.cuh) on every h row of this
-// round. A kernel of its own because an NVFP4 row scale needs the whole intermediate row, which
-// FC1 spreads over tiles.
-#include "cuda/experts/common.cuh"
-#include "cuda/experts/fc2_input.cuh"
-#include "cuda/experts/mma/params.hpp"
+// The chain's quantize-h kernel of the tensor-core backend (quantize_h_step, steps.cuh).
+#include "cuda/experts/mma/steps.cuh"
 
 namespace epmoe::cuda::experts::mma {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
-  extern __shared__ __align__(16) std::uint8_t smem[];
-  const ExpertProblem& problem = p.problem;
-  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
-  const PhaseEnd phase_end{start};
-  if (start.skip) return;
-  const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
-  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const std::size_t at = static_cast<std::size_t>(pair) * problem.intermediate;
-    quantize_h_row(RowGroup::cta(), problem, smem, p.h + at, p.h16 + at, p.h_scale + pair);
-  }
+  quantize_h_step(p);
 }
 
 }  // namespace

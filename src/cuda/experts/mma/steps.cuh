@@ -1,0 +1,163 @@
+// The tensor-core backend's steps (docs/design.md §4.1) as device functions of the whole grid, each
+// called by every thread of every CTA: run by the chain's kernels (bf16_fc1.cu, quantize_h.cu,
+// bf16_fc2.cu: a kernel each) and by the persistent round kernel (persistent_round.cu), which
+// separates them with grid barriers. Each opens with its own round prologue, so it does nothing
+// when this rank's round already failed.
+#pragma once
+
+#include "cuda/experts/common.cuh"
+#include "cuda/experts/fc2_input.cuh"
+#include "cuda/experts/mma/bf16_mma_tile.cuh"
+#include "cuda/experts/mma/params.hpp"
+#include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
+
+namespace epmoe::cuda::experts::mma {
+
+// The tensor-core backend's FC1 and SwiGLU (docs/design.md §4.1). Work items are (chunk of up to
+// 64 rows of one expert, tile of 64 intermediate columns), tile fastest. The tile's 128 weight
+// rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
+// row j0 + c / 2 for odd c, read in place from w13's [gate rows; up rows] layout), so one thread's
+// C fragment holds both and the activation (after b13, when given) needs no exchange.
+// Its kernels: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+inline constexpr int kFc1ColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
+
+// The activation is a template argument: each kernel holds one activation's code (registers).
+template <Activation kActivation>
+__device__ inline void fc1_step(const Params& p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  __shared__ std::uint32_t x_row_of[kRows];  // the chunk's rows in the staged x16 / x_scale
+
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+
+  const ExpertInputs& in = p.step.in;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+  const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kFc1ColumnsPerTile);
+  for_each_chunk_tile(
+      in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+        const std::int64_t j0 = std::int64_t{column_tile} * kFc1ColumnsPerTile;
+        stage_chunk_rows(in, chunk, x_row_of,
+                         [&](std::uint32_t pair) { return x_row_of_pair(in, pair); });
+        const auto h_of = [&](int r) {  // row r's part of h in this tile
+          return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
+        };
+
+        const std::uint16_t* w13 =
+            p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+        Accumulators acc;
+        tile_mma(
+            *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
+            [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+            [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
+        // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
+        const WarpTile tile = warp_tile();
+        const float w_scale = p.weights.w13_scale[chunk.expert];
+        // b13 as w13's rows: gate j0 + column, up I + j0 + column; added as math::biased does.
+        const float* b13 =
+            p.biases.b13 == nullptr
+                ? nullptr
+                : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+            if (r >= chunk.rows) continue;
+            // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+            const float x_scale = in.x_scale[x_row_of[r]];
+#pragma unroll
+            for (int ni = 0; ni < kNTiles; ++ni) {
+              const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
+              const float gate =
+                  math::biased(acc[mi][ni][2 * half] / x_scale / w_scale, b13, column);
+              const float up = math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_scale,
+                                            b13 == nullptr ? nullptr : b13 + inter, column);
+              h_of(r)[column] = static_cast<float>(
+                  math::activation(kActivation, gate, up, p.problem.swiglu_limit));
+            }
+          }
+      });
+}
+
+// The tensor-core backend's FC2 input quantization point (fc2_input.cuh) on every h row of this
+// round. A step of its own (a grid barrier after FC1) because an NVFP4 row scale needs the whole
+// intermediate row, which FC1 spreads over tiles.
+__device__ inline void quantize_h_step(const Params& p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  const ExpertProblem& problem = p.problem;
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+  const std::uint32_t pairs = p.step.in.pair_offset[problem.local_experts];
+  for (std::uint32_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const std::size_t at = static_cast<std::size_t>(pair) * problem.intermediate;
+    quantize_h_row(RowGroup::cta(), problem, smem, p.h + at, p.h16 + at, p.h_scale + pair);
+  }
+}
+
+// The tensor-core backend's FC2 (docs/design.md §4.1, §3 steps 5-6) over the bf16 codes of the
+// quantized h rows, each result sent home (send_home). Work items are (chunk of up to 64 rows of
+// one expert, tile of 128 hidden columns), tile fastest; the last tile of a hidden size that is
+// not a multiple of 128 (gpt-oss: 2880) computes clamped columns it never stores. fc2_round
+// closes the step: the last CTA tells every rank this rank's experts are done.
+// Its kernels: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+__device__ inline void fc2_step(const Params& p) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  __shared__ HomeSlot home_of[kRows];
+
+  fc2_round(p.step, [&](std::uint32_t round) {
+    const ExpertInputs& in = p.step.in;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+    const auto tiles = static_cast<std::uint32_t>((hidden + kCols - 1) / kCols);
+    for_each_chunk_tile(
+        in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+          const std::int64_t c0 = std::int64_t{column_tile} * kCols;
+          stage_chunk_rows(in, chunk, home_of,
+                           [&](std::uint32_t pair) { return home_slot(p.step.home, round, pair); });
+          // Weight rows past the hidden size (gpt-oss: 2880) repeat the last one and are never
+          // stored.
+          const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
+
+          const std::uint16_t* w2 =
+              p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+          Accumulators acc;
+          tile_mma(
+              *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
+              [&](int r) {
+                return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+              },
+              [&](int c) { return w2 + w_row(c) * inter; }, acc);
+          const WarpTile tile = warp_tile();
+          const float w_scale = p.weights.w2_scale[chunk.expert];
+          // b2 added to each scaled sum as math::biased does, before it goes home.
+          const float* b2 = p.biases.b2 == nullptr
+                                ? nullptr
+                                : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+              if (r >= chunk.rows) continue;
+              // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+              const float h_scale = p.h_scale[chunk.first_pair + r];
+#pragma unroll
+              for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                  const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
+                  if (c < hidden) {
+                    send_home(p.step.home, home_of[r], c,
+                              math::biased(acc[mi][ni][2 * half + v] / h_scale / w_scale, b2, c));
+                  }
+                }
+            }
+        });
+  });
+}
+
+}  // namespace epmoe::cuda::experts::mma

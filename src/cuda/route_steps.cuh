@@ -1,0 +1,174 @@
+// Expert step, part 1 (docs/design.md §3 steps 4-5): wait for this round's counts, check every
+// received row, decode it once, and group the arrived (row, entry) pairs by local expert, so the
+// expert backend that follows (docs/design.md §4.1) can take a chunk of one expert's rows and read
+// its weights once per chunk. Route stages each row as the backend asked (StagedRows).
+//
+//   route:  every CTA waits for every count (bounded; a failure fails the round), then takes
+//           received rows grid-stride: checks the header and entries (a violation is reported and
+//           never computed on), decodes the row into scratch.x (and, for StagedRows::bf16_codes,
+//           its bf16 codes and scale into x16 / x_scale; for StagedRows::wire, nothing: the
+//           backend reads the payload itself), counts its pairs per expert. The
+//           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
+//   bucket: one thread per received row writes its pairs into the expert's part of the pair
+//           list (the order inside an expert is arrival order, which changes no result: rows
+//           of a GEMM are independent).
+// The per-expert counters are zeroed by dispatch (dispatch_step.cuh), every round. Both are device
+// functions of the whole grid, run by the chain's route and bucket kernels (experts_route.cu) and
+// by the persistent round kernel (persistent_round.cu).
+#pragma once
+
+#include "cuda/device_common.cuh"
+#include "cuda/experts/inputs.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/row_codec.cuh"
+#include "protocol/wire.hpp"
+
+namespace epmoe::cuda {
+
+using experts::kChunkRows;
+
+// A receive row that is not this round's or names a token, slot or expert that cannot exist
+// (protocol::received_row_valid): a protocol violation by its writer, reported (by one thread) and
+// never computed on. The CTA then returns. (A count above max_tokens already failed the wait.)
+__device__ inline void reject_row(const RoundParams& p, std::uint32_t round, int src,
+                                  std::uint32_t row_round) {
+  if (threadIdx.x != 0) return;
+  const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
+  fail_round(p, session, protocol::WaitOutcome{protocol::WaitStatus::violation, src, row_round, 0},
+             Phase::dispatch_counts);
+}
+
+// Received row `item` of this round: which source rank, which of its rows.
+__device__ inline void locate_row(const std::uint32_t* rows_from, std::uint32_t item, int& src,
+                                  std::uint32_t& row) {
+  src = 0;
+  row = item;
+  while (row >= rows_from[src]) row -= rows_from[src++];
+}
+
+// The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
+// per-thread sums over the CTA, Hillis-Steele in shared memory). [E_local] holds the totals.
+__device__ inline void write_offsets(const RoundParams& p) {
+  constexpr int kMaxPerThread = static_cast<int>(kMaxExperts / kThreads);
+  static_assert(kMaxExperts % kThreads == 0);
+  __shared__ std::uint32_t scan_pairs[kThreads], scan_chunks[kThreads];
+  const int experts = static_cast<int>(p.local_experts);
+  const int per_thread = (experts + kThreads - 1) / kThreads;
+  const int first = static_cast<int>(threadIdx.x) * per_thread;
+  std::uint32_t count[kMaxPerThread];
+  std::uint32_t pairs = 0, chunks = 0;
+  for (int i = 0; i < kMaxPerThread; ++i) {
+    const int e = first + i;
+    count[i] = i < per_thread && e < experts ? __ldcg(&p.scratch.expert_rows[e]) : 0u;
+    pairs += count[i];
+    chunks += (count[i] + kChunkRows - 1) / kChunkRows;
+  }
+  scan_pairs[threadIdx.x] = pairs;
+  scan_chunks[threadIdx.x] = chunks;
+  __syncthreads();
+  for (int offset = 1; offset < kThreads; offset *= 2) {
+    const std::uint32_t add_pairs = threadIdx.x >= offset ? scan_pairs[threadIdx.x - offset] : 0;
+    const std::uint32_t add_chunks = threadIdx.x >= offset ? scan_chunks[threadIdx.x - offset] : 0;
+    __syncthreads();
+    scan_pairs[threadIdx.x] += add_pairs;
+    scan_chunks[threadIdx.x] += add_chunks;
+    __syncthreads();
+  }
+  std::uint32_t pair_at = scan_pairs[threadIdx.x] - pairs;
+  std::uint32_t chunk_at = scan_chunks[threadIdx.x] - chunks;
+  for (int i = 0; i < per_thread && first + i < experts; ++i) {
+    p.scratch.pair_offset[first + i] = pair_at;
+    p.scratch.chunk_offset[first + i] = chunk_at;
+    pair_at += count[i];
+    chunk_at += (count[i] + kChunkRows - 1) / kChunkRows;
+  }
+  if (threadIdx.x == kThreads - 1) {
+    p.scratch.pair_offset[experts] = scan_pairs[kThreads - 1];
+    p.scratch.chunk_offset[experts] = scan_chunks[kThreads - 1];
+  }
+}
+
+// Called by every thread of every CTA of the grid (no dynamic shared memory).
+__device__ inline void route_step(const RoundParams& p) {
+  __shared__ std::uint32_t rows_from[kMaxWorld];
+  __shared__ bool last;
+  // 4. Every CTA needs every count before it can pick rows.
+  const RoundStart start = start_round(
+      p, RoundPhase::route, Phase::dispatch_counts,
+      [&](const DeviceSession& session, protocol::Deadline deadline, DevicePlatform& platform) {
+        return session.await_counts(deadline, platform, rows_from);
+      });
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+  const std::uint32_t round = start.round;
+  if (blockIdx.x == 0 && threadIdx.x < p.world)
+    p.state->rows_from[threadIdx.x] = rows_from[threadIdx.x];
+
+  std::uint32_t total = 0;
+  for (int src = 0; src < p.world; ++src) total += rows_from[src];
+  const std::uint8_t* window = p.peer_windows[p.rank];
+  const protocol::RowLimits limits{p.layout.max_tokens, p.top_k, p.local_experts};
+  for (std::uint32_t item = blockIdx.x; item < total; item += gridDim.x) {
+    int src;
+    std::uint32_t r;
+    locate_row(rows_from, item, src, r);
+    const std::uint8_t* row = window + p.layout.recv_row(round, src, r);
+    const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
+    const auto* entries =
+        reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+    if (!protocol::received_row_valid(header, entries, round, limits)) {
+      reject_row(p, round, src, header.round);
+      return;
+    }
+    if (p.staged != StagedRows::wire) {
+      const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
+      float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);
+      decode_row_block(RowGroup::cta(), row + protocol::wire_payload_offset(p.top_k), p.hidden,
+                       p.precision, header.row_scale, x);
+      if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand and its row scale
+        const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
+        __syncthreads();  // the row is complete (decode spreads it over the CTA's threads)
+        to_bf16_codes(RowGroup::cta(), x, p.hidden, scale,
+                      p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
+        if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
+      }
+    }
+    if (threadIdx.x == 0)
+      for (std::int32_t n = 0; n < header.num_entries; ++n)
+        atomicAdd(&p.scratch.expert_rows[entries[n].local_expert], 1u);
+  }
+
+  // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in.
+  const bool mine = last_cta_done(&p.state->tickets[kRouteTicket]);
+  if (threadIdx.x == 0) last = mine;
+  __syncthreads();
+  if (last) write_offsets(p);
+}
+
+// Called by every thread of every CTA of the grid, after every CTA of route_step is done.
+__device__ inline void bucket_step(const RoundParams& p) {
+  const RoundStart start = start_round(p, RoundPhase::route);
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+  std::uint32_t rows_from[kMaxWorld];
+  std::uint32_t total = 0;
+  for (int src = 0; src < p.world; ++src) total += rows_from[src] = p.state->rows_from[src];
+  const std::uint8_t* window = p.peer_windows[p.rank];
+  for (std::uint32_t item = blockIdx.x * blockDim.x + threadIdx.x; item < total;
+       item += gridDim.x * blockDim.x) {
+    int src;
+    std::uint32_t r;
+    locate_row(rows_from, item, src, r);
+    const std::uint8_t* row = window + p.layout.recv_row(start.round, src, r);
+    const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
+    const auto* entries =
+        reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+    for (std::int32_t n = 0; n < header.num_entries; ++n) {  // checked by route
+      const int e = entries[n].local_expert;
+      const std::uint32_t at = p.scratch.pair_offset[e] + atomicAdd(&p.scratch.expert_fill[e], 1u);
+      p.scratch.pairs[at] = experts::pack_pair(src, n, r);
+    }
+  }
+}
+
+}  // namespace epmoe::cuda
