@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -139,6 +140,7 @@ struct Point {
   double p50 = kNaN, p90 = kNaN, min = kNaN;
   Traffic traffic;                 // mean over the timed rounds
   std::size_t resident_bytes = 0;  // Layer::resident_weight_bytes() of rank 0 (every rank alike)
+  bool megakernel = false;         // the knobs of T's bucket ran the persistent round (CUDA)
   double floor_ms = kNaN;
   std::string bound;
   // --phases: per phase, the p50 over timed rounds of its duration on the round's slowest rank
@@ -205,6 +207,8 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   for (Point* p : points) {
     p->check = check;
     p->resident_bytes = resident_bytes;
+    p->megakernel = st.backend == Backend::cuda_nccl &&
+                    cluster->layer(0).config().knobs_for(p->tokens).megakernel;
   }
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s, check %s\n", what.c_str(), prep_s,
                check.c_str());
@@ -304,11 +308,18 @@ void print_table(const std::vector<Point>& points, bool phases) {
   }
 }
 
+// The knob file every layer of this process loaded ($EPMOE_KNOB_FILE), or "".
+std::string knob_file_in_use() {
+  const char* env = std::getenv(kKnobFileEnv);
+  return env == nullptr ? "" : env;
+}
+
 void write_json(const std::string& path, const BenchOptions& o, Backend backend, const Ceilings& c,
                 const std::vector<Point>& points, double total_s) {
   const std::string settings = std::string(", \"routing\": \"uniform top-k, 5% slots dropped\"") +
                                ", \"max_point_s\": " + json_num(o.max_point_s) +
-                               ", \"phases\": " + (o.phases ? "true" : "false");
+                               ", \"phases\": " + (o.phases ? "true" : "false") +
+                               ", \"knob_file\": " + json_str(knob_file_in_use());
   write_json_file(
       path, "epmoe-bench/1", "epmoe bench", backend, c, o, settings, total_s, points.size(),
       [&](std::ostream& f, std::size_t i) {
@@ -316,7 +327,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
         const double sec = p.p50 * 1e-3;
         write_point_head(f, *p.model, p.precision);
         f << ", \"combine\": " << json_str(to_string(p.combine))
-          << ", \"math\": " << json_str(to_string(p.math)) << ", \"world\": " << p.world
+          << ", \"math\": " << json_str(to_string(p.math))
+          << ", \"megakernel\": " << (p.megakernel ? "true" : "false") << ", \"world\": " << p.world
           << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
           << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
           << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()

@@ -76,8 +76,9 @@ __device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std:
 
 // acc = sum over k < k_total of a_row(r)[k] * b_row(c)[k] for the warp's tile (see Accumulators).
 // a_row(r) is called for r < rows only (rows past the chunk hold stale shared memory, so their
-// sums are garbage and are never stored); b_row(c) for every c < kCols (the caller clamps columns past the matrix). k_total is a
-// multiple of kSlabK. Every thread of the CTA calls it; it starts and ends with a barrier.
+// sums are garbage and are never stored); b_row(c) for every c < kCols (the caller clamps columns
+// past the matrix). k_total is a multiple of kSlabK. Every thread of the CTA calls it; it starts
+// and ends with a barrier.
 template <class ARow, class BRow>
 __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total, ARow a_row,
                                          BRow b_row, Accumulators& acc) {
@@ -156,6 +157,108 @@ __device__ __forceinline__ void tile_mma(Smem& s, int rows, std::int64_t k_total
   }
   cp_async_wait<0>();  // only empty groups can be left; drained before `s` is reused
   __syncthreads();
+}
+
+// The decode form of the tile, for chunks of at most stream_rows(k_total) rows (a decode round
+// gives most experts one row): a few rows leave mma.sync's 64-row tile nearly empty, and its
+// 64-deep slabs read each weight row 128 bytes at a time, 4 KB apart, so HBM sees scattered
+// sectors. Here each warp streams 16 whole weight rows with 16-byte loads, two rows and
+// kStreamLoads loads per lane in flight at once, and sums the products with the chunk's rows
+// (staged in shared memory) in fp32 FMAs; a warp reduction per (row, weight row). The same sums
+// as tile_mma in another order: accumulation-order noise, the tensor-core rule (docs/design.md
+// §4.1). acc is filled in tile_mma's layout, so the callers' epilogues are the same.
+inline constexpr int kStreamRowsMax = 4;
+inline constexpr int kStreamLoads = 8;
+inline constexpr std::size_t kStreamOutBytes = sizeof(float) * kStreamRowsMax * kCols;
+// Rows the decode form takes for a K of k_total: its rows' bf16 codes and the [rows][kCols]
+// results fit the tile's shared memory.
+__host__ __device__ inline int stream_rows(std::int64_t k_total) {
+  const auto fit = static_cast<std::int64_t>((kSmemBytes - kStreamOutBytes) / (2 * k_total));
+  return static_cast<int>(fit < kStreamRowsMax ? fit : kStreamRowsMax);
+}
+
+__device__ inline void fma_bf16x8(float& sum, const uint4& w, const uint4& x) {
+  const std::uint32_t wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sum = fmaf(__uint_as_float(wv[i] << 16), __uint_as_float(xv[i] << 16), sum);
+    sum = fmaf(__uint_as_float(wv[i] & 0xFFFF0000u), __uint_as_float(xv[i] & 0xFFFF0000u), sum);
+  }
+}
+
+template <class ARow, class BRow>
+__device__ __forceinline__ void tile_stream(void* smem, int rows, std::int64_t k_total, ARow a_row,
+                                            BRow b_row, Accumulators& acc) {
+  auto* out = static_cast<float*>(smem);  // [kStreamRowsMax][kCols]
+  auto* a = reinterpret_cast<std::uint16_t*>(static_cast<std::uint8_t*>(smem) +
+                                             kStreamOutBytes);  // [rows][k_total] bf16 codes
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  const int n8 = static_cast<int>(k_total / 8);  // 16-byte groups per row
+
+  __syncthreads();  // the previous item is done with shared memory
+  for (int i = threadIdx.x; i < rows * n8; i += kThreads) {
+    const int r = i / n8, q = i % n8;
+    reinterpret_cast<uint4*>(a + r * k_total)[q] = reinterpret_cast<const uint4*>(a_row(r))[q];
+  }
+  __syncthreads();
+
+  constexpr int kRowsPerWarp = kCols / (kThreads / 32);  // 16
+  for (int c0 = warp * kRowsPerWarp; c0 < (warp + 1) * kRowsPerWarp; c0 += 2) {
+    const auto* w0 = reinterpret_cast<const uint4*>(b_row(c0));
+    const auto* w1 = reinterpret_cast<const uint4*>(b_row(c0 + 1));
+    float sum[2][kStreamRowsMax] = {};
+    for (int base = 0; base < n8; base += 32 * kStreamLoads) {
+      uint4 wv[2][kStreamLoads];
+#pragma unroll
+      for (int u = 0; u < kStreamLoads; ++u) {
+        const int q = base + 32 * u + lane;
+        wv[0][u] = q < n8 ? __ldg(w0 + q) : make_uint4(0, 0, 0, 0);
+        wv[1][u] = q < n8 ? __ldg(w1 + q) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kStreamLoads; ++u) {
+        const int q = base + 32 * u + lane;
+        if (q >= n8) break;
+#pragma unroll
+        for (int r = 0; r < kStreamRowsMax; ++r) {
+          if (r >= rows) break;
+          const uint4 x = reinterpret_cast<const uint4*>(a + r * k_total)[q];
+          fma_bf16x8(sum[0][r], wv[0][u], x);
+          fma_bf16x8(sum[1][r], wv[1][u], x);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kStreamRowsMax; ++r)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float total = warp_sum(sum[j][r]);
+        if (lane == 0 && r < rows) out[r * kCols + c0 + j] = total;
+      }
+  }
+  __syncthreads();
+
+  const WarpTile tile = warp_tile();
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int r = tile.row0 + 16 * mi + lane / 4 + 8 * (v / 2);
+        const int c = tile.col0 + 8 * ni + 2 * (lane % 4) + v % 2;
+        acc[mi][ni][v] = r < rows ? out[r * kCols + c] : 0.0f;
+      }
+}
+
+// The tile of a chunk: its decode form when the chunk is that short, else tile_mma.
+template <class ARow, class BRow>
+__device__ __forceinline__ void tile_sums(Smem& s, int rows, std::int64_t k_total, ARow a_row,
+                                          BRow b_row, Accumulators& acc) {
+  if (rows <= stream_rows(k_total))
+    tile_stream(&s, rows, k_total, a_row, b_row, acc);
+  else
+    tile_mma(s, rows, k_total, a_row, b_row, acc);
 }
 
 }  // namespace epmoe::cuda::experts::mma

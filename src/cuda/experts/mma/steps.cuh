@@ -48,7 +48,7 @@ __device__ inline void fc1_step(const Params& p) {
         const std::uint16_t* w13 =
             p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
         Accumulators acc;
-        tile_mma(
+        tile_sums(
             *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
             [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
             [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
@@ -125,7 +125,7 @@ __device__ inline void fc2_step(const Params& p) {
           const std::uint16_t* w2 =
               p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
           Accumulators acc;
-          tile_mma(
+          tile_sums(
               *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
               [&](int r) {
                 return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
