@@ -41,8 +41,10 @@ __device__ inline void report_bad_id(const RoundParams& p, std::int64_t t, std::
   publish_health(p.health);
 }
 
-// Called by every thread of every CTA of the grid; dynamic shared memory: dispatch_smem(p).
-__device__ inline void dispatch_step(const RoundParams& p) {
+// Called by every thread of the grid's first `ctas` CTAs (the others return at once; a rank with no
+// tokens needs only one: its counts); dynamic shared memory: dispatch_smem(p).
+__device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
+  if (blockIdx.x >= ctas) return;
   extern __shared__ __align__(16) std::uint8_t smem[];
   std::uint8_t* row = smem;
   auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
@@ -53,7 +55,7 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   // The expert step's per-expert counters (route's counts, bucket's fills) start the round at zero:
   // dispatch runs before route on the stream, and the previous round's bucket is done with them.
   for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < 2 * p.local_experts;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+       i += static_cast<std::int64_t>(ctas) * blockDim.x)
     p.scratch.expert_rows[i] = 0;
   if (start.skip) return;
   const std::uint32_t round = start.round;
@@ -62,7 +64,7 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   if (p.combine == Combine::in_kernel_reduce) {
     auto* acc = reinterpret_cast<float*>(p.peer_windows[p.rank] + p.layout.combine);
     for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * p.hidden;
-         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+         i += static_cast<std::int64_t>(ctas) * blockDim.x)
       acc[i] = 0.0f;
   }
 
@@ -70,7 +72,7 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   auto* header = reinterpret_cast<protocol::WireRowHeader*>(row);
   auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
   std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
-  for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+  for (std::int64_t t = blockIdx.x; t < p.tokens; t += ctas) {
     for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
       x[i] = formats::bf16_to_float(p.x[t * p.hidden + i]);
     __syncthreads();
@@ -104,7 +106,7 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   }
 
   // 3. The last CTA publishes (round, rows) to every rank, then re-arms the row counters.
-  if (last_cta_done(&p.state->tickets[kDispatchTicket])) {
+  if (last_cta_done(&p.state->tickets[kDispatchTicket], ctas)) {
     const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
     for (int dest = 0; dest < p.world; ++dest)
       session.publish_count(dest, atomicExch(&p.state->rows_to[dest], 0u));
