@@ -7,7 +7,7 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(RoundParams p) {
-  combine_step(p, gridDim.x);
+  combine_step(p);
 }
 
 }  // namespace

@@ -14,10 +14,8 @@
 
 namespace epmoe::cuda {
 
-// Called by every thread of the grid's first `ctas` CTAs (the others return at once; a rank with no
-// tokens needs only one: it waits for the dones and advances the round); no dynamic shared memory.
-__device__ inline void combine_step(const RoundParams& p, unsigned ctas) {
-  if (blockIdx.x >= ctas) return;
+// Called by every thread of every CTA of the grid (no dynamic shared memory).
+__device__ inline void combine_step(const RoundParams& p) {
   const RoundStart start =
       start_round(p, RoundPhase::combine, Phase::expert_done,
                   [](const DeviceSession& session, protocol::Deadline deadline,
@@ -27,7 +25,7 @@ __device__ inline void combine_step(const RoundParams& p, unsigned ctas) {
 
   const protocol::CombineBuffer own =
       protocol::combine_buffer(p.peer_windows[p.rank], p.layout, p.top_k, p.combine);
-  for (std::int64_t t = blockIdx.x; t < p.tokens; t += ctas) {
+  for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
     // A slot has a row only if dispatch sent it: ids outside [0, E) were dropped there.
     const auto routed = [&](std::int64_t k) {
       const std::int64_t slot = t * p.top_k + k;
@@ -50,7 +48,7 @@ __device__ inline void combine_step(const RoundParams& p, unsigned ctas) {
     }
   }
 
-  if (last_cta_done(&p.state->tickets[kCombineTicket], ctas)) {
+  if (last_cta_done(&p.state->tickets[kCombineTicket])) {
     p.state->round = start.round + 1;
     // The next round stamps the other record; this round's stays for Layer::last_phase_times.
     if (start.clock.record != nullptr) clear_phase_record(p.state->phases[(start.round + 1) & 1u]);

@@ -195,25 +195,21 @@ __device__ inline RoundStart start_round(const RoundParams& p, RoundPhase phase)
   return join_round(p.state, phase);
 }
 
-// Every CTA taking part (the first `ctas` of the grid: all of them unless a step runs on fewer)
-// calls this once when its part of the kernel is done (all its stores issued); returns true in
-// exactly one thread of the last CTA, after every other CTA's stores are visible system wide.
-// That thread then publishes the round's message and re-arms the ticket.
-__device__ inline bool last_cta_done(std::uint32_t* ticket, unsigned ctas) {
+// Every CTA calls this once when its part of the kernel is done (all its stores issued); returns
+// true in exactly one thread of the last CTA, after every other CTA's stores are visible system
+// wide. That thread then publishes the round's message and re-arms the ticket.
+__device__ inline bool last_cta_done(std::uint32_t* ticket) {
   __syncthreads();
   bool last = false;
   if (threadIdx.x == 0) {
     __threadfence_system();
-    last = atomicAdd(ticket, 1u) == ctas - 1;
+    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     if (last) {
       __threadfence_system();
       *ticket = 0;
     }
   }
   return last;
-}
-__device__ inline bool last_cta_done(std::uint32_t* ticket) {
-  return last_cta_done(ticket, gridDim.x);
 }
 
 __device__ inline float warp_sum(float v) {

@@ -8,7 +8,7 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(RoundParams p) {
-  dispatch_step(p, gridDim.x);
+  dispatch_step(p);
 }
 
 }  // namespace

@@ -41,10 +41,8 @@ __device__ inline void report_bad_id(const RoundParams& p, std::int64_t t, std::
   publish_health(p.health);
 }
 
-// Called by every thread of the grid's first `ctas` CTAs (the others return at once; a rank with no
-// tokens needs only one: its counts); dynamic shared memory: dispatch_smem(p).
-__device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
-  if (blockIdx.x >= ctas) return;
+// Called by every thread of every CTA of the grid; dynamic shared memory: dispatch_smem(p).
+__device__ inline void dispatch_step(const RoundParams& p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   std::uint8_t* row = smem;
   auto* x = reinterpret_cast<float*>(smem + p.layout.row_bytes);
@@ -55,7 +53,7 @@ __device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
   // The expert step's per-expert counters (route's counts, bucket's fills) start the round at zero:
   // dispatch runs before route on the stream, and the previous round's bucket is done with them.
   for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < 2 * p.local_experts;
-       i += static_cast<std::int64_t>(ctas) * blockDim.x)
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     p.scratch.expert_rows[i] = 0;
   if (start.skip) return;
   const std::uint32_t round = start.round;
@@ -64,7 +62,7 @@ __device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
   if (p.combine == Combine::in_kernel_reduce) {
     auto* acc = reinterpret_cast<float*>(p.peer_windows[p.rank] + p.layout.combine);
     for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < p.tokens * p.hidden;
-         i += static_cast<std::int64_t>(ctas) * blockDim.x)
+         i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
       acc[i] = 0.0f;
   }
 
@@ -72,7 +70,7 @@ __device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
   auto* header = reinterpret_cast<protocol::WireRowHeader*>(row);
   auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
   std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
-  for (std::int64_t t = blockIdx.x; t < p.tokens; t += ctas) {
+  for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
     for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
       x[i] = formats::bf16_to_float(p.x[t * p.hidden + i]);
     __syncthreads();
@@ -106,7 +104,7 @@ __device__ inline void dispatch_step(const RoundParams& p, unsigned ctas) {
   }
 
   // 3. The last CTA publishes (round, rows) to every rank, then re-arms the row counters.
-  if (last_cta_done(&p.state->tickets[kDispatchTicket], ctas)) {
+  if (last_cta_done(&p.state->tickets[kDispatchTicket])) {
     const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
     for (int dest = 0; dest < p.world; ++dest)
       session.publish_count(dest, atomicExch(&p.state->rows_to[dest], 0u));

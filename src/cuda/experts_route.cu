@@ -8,7 +8,7 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
-  route_step(p, /*offsets_when_empty=*/true);  // bucket and the backend read them
+  route_step(p);
 }
 
 __global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {

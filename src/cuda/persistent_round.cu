@@ -2,12 +2,11 @@
 // runs every step, grid-stride, as the chain's kernels do, and the CTAs meet at a grid barrier
 // wherever the chain has a kernel boundary that carries data:
 //
-//   dispatch      rows to their owners; the last CTA publishes the counts (a rank with no tokens:
-//                 CTA 0 alone publishes zeros)
+//   dispatch      rows to their owners; the last CTA publishes the counts
 //   route         every CTA waits for every count (its own rank's too: so every CTA's dispatch
 //                 stores and counter zeroing are done); rows checked, decoded, counted
-//   (no row arrived: CTA 0 publishes done, straight to combine; no barrier at all)
 //   -- barrier -- route's last CTA has written the offsets
+//   (no pairs arrived: straight to the done publication; an idle round meets only here)
 //   bucket        the pair list
 //   -- barrier --
 //   FC1           the backend's (experts/mma/steps.cuh)
@@ -15,8 +14,7 @@
 //   quantize h    FC2's input quantization point, one h row at a time
 //   -- barrier --
 //   FC2           results home; the last CTA publishes done to every rank
-//   combine       every CTA waits for every rank's done; y; the last CTA advances the round (a rank
-//                 with no tokens: CTA 0 alone waits and advances)
+//   combine       every CTA waits for every rank's done; y; the last CTA advances the round
 //
 // The two waits on peers need no barrier around them: the last CTA of dispatch and of FC2 publishes
 // only after every CTA's stores (last_cta_done), and every CTA waits for that publication itself.
@@ -83,57 +81,32 @@ __device__ bool round_has_pairs(const RoundParams& p) {
   return has_pairs;
 }
 
-// No pair to compute on this rank: done goes to every rank all the same, from the grid's first
-// `ctas` CTAs (one when nothing arrived at all: no barrier before it, nothing to wait for).
-__device__ void finish_without_pairs(const experts::ExpertStep& step, unsigned ctas) {
-  if (blockIdx.x >= ctas) return;
+// No pair arrived on this rank: nothing to compute, but done goes to every rank all the same.
+__device__ void finish_without_pairs(const experts::ExpertStep& step) {
   const RoundStart start = join_round(step.state, RoundPhase::fc2);
   const PhaseEnd phase_end{start};
-  if (!start.skip) experts::finish_expert_step(step, start.round, ctas);
-}
-
-// The round's own steps as calls of their own, so their registers do not add to the GEMM tiles'
-// (inlined, the tiles spilled more).
-__device__ __noinline__ void dispatch_part(const RoundParams& p, unsigned ctas) {
-  dispatch_step(p, ctas);
-}
-__device__ __noinline__ std::uint32_t route_part(const RoundParams& p) {
-  return route_step(p, /*offsets_when_empty=*/false);
-}
-__device__ __noinline__ void bucket_part(const RoundParams& p) {
-  bucket_step(p);
-}
-__device__ __noinline__ void combine_part(const RoundParams& p, unsigned ctas) {
-  combine_step(p, ctas);
+  if (!start.skip) experts::finish_expert_step(step, start.round);
 }
 
 // Two CTAs per SM: the mma tile's 110 KB of shared memory each, so at most 128 registers.
 template <Activation kActivation>
 __global__ void __launch_bounds__(kThreads, 2)
     persistent_round_kernel(RoundParams p, experts::mma::Params e) {
-  // A rank with no tokens has no row to send and no y to finish: one CTA publishes its counts,
-  // and at the end one CTA waits for the dones and advances the round (no ticket over the grid).
-  const unsigned token_ctas = p.tokens == 0 ? 1u : gridDim.x;
-  dispatch_part(p, token_ctas);
-  // Every CTA sees the same counts: with no row received anywhere, no CTA touches the expert
-  // step's inputs, so route writes no offsets and nobody meets at a barrier (the idle round).
-  if (route_part(p) == 0) {
-    finish_without_pairs(e.step, 1);
+  dispatch_step(p);
+  route_step(p);
+  grid_barrier(p);
+  if (!round_has_pairs(p)) {
+    finish_without_pairs(e.step);
   } else {
+    bucket_step(p);
     grid_barrier(p);
-    if (!round_has_pairs(p)) {
-      finish_without_pairs(e.step, gridDim.x);
-    } else {
-      bucket_part(p);
-      grid_barrier(p);
-      experts::mma::fc1_step<kActivation>(e);
-      grid_barrier(p);
-      experts::mma::quantize_h_step(e);
-      grid_barrier(p);
-      experts::mma::fc2_step(e);
-    }
+    experts::mma::fc1_step<kActivation>(e);
+    grid_barrier(p);
+    experts::mma::quantize_h_step(e);
+    grid_barrier(p);
+    experts::mma::fc2_step(e);
   }
-  combine_part(p, token_ctas);
+  combine_step(p);
 }
 
 template <class F>

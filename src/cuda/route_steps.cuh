@@ -88,11 +88,8 @@ __device__ inline void write_offsets(const RoundParams& p) {
   }
 }
 
-// Called by every thread of every CTA of the grid (no dynamic shared memory). Returns the rows
-// this rank received this round (0 in a CTA whose round failed). With no row at all and
-// `offsets_when_empty` false, the offsets are not written (no ticket over the grid): the caller
-// then reads none of the expert step's inputs.
-__device__ inline std::uint32_t route_step(const RoundParams& p, bool offsets_when_empty) {
+// Called by every thread of every CTA of the grid (no dynamic shared memory).
+__device__ inline void route_step(const RoundParams& p) {
   __shared__ std::uint32_t rows_from[kMaxWorld];
   __shared__ bool last;
   // 4. Every CTA needs every count before it can pick rows.
@@ -102,7 +99,7 @@ __device__ inline std::uint32_t route_step(const RoundParams& p, bool offsets_wh
         return session.await_counts(deadline, platform, rows_from);
       });
   const PhaseEnd phase_end{start};
-  if (start.skip) return 0;
+  if (start.skip) return;
   const std::uint32_t round = start.round;
   if (blockIdx.x == 0 && threadIdx.x < p.world)
     p.state->rows_from[threadIdx.x] = rows_from[threadIdx.x];
@@ -121,7 +118,7 @@ __device__ inline std::uint32_t route_step(const RoundParams& p, bool offsets_wh
         reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
     if (!protocol::received_row_valid(header, entries, round, limits)) {
       reject_row(p, round, src, header.round);
-      return 0;
+      return;
     }
     if (p.staged != StagedRows::wire) {
       const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
@@ -141,13 +138,11 @@ __device__ inline std::uint32_t route_step(const RoundParams& p, bool offsets_wh
         atomicAdd(&p.scratch.expert_rows[entries[n].local_expert], 1u);
   }
 
-  if (total == 0 && !offsets_when_empty) return 0;
   // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in.
   const bool mine = last_cta_done(&p.state->tickets[kRouteTicket]);
   if (threadIdx.x == 0) last = mine;
   __syncthreads();
   if (last) write_offsets(p);
-  return total;
 }
 
 // Called by every thread of every CTA of the grid, after every CTA of route_step is done.

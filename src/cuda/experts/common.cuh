@@ -124,10 +124,9 @@ __device__ inline void send_home4(const TokenBackTarget& p, const HomeSlot& home
 
 // 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one
 // done message per peer per round, whatever T (a CTA with no item still takes the ticket, I5).
-// Every CTA taking part (the grid's first `ctas`) calls it once, after its last send_home.
-__device__ inline void finish_expert_step(const ExpertStep& step, std::uint32_t round,
-                                          unsigned ctas) {
-  if (last_cta_done(&step.state->tickets[kExpertsDoneTicket], ctas)) {
+// Every CTA that joined the round calls it once, after its last send_home.
+__device__ inline void finish_expert_step(const ExpertStep& step, std::uint32_t round) {
+  if (last_cta_done(&step.state->tickets[kExpertsDoneTicket])) {
     const DeviceSession session(step.home.layout, DevicePeers{step.home.peer_windows},
                                 step.home.rank, round);
     for (int dest = 0; dest < step.home.layout.world; ++dest) session.publish_done(dest);
@@ -145,7 +144,7 @@ __device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
   const PhaseEnd phase_end{start};
   if (start.skip) return;
   items(start.round);
-  finish_expert_step(step, start.round, gridDim.x);
+  finish_expert_step(step, start.round);
 }
 
 __device__ inline void cp_async_16(void* smem, const void* global) {
