@@ -19,6 +19,7 @@ struct RunOptions {
   std::int64_t check_tokens = -1;  // per rank per round; -1 = auto (kAutoCheckMacs)
   std::uint64_t seed = 1;
   std::uint32_t timeout_ms = 10'000;
+  bool megakernel = false;  // every round as the persistent round (CUDA executor)
 };
 
 // --check-tokens auto: all tokens while the reference of a rank's round costs at most this many

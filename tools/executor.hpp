@@ -7,6 +7,7 @@
 #include <string>
 
 #include "epmoe/comm.hpp"
+#include "epmoe/config.hpp"
 #include "epmoe/errors.hpp"
 
 namespace epmoe::tools {
@@ -22,6 +23,27 @@ inline Backend choose_backend(const std::string& executor, int ranks) {
                                                  ": needs one GPU per rank, " +
                                                  std::to_string(gpus) + " visible");
   return on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
+}
+
+// `--megakernel` (run, stress): every token bucket's rounds as the persistent round, one launch per
+// forward (docs/design.md §4.3). The CUDA executor runs it under --math tensor_core and refuses it
+// at layer creation under the others; the CPU executor runs no kernels, so the option is refused
+// there before anything is built.
+inline LayerConfig with_megakernel_everywhere(const LayerConfig& config) {
+  LayerConfig out = config;
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    const auto bucket = static_cast<TokenBucket>(b);
+    Knobs k = out.knobs(bucket);
+    k.megakernel = true;
+    out = with_knobs(out, k, bucket);
+  }
+  return out;
+}
+inline void check_megakernel_backend(bool megakernel, Backend backend) {
+  if (megakernel && backend != Backend::cuda_nccl)
+    throw Error(ErrorCode::invalid_argument,
+                "--megakernel: the persistent round is a CUDA kernel; the CPU executor runs none "
+                "(pass --executor cuda on a GPU machine)");
 }
 
 inline std::string describe_backend(Backend backend, int ranks) {

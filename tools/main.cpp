@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
           "accumulation; wgmma: Hopper TMA + WGMMA grouped GEMMs, bf16 operands or E4M3 for "
           "fp8_block128; CUDA executor only, the CPU executor always computes exactly)")
       ->capture_default_str();
+  run_cmd->add_flag("--megakernel", run.megakernel,
+                    "every round as the persistent round, one launch per forward (CUDA executor, "
+                    "--math tensor_core; docs/design.md 4.3)");
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
   run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")
       ->capture_default_str();

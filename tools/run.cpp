@@ -83,6 +83,7 @@ int run_command(const RunOptions& o) {
 
   const Backend backend = choose_backend(o.executor, o.ranks);
   const bool on_gpus = backend == Backend::cuda_nccl;
+  check_megakernel_backend(o.megakernel, backend);
 
   // Host memory of the CPU executor: bf16 weights, the layers' quantized copies (fp32), the
   // reference's copies of the experts its checked tokens touch (fp32).
@@ -101,11 +102,11 @@ int run_command(const RunOptions& o) {
                     std::to_string(fit) + " (or fewer) to run a subset of the experts");
   }
 
-  std::printf("epmoe run: %s  H=%lld I=%lld E=%lld K=%lld  precision=%s combine=%s math=%s\n",
+  std::printf("epmoe run: %s  H=%lld I=%lld E=%lld K=%lld  precision=%s combine=%s math=%s%s\n",
               model.name, static_cast<long long>(shape.hidden),
               static_cast<long long>(shape.intermediate), static_cast<long long>(shape.num_experts),
               static_cast<long long>(shape.top_k), to_string(precision), to_string(options.combine),
-              to_string(options.expert_math));
+              to_string(options.expert_math), o.megakernel ? " (persistent round)" : "");
   std::printf("executor: %s\n", describe_backend(backend, o.ranks).c_str());
   std::printf("ranks=%d tokens/rank=%lld rounds=%d seed=%llu  workspace %.1f MiB/rank\n", o.ranks,
               static_cast<long long>(o.tokens), o.rounds, static_cast<unsigned long long>(o.seed),
@@ -128,7 +129,8 @@ int run_command(const RunOptions& o) {
                "rank) for %lld experts on %d rank threads...\n",
                seconds_since(t0), static_cast<long long>(shape.num_experts), o.ranks);
   const auto t_create = Clock::now();
-  Cluster cluster(shape, precision, options, o.ranks, weights, backend);
+  Cluster cluster(shape, precision, options, o.ranks, weights, backend, {},
+                  o.megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
   std::fprintf(stderr, "[prepare] layers created in %.1f s (%.1f s in all)\n",
                seconds_since(t_create), seconds_since(t0));
   for (int rank = 0; rank < o.ranks; ++rank) {  // as the layer's expert math holds them

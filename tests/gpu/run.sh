@@ -77,6 +77,16 @@ for m in tensor_core wgmma; do
     echo "qwen3-30b-a3b $p staged $m: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_$m.log" | cut -c1-4)"
   done
 done
+# The persistent round (--megakernel: one launch per forward, tensor_core only).
+for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 mxfp4}; do
+  [ "$p" = fp8_block128 ] && continue
+  for c in staged in_kernel_reduce; do
+    build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+      --precision $p --combine $c --math tensor_core --megakernel \
+      >"$out/run_${p}_${c}_persistent.log" 2>&1 || run_rc=1
+    echo "qwen3-30b-a3b $p $c tensor_core persistent: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}_persistent.log" | cut -c1-4)"
+  done
+done
 cat "$out/run_bf16_staged.log"
 grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"
 # deepseek-v3 with all 256 experts (issue 11), every precision in exact, tensor_core and wgmma math:
@@ -108,6 +118,10 @@ build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --model qwen3-30b-a
   --max-tokens 64 --rounds 2000 --check-every 250 --min-zero-fraction 0.3 --seed 6 \
   --precision mxfp8 --timeout-ms 60000 >"$out/stress_qwen3.log" 2>&1 || stress_rc=1
 tail -14 "$out/stress_qwen3.log"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 8 --math tensor_core --megakernel \
+  >"$out/stress_tiny_persistent.log" 2>&1 || stress_rc=1
+echo "persistent round: $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_persistent.log" | head -1)"
 
 echo "== epmoe stress --fault on the GPUs (every survivor names the faulty rank, then reset())"
 fault_rc=0
@@ -117,6 +131,10 @@ if [ "$gpus" -ge 2 ]; then
       --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 \
       >"$out/stress_fault_${f%%:*}.log" 2>&1 || fault_rc=1
     echo "$f: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}.log" | head -1)"
+    build/gpu/tools/epmoe stress --executor cuda --ranks 2 --shape tiny --rounds 400 --seed 3 \
+      --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 --math tensor_core \
+      --megakernel >"$out/stress_fault_${f%%:*}_persistent.log" 2>&1 || fault_rc=1
+    echo "$f, persistent round: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}_persistent.log" | head -1)"
   done
 else
   echo "skipped: needs 2 GPUs"

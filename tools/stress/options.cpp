@@ -58,6 +58,9 @@ void add_layer_options(CLI::App& cmd, Options& o) {
                  "expert math: exact | tensor_core | wgmma (CUDA executor; the CPU executor always "
                  "computes exactly); picks the rule outputs are checked with")
       ->capture_default_str();
+  cmd.add_flag("--megakernel", o.megakernel,
+               "every round as the persistent round, one launch per forward (CUDA executor, "
+               "--math tensor_core; docs/design.md 4.3)");
 }
 
 // The load: routing, idle runs, pacing, and how much of it is checked.
@@ -181,6 +184,8 @@ Setup resolve(const Options& o) {
   (void)make_config(s.shape, s.precision, 0, o.ranks,
                     s.layer_options);  // validates before allocating
   s.backend = choose_stress_backend(o);
+  check_megakernel_backend(o.megakernel, s.backend);
+  s.megakernel = o.megakernel;
   check_host_memory(s);
   return s;
 }

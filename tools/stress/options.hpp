@@ -43,7 +43,8 @@ struct Options {
   int fault_times = 1;
   double min_zero_fraction = 0.0;
   bool corrupt_check = false;
-  bool processes = false;  // ranks as processes (CPU: POSIX shared memory; CUDA: one GPU each)
+  bool processes = false;   // ranks as processes (CPU: POSIX shared memory; CUDA: one GPU each)
+  bool megakernel = false;  // every round as the persistent round (CUDA executor)
 };
 
 // Registers the options and the --help footer on the `stress` subcommand.
@@ -62,6 +63,7 @@ struct Setup {
   FaultPlan fault;
   // With --processes: cuda_nccl only for an explicit --executor=cuda (rank r on GPU r).
   Backend backend = Backend::cpu_threads;
+  bool megakernel = false;  // --megakernel: with_megakernel_everywhere on every rank's config
 };
 Setup resolve(const Options& o);
 

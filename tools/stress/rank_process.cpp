@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "executor.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 #include "stress/clock.hpp"
@@ -76,9 +77,10 @@ void RankLayer::build(const UniqueId& id) {
   teardown();
   comm_ = cuda_ ? make_nccl_communicator(id, rank_, o_.ranks, rank_)
                 : make_host_communicator(group_, rank_);
-  layer_ = std::make_unique<Layer>(
-      *comm_, make_config(s_.shape, s_.precision, rank_, o_.ranks, s_.layer_options),
-      local_weight_views(weights_, s_.shape, rank_, o_.ranks));
+  const LayerConfig config = make_config(s_.shape, s_.precision, rank_, o_.ranks, s_.layer_options);
+  layer_ =
+      std::make_unique<Layer>(*comm_, s_.megakernel ? with_megakernel_everywhere(config) : config,
+                              local_weight_views(weights_, s_.shape, rank_, o_.ranks));
 #if defined(EPMOE_HAS_CUDA)
   if (cuda_) device_ = std::make_unique<harness::DeviceBatch>(rank_, s_.shape);
 #endif

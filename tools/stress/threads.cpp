@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "executor.hpp"
 #include "harness/cluster.hpp"
 #include "harness/rank_threads.hpp"
 #include "progress.hpp"
@@ -258,7 +259,8 @@ int summarize(ThreadRun& run, double wall_s) {
 
 int run_threads(const Options& o, const Setup& s) {
   const reference::LayerWeights weights = harness::make_random_weights(s.shape, o.seed);
-  Cluster cluster(s.shape, s.precision, s.layer_options, o.ranks, weights, s.backend);
+  Cluster cluster(s.shape, s.precision, s.layer_options, o.ranks, weights, s.backend, {},
+                  s.megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
   ThreadRun run(o, s, cluster);
   const auto start = Clock::now();
   {
