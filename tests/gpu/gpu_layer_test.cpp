@@ -27,6 +27,7 @@
 #include "math/quantize.hpp"
 #include "support/captured_forward.hpp"
 #include "support/device_vectors.hpp"
+#include "support/matches_reference.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -45,16 +46,7 @@ int gpus() {
 
 using test::within_seconds;
 
-void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, Cluster& c,
-                    const std::string& where) {
-  const auto ref = c.reference(0).forward(b);
-  const LayerOptions& o = c.layer(0).config().options();
-  const reference::OutputCheck check =
-      reference::check_output(y, ref, o.combine, o.expert_math, c.layer(0).config().precision());
-  EXPECT_TRUE(check.pass) << where << " (" << check.rule << "): " << check.stats.mismatches
-                          << " elements outside, max_abs=" << check.stats.max_abs
-                          << " rel_l2=" << check.stats.rel_l2;
-}
+using test::expect_matches;
 
 // Every expert backend: exact, mma.sync tensor cores, Hopper WGMMA grouped GEMMs.
 constexpr ExpertMath kEveryMath[] = {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma};

@@ -18,6 +18,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "support/captured_forward.hpp"
+#include "support/matches_reference.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -54,16 +55,7 @@ LayerOptions tensor_core(Combine combine = Combine::staged, std::uint32_t timeou
   return o;
 }
 
-void expect_matches(const std::vector<std::uint16_t>& y, const Batch& b, Cluster& c,
-                    const std::string& where) {
-  const auto ref = c.reference(0).forward(b);
-  const LayerConfig& config = c.layer(0).config();
-  const reference::OutputCheck check = reference::check_output(
-      y, ref, config.options().combine, config.options().expert_math, config.precision());
-  EXPECT_TRUE(check.pass) << where << " (" << check.rule << "): " << check.stats.mismatches
-                          << " elements outside, max_abs=" << check.stats.max_abs
-                          << " rel_l2=" << check.stats.rel_l2;
-}
+using test::expect_matches;
 
 struct Scenario {
   Precision precision;
