@@ -51,8 +51,11 @@ def model_label(p):
 
 def math_of(p):
     """Expert math of a point: epmoe points before the field existed were exact; other
-    implementations have none."""
-    return p.get("math", "exact") if p["impl"] == "epmoe" else ""
+    implementations have none. A point that ran the persistent round (`megakernel`) is its math
+    plus " persistent"."""
+    if p["impl"] != "epmoe":
+        return ""
+    return p.get("math", "exact") + (" persistent" if p.get("megakernel") else "")
 
 
 def graph_of(p):
@@ -76,7 +79,7 @@ def ok(p):
 
 
 COMBINE_SHORT = {"staged": "st", "in_kernel_reduce": "ikr"}
-MATH_SHORT = {"exact": "", "tensor_core": " tc", "wgmma": " wg"}
+MATH_SHORT = {"exact": "", "tensor_core": " tc", "tensor_core persistent": " tc pr", "wgmma": " wg"}
 PRECISIONS = ["bf16", "mxfp8", "nvfp4", "fp8_block128", "mxfp4"]
 PRECISION_COLOR = {"bf16": "tab:blue", "mxfp8": "tab:orange", "nvfp4": "tab:green",
                    "fp8_block128": "tab:red", "mxfp4": "tab:purple"}

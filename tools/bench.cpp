@@ -43,7 +43,8 @@ struct BenchOptions : SweepOptions {
   std::string tokens = "0,1,16,64,128,512,2048,8192";
   std::string combines = "staged,in_kernel_reduce";
   std::string worlds = "auto";
-  bool phases = false;  // Layer::set_phase_timing on every rank; per-phase p50 columns
+  bool phases = false;               // Layer::set_phase_timing on every rank; per-phase p50 columns
+  std::string megakernel = "false";  // false | true | both: the persistent round (tensor_core)
   BenchOptions() {
     models = "qwen3-30b-a3b,deepseek-v3";
     precisions = "bf16,mxfp8,nvfp4";
@@ -173,14 +174,14 @@ struct SweepState : SweepRun {
 };
 
 void run_config(SweepState& st, const Model& model, const ModelData& data, int world,
-                Precision precision, Combine combine, ExpertMath math,
+                Precision precision, Combine combine, ExpertMath math, bool megakernel,
                 std::vector<Point*>& points) {
   const BenchOptions& o = *st.o;
   const LayerShape& s = model.shape;
   ConfigPoints<Point> cp{st, points,
                          model.label() + " W=" + std::to_string(world) + " " +
                              to_string(precision) + " " + to_string(combine) + " " +
-                             to_string(math)};
+                             to_string(math) + (megakernel ? " persistent" : "")};
   const std::string& what = cp.what;
   // Preparing a layer (each rank copies its experts' bf16 weights up and prepares them on its
   // GPU) is a large part of a config's cost: skip it when the time the same model and precision
@@ -192,7 +193,9 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   options.combine = combine;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  const ConfigCluster made = make_cluster(s, precision, options, world, data, st.backend);
+  const ConfigCluster made =
+      make_cluster(s, precision, options, world, data, st.backend,
+                   megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
   if (!made.cluster) {
     st.any_failure = true;
     cp.skip_rest(0, "error", made.error);
@@ -289,8 +292,9 @@ void print_table(const std::vector<Point>& points, bool phases) {
     for (const char* column : kPhaseColumns) std::printf("%7s ", column);
   std::printf("check\n");
   for (const Point& p : points) {
+    const std::string math = std::string(to_string(p.math)) + (p.megakernel ? "*" : "");
     std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
-                to_string(p.precision), to_string(p.combine), to_string(p.math),
+                to_string(p.precision), to_string(p.combine), math.c_str(),
                 static_cast<long long>(p.tokens));
     if (print_unless_ok(p)) continue;
     const double sec = p.p50 * 1e-3;
@@ -409,6 +413,16 @@ int bench(const BenchOptions& o) {
     for (int w : worlds) make_config(m.shape, Precision::bf16, 0, w);  // validate before work
   }
 
+  std::vector<bool> megakernels;
+  if (o.megakernel == "false" || o.megakernel == "both") megakernels.push_back(false);
+  if (o.megakernel == "true" || o.megakernel == "both") megakernels.push_back(true);
+  if (megakernels.empty()) reject("--megakernel=" + o.megakernel + ": must be false, true or both");
+  if (megakernels.back()) {
+    check_megakernel_backend(true, backend);
+    if (std::find(maths.begin(), maths.end(), ExpertMath::tensor_core) == maths.end())
+      reject("--megakernel=" + o.megakernel +
+             ": only --math tensor_core has the persistent round; add it to --math");
+  }
   const Ceilings ceilings =
       start_sweep(o, backend, "epmoe bench: executor " + describe_backend(backend, data_world));
 
@@ -420,6 +434,7 @@ int bench(const BenchOptions& o) {
     Precision precision;
     Combine combine;
     ExpertMath math;
+    bool megakernel;
     std::vector<std::size_t> points;
   };
   std::vector<Point> points;
@@ -428,26 +443,29 @@ int bench(const BenchOptions& o) {
     for (Precision p : precisions)
       for (Combine c : combines)
         for (ExpertMath x : maths)
-          for (std::size_t m = 0; m < models.size(); ++m) {
-            // The CUDA mma.sync backend refuses fp8_block128 (its fp32 block scales are not
-            // exact in bf16; docs/formats.md): that config is left out, not failed.
-            if (backend == Backend::cuda_nccl && p == Precision::fp8_block128 &&
-                x == ExpertMath::tensor_core)
-              continue;
-            Config cfg{m, w, p, c, x, {}};
-            for (std::int64_t t : tokens) {
-              Point pt;
-              pt.model = &models[m];
-              pt.world = w;
-              pt.precision = p;
-              pt.combine = c;
-              pt.math = x;
-              pt.tokens = t;
-              cfg.points.push_back(points.size());
-              points.push_back(pt);
+          for (const bool mk : megakernels)
+            for (std::size_t m = 0; m < models.size(); ++m) {
+              // The CUDA mma.sync backend refuses fp8_block128 (its fp32 block scales are not
+              // exact in bf16; docs/formats.md): that config is left out, not failed. So are the
+              // persistent round's configs of the maths that have none.
+              if (backend == Backend::cuda_nccl && p == Precision::fp8_block128 &&
+                  x == ExpertMath::tensor_core)
+                continue;
+              if (mk && x != ExpertMath::tensor_core) continue;
+              Config cfg{m, w, p, c, x, mk, {}};
+              for (std::int64_t t : tokens) {
+                Point pt;
+                pt.model = &models[m];
+                pt.world = w;
+                pt.precision = p;
+                pt.combine = c;
+                pt.math = x;
+                pt.tokens = t;
+                cfg.points.push_back(points.size());
+                points.push_back(pt);
+              }
+              configs.push_back(cfg);
             }
-            configs.push_back(cfg);
-          }
 
   ModelDataCache data(models, data_world, o.seed);
   Progress progress("bench", static_cast<std::int64_t>(points.size()));
@@ -455,7 +473,7 @@ int bench(const BenchOptions& o) {
   for (Config& cfg : configs) {
     std::vector<Point*> pts = points_at(points, cfg.points);
     run_config(st, models[cfg.model], data.get(cfg.model), cfg.world, cfg.precision, cfg.combine,
-               cfg.math, pts);
+               cfg.math, cfg.megakernel, pts);
   }
   progress.finish();
   const double total_s = seconds_since(start);
@@ -466,6 +484,8 @@ int bench(const BenchOptions& o) {
       "wt GB = expert weights the round touched (layer precision); TB/s, TFLOPS per GPU; NVL MB = "
       "bytes across ranks; floor = max(hbm, mma, nvl) floors; total %.0f s\n",
       total_s);
+  if (std::any_of(points.begin(), points.end(), [](const Point& p) { return p.megakernel; }))
+    std::printf("math* = the persistent round (--megakernel): one launch per forward\n");
   if (o.phases)
     std::printf(
         "phases (--phases): p50 us over rounds on the round's slowest rank, from its GPU clock: "
@@ -496,6 +516,12 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--worlds", o->worlds,
                   "comma list of ranks (GPUs); auto = 2,1 clipped to the visible GPUs")
+      ->capture_default_str();
+  cmd->add_option(
+         "--megakernel", o->megakernel,
+         "false | true | both: also (both) or only (true) the persistent round, one launch "
+         "per forward, for the --math tensor_core configs (CUDA executor; docs/design.md "
+         "4.3); the table marks its math with *")
       ->capture_default_str();
   cmd->add_flag("--phases", o->phases,
                 "also time each phase of a round on the GPU (Layer::set_phase_timing): p50 us "
