@@ -59,14 +59,15 @@ def math_of(p):
 
 
 def graph_of(p):
-    """Whether the point timed a CUDA graph replay (FlashInfer's baseline times both)."""
+    """Whether the point timed a CUDA graph replay (FlashInfer's baseline times both; epmoe's
+    with `epmoe bench --graph`)."""
     return bool(p.get("graph", False))
 
 
 def series_name(p):
     if p["impl"] == "epmoe":
         math = "" if math_of(p) == "exact" else f" {math_of(p)}"
-        return f'epmoe {p["precision"]} {p["combine"]}{math}'
+        return f'epmoe {p["precision"]} {p["combine"]}{math}' + (" graph" if graph_of(p) else "")
     return f'{p["impl"]} {p["precision"]}' + (" graph" if graph_of(p) else "")
 
 
@@ -252,7 +253,8 @@ def table(points, meta):
 
     def col_name(k):
         if k[0] == "epmoe":
-            return f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}{MATH_SHORT.get(k[3], ' ' + k[3])}"
+            return (f"{k[1]} {COMBINE_SHORT.get(k[2], k[2])}{MATH_SHORT.get(k[3], ' ' + k[3])}"
+                    + (" graph" if k[4] else ""))
         if k[0] == "flashinfer_sm90":
             return "flashinfer graph" if k[4] else "flashinfer"
         return k[0] + (" graph" if k[4] else "")

@@ -45,6 +45,7 @@ struct BenchOptions : SweepOptions {
   std::string worlds = "auto";
   bool phases = false;               // Layer::set_phase_timing on every rank; per-phase p50 columns
   std::string megakernel = "false";  // false | true | both: the persistent round (tensor_core)
+  bool graph = false;                // time CUDA-graph replays of one captured forward
   BenchOptions() {
     models = "qwen3-30b-a3b,deepseek-v3";
     precisions = "bf16,mxfp8,nvfp4";
@@ -231,7 +232,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
     const std::vector<Routing> routing = uniform_routing(s, T, world, warmup + rounds, o.seed);
     try {
       const RoundTimes times = time_rounds(*cluster, routing, data, T, warmup, rounds,
-                                           o.max_point_s, st.backend, o.phases);
+                                           o.max_point_s, st.backend, o.phases, o.graph);
       pt.warmup = warmup;
       std::vector<Traffic> per_round;
       std::array<std::vector<double>, kRoundPhases> phase_us;  // per phase, the timed rounds'
@@ -323,7 +324,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
   const std::string settings = std::string(", \"routing\": \"uniform top-k, 5% slots dropped\"") +
                                ", \"max_point_s\": " + json_num(o.max_point_s) +
                                ", \"phases\": " + (o.phases ? "true" : "false") +
-                               ", \"knob_file\": " + json_str(knob_file_in_use());
+                               ", \"knob_file\": " + json_str(knob_file_in_use()) +
+                               ", \"graph\": " + (o.graph ? "true" : "false");
   write_json_file(
       path, "epmoe-bench/1", "epmoe bench", backend, c, o, settings, total_s, points.size(),
       [&](std::ostream& f, std::size_t i) {
@@ -332,7 +334,8 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
         write_point_head(f, *p.model, p.precision);
         f << ", \"combine\": " << json_str(to_string(p.combine))
           << ", \"math\": " << json_str(to_string(p.math))
-          << ", \"megakernel\": " << (p.megakernel ? "true" : "false") << ", \"world\": " << p.world
+          << ", \"megakernel\": " << (p.megakernel ? "true" : "false")
+          << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"world\": " << p.world
           << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
           << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
           << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()
@@ -395,6 +398,8 @@ int bench(const BenchOptions& o) {
   const Backend backend = choose_backend(o.executor, 1);  // auto: the GPUs when there is one
   if (o.phases && backend != Backend::cuda_nccl)
     reject("--phases: per-phase timing stamps the GPU clock; the CPU executor has none");
+  if (o.graph && backend != Backend::cuda_nccl)
+    reject("--graph: CUDA-graph replay needs the CUDA executor; the CPU executor has no graphs");
   if (backend == Backend::cuda_nccl) {
     const int gpus = cuda_device_count();
     std::vector<int> fit;
@@ -484,6 +489,7 @@ int bench(const BenchOptions& o) {
       "wt GB = expert weights the round touched (layer precision); TB/s, TFLOPS per GPU; NVL MB = "
       "bytes across ranks; floor = max(hbm, mma, nvl) floors; total %.0f s\n",
       total_s);
+  if (o.graph) std::printf("every point: CUDA-graph replays of one captured forward (--graph)\n");
   if (std::any_of(points.begin(), points.end(), [](const Point& p) { return p.megakernel; }))
     std::printf("math* = the persistent round (--megakernel): one launch per forward\n");
   if (o.phases)
@@ -523,6 +529,9 @@ Subcommand add_bench_command(CLI::App& parent) {
          "per forward, for the --math tensor_core configs (CUDA executor; docs/design.md "
          "4.3); the table marks its math with *")
       ->capture_default_str();
+  cmd->add_flag("--graph", o->graph,
+                "time CUDA-graph replays: each rank captures one forward per point, then each "
+                "round copies its routing in and replays it (CUDA executor); the JSON says graph");
   cmd->add_flag("--phases", o->phases,
                 "also time each phase of a round on the GPU (Layer::set_phase_timing): p50 us "
                 "columns per phase on the slowest rank, and phases_us_p50 in the JSON (CUDA only)");

@@ -147,9 +147,11 @@ struct RoundTimes {
   int timed = 0;                                // rounds actually timed (may stop early: cap_s)
 };
 // `routing[round * W + rank]`; `phases`: read Layer::last_phase_times() after each round (CUDA).
+// `graph` (CUDA): every rank captures one forward of T tokens into a CUDA graph first, and each
+// round replays it (cudaGraphLaunch between the events) with that round's routing copied in.
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
                        std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
-                       bool phases);
+                       bool phases, bool graph = false);
 // The rank whose forward took longest in `round` (the round's latency is that rank's).
 std::size_t slowest_rank(const RoundTimes& times, std::size_t round);
 // Uniform random top-k for `rounds` rounds of `world` ranks at T tokens each, in time_rounds'

@@ -85,4 +85,36 @@ std::vector<std::uint16_t> DeviceBatch::forward(Layer& layer, const reference::B
   return out;
 }
 
+CapturedForward::CapturedForward(Layer& layer, DeviceBatch& buf, std::int64_t tokens)
+    : stream_(buf.stream()) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  EPMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    layer.forward(buf.x(tokens), buf.topk_ids(tokens), buf.topk_weights(tokens), buf.y(tokens),
+                  Stream{stream_});
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);  // leaves the stream usable
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  if (instantiated != cudaSuccess) cudaGraphDestroy(graph);  // the destructor will not run
+  EPMOE_CUDA_CHECK(instantiated);
+  graph_ = graph;
+  exec_ = exec;
+}
+
+CapturedForward::~CapturedForward() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+void CapturedForward::launch() const {
+  EPMOE_CUDA_CHECK(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(stream_)));
+}
+
 }  // namespace epmoe::harness

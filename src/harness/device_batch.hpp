@@ -44,4 +44,24 @@ class DeviceBatch {
   std::uint16_t* y_ = nullptr;
 };
 
+// `layer`'s forward of `tokens` tokens of `buf` (x, ids, weights in, y out) captured into a CUDA
+// graph on buf's stream and instantiated; launch() replays it on that stream with whatever buf
+// holds then (the round counter lives on the device, so each replay is the next round). Throws
+// Error (from EPMOE_CUDA_CHECK) naming the CUDA call that failed. Must go before `buf`.
+class CapturedForward {
+ public:
+  CapturedForward(Layer& layer, DeviceBatch& buf, std::int64_t tokens);
+  ~CapturedForward();
+  CapturedForward(const CapturedForward&) = delete;
+  CapturedForward& operator=(const CapturedForward&) = delete;
+
+  void launch() const;
+  void* stream() const { return stream_; }
+
+ private:
+  void* stream_;
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+};
+
 }  // namespace epmoe::harness

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <memory>
 
 #include "epmoe/epmoe.hpp"
 #include "harness/device_batch.hpp"
@@ -18,37 +20,33 @@ inline int gpus_up_to(int most) {
   return std::min(cuda_device_count(), most);
 }
 
-// `layer`'s forward of `tokens` tokens of `buf` (x, ids, weights in, y out) captured into a CUDA
-// graph on buf's stream and instantiated; launch() replays it on that stream with whatever buf
-// holds then. ok() is false (and the test has failed) where capture or instantiation did; the
-// graph is freed with the object, which must go before buf.
+// harness::CapturedForward for tests: ok() is false (and the test has failed) where capture or
+// instantiation did; launch() returns the replay's CUDA error instead of throwing. The graph is
+// freed with the object, which must go before buf.
 class CapturedForward {
  public:
-  CapturedForward(Layer& layer, harness::DeviceBatch& buf, std::int64_t tokens)
-      : stream_(static_cast<cudaStream_t>(buf.stream())) {
-    EXPECT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    layer.forward(buf.x(tokens), buf.topk_ids(tokens), buf.topk_weights(tokens), buf.y(tokens),
-                  Stream{buf.stream()});
-    EXPECT_EQ(cudaStreamEndCapture(stream_, &graph_), cudaSuccess);
-    if (graph_ != nullptr) {
-      EXPECT_EQ(cudaGraphInstantiate(&exec_, graph_, 0), cudaSuccess);
+  CapturedForward(Layer& layer, harness::DeviceBatch& buf, std::int64_t tokens) {
+    try {
+      graph_ = std::make_unique<harness::CapturedForward>(layer, buf, tokens);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "capturing the forward: " << e.what();
     }
   }
-  ~CapturedForward() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-    if (graph_ != nullptr) cudaGraphDestroy(graph_);
-  }
-  CapturedForward(const CapturedForward&) = delete;
-  CapturedForward& operator=(const CapturedForward&) = delete;
 
-  bool ok() const { return exec_ != nullptr; }
-  cudaError_t launch() const { return cudaGraphLaunch(exec_, stream_); }
-  cudaStream_t stream() const { return stream_; }
+  bool ok() const { return graph_ != nullptr; }
+  cudaError_t launch() const {
+    try {
+      graph_->launch();
+      return cudaSuccess;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      return cudaErrorUnknown;
+    }
+  }
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(graph_->stream()); }
 
  private:
-  cudaStream_t stream_;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  std::unique_ptr<harness::CapturedForward> graph_;
 };
 
 }  // namespace epmoe::test
