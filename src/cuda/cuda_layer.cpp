@@ -142,15 +142,17 @@ class CudaLayer final : public LayerImpl {
     p.ids_are_i64 = a.id_dtype == DType::i64;
     p.topk_weights = a.topk_weights;
     p.y = a.y;
-    if (config().knobs(bucket).megakernel) {
-      // One launch (docs/design.md §4.3): a stall fault holds the whole round back instead.
+    const auto stall_if_faulted = [&] {  // test builds: this rank late, on purpose
       if (fault_fires(testing::Fault::stall))
         launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
+    };
+    if (config().knobs(bucket).megakernel) {
+      // One launch (docs/design.md §4.3): a stall fault holds the whole round back instead.
+      stall_if_faulted();
       persistent_->launch(p, bucket, s);
     } else {
       launch_dispatch(p, shapes.dispatch, s);
-      if (fault_fires(testing::Fault::stall))
-        launch_stall(std::uint64_t{fault().stall_ms} * 1'000'000u, s);
+      stall_if_faulted();
       launch_experts(p, shapes.experts, bucket, *backend_, s);
       launch_combine(p, shapes.combine, s);
     }

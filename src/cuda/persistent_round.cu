@@ -6,7 +6,8 @@
 //   route         every CTA waits for every count (its own rank's too: so every CTA's dispatch
 //                 stores and counter zeroing are done); rows checked, decoded, counted
 //   -- barrier -- route's last CTA has written the offsets
-//   (no pairs arrived: straight to the done publication; an idle round meets only here)
+//   (no pairs arrived: FC2's frame with no items, the done publication; an idle round meets
+//   only here)
 //   bucket        the pair list
 //   -- barrier --
 //   FC1           the backend's (experts/mma/steps.cuh)
@@ -81,13 +82,6 @@ __device__ bool round_has_pairs(const RoundParams& p) {
   return has_pairs;
 }
 
-// No pair arrived on this rank: nothing to compute, but done goes to every rank all the same.
-__device__ void finish_without_pairs(const experts::ExpertStep& step) {
-  const RoundStart start = join_round(step.state, RoundPhase::fc2);
-  const PhaseEnd phase_end{start};
-  if (!start.skip) experts::finish_expert_step(step, start.round);
-}
-
 // Two CTAs per SM: the mma tile's 110 KB of shared memory each, so at most 128 registers.
 template <Activation kActivation>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -96,7 +90,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   route_step(p);
   grid_barrier(p);
   if (!round_has_pairs(p)) {
-    finish_without_pairs(e.step);
+    // No pair arrived on this rank: FC2's frame with no items, so done still goes to every rank.
+    experts::fc2_round(e.step, [](std::uint32_t) {});
   } else {
     bucket_step(p);
     grid_barrier(p);
