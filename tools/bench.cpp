@@ -44,7 +44,7 @@ struct BenchOptions : SweepOptions {
   std::string combines = "staged,in_kernel_reduce";
   std::string worlds = "auto";
   bool phases = false;               // Layer::set_phase_timing on every rank; per-phase p50 columns
-  std::string megakernel = "false";  // false | true | both: the persistent round (tensor_core)
+  std::string megakernel = "false";  // comma list of true / false, or auto: the persistent round
   bool graph = false;                // time CUDA-graph replays of one captured forward
   BenchOptions() {
     models = "qwen3-30b-a3b,deepseek-v3";
@@ -418,13 +418,13 @@ int bench(const BenchOptions& o) {
     for (int w : worlds) make_config(m.shape, Precision::bf16, 0, w);  // validate before work
   }
 
-  std::vector<bool> megakernels;
-  if (o.megakernel == "false" || o.megakernel == "both") megakernels.push_back(false);
-  if (o.megakernel == "true" || o.megakernel == "both") megakernels.push_back(true);
-  if (megakernels.empty()) reject("--megakernel=" + o.megakernel + ": must be false, true or both");
-  if (megakernels.back()) {
+  const bool tensor_core =
+      std::find(maths.begin(), maths.end(), ExpertMath::tensor_core) != maths.end();
+  const std::vector<bool> megakernels =
+      parse_megakernel_values(o.megakernel, tensor_core && backend == Backend::cuda_nccl);
+  if (std::find(megakernels.begin(), megakernels.end(), true) != megakernels.end()) {
     check_megakernel_backend(true, backend);
-    if (std::find(maths.begin(), maths.end(), ExpertMath::tensor_core) == maths.end())
+    if (!tensor_core)
       reject("--megakernel=" + o.megakernel +
              ": only --math tensor_core has the persistent round; add it to --math");
   }
@@ -523,11 +523,11 @@ Subcommand add_bench_command(CLI::App& parent) {
   cmd->add_option("--worlds", o->worlds,
                   "comma list of ranks (GPUs); auto = 2,1 clipped to the visible GPUs")
       ->capture_default_str();
-  cmd->add_option(
-         "--megakernel", o->megakernel,
-         "false | true | both: also (both) or only (true) the persistent round, one launch "
-         "per forward, for the --math tensor_core configs (CUDA executor; docs/design.md "
-         "4.3); the table marks its math with *")
+  cmd->add_option("--megakernel", o->megakernel,
+                  "comma list of true / false, or auto (both with --math tensor_core on the CUDA "
+                  "executor): the tensor_core configs also or only as the persistent round, one "
+                  "launch per forward (CUDA executor; docs/design.md 4.3); the table marks its "
+                  "math with *")
       ->capture_default_str();
   cmd->add_flag("--graph", o->graph,
                 "time CUDA-graph replays: each rank captures one forward per point, then each "

@@ -93,6 +93,18 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
+std::vector<bool> parse_megakernel_values(const std::string& text, bool auto_both) {
+  if (text == "auto") return auto_both ? std::vector<bool>{false, true} : std::vector<bool>{false};
+  std::vector<bool> out;
+  for (const std::string& v : split(text)) {
+    if (v != "true" && v != "false")
+      reject("--megakernel=" + text + ": give auto, or a comma list of true / false");
+    out.push_back(v == "true");
+  }
+  if (out.empty()) reject("--megakernel: give at least one value");
+  return out;
+}
+
 std::int64_t parse_int(const std::string& text, const std::string& what) {
   try {
     std::size_t used = 0;

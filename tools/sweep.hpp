@@ -60,6 +60,9 @@ void add_sweep_options(CLI::App& cmd, SweepOptions& o);
 void validate_sweep_options(const SweepOptions& o);
 
 std::vector<std::string> split(const std::string& text);  // comma list, empty items dropped
+// `--megakernel` of tune and bench: a comma list of true / false, or auto (both where
+// `auto_both`, else false). Rejects anything else, and an empty list.
+std::vector<bool> parse_megakernel_values(const std::string& text, bool auto_both);
 std::int64_t parse_int(const std::string& text, const std::string& what);
 // A comma list of counts (--tokens, --rows), sorted and unique, each >= `min`, at least one, or
 // reject: "OPTION: X must be >= MIN<unit>", "OPTION: give at least one NAME<unit>".

@@ -151,16 +151,8 @@ int tune(const TuneOptions& o) {
       tiles ? parse_knob_values(o.block_n, "--block-n") : std::vector<std::int32_t>{first.block_n};
   // megakernel: both paths where the CUDA executor has a persistent round (tensor_core), unless
   // given.
-  std::vector<bool> megakernels;
-  if (o.megakernel == "auto")
-    megakernels = options.expert_math == ExpertMath::tensor_core ? std::vector<bool>{false, true}
-                                                                 : std::vector<bool>{false};
-  for (const auto& v : o.megakernel == "auto" ? std::vector<std::string>{} : split(o.megakernel)) {
-    if (v != "true" && v != "false")
-      reject("--megakernel=" + o.megakernel + ": give auto, or a comma list of true / false");
-    megakernels.push_back(v == "true");
-  }
-  if (megakernels.empty()) reject("--megakernel: give at least one value");
+  const std::vector<bool> megakernels =
+      parse_megakernel_values(o.megakernel, options.expert_math == ExpertMath::tensor_core);
   std::vector<Candidate> candidates;
   for (std::int32_t sms : parse_knob_values(o.num_sms, "--num-sms"))
     for (std::int32_t m : ms)
