@@ -28,6 +28,7 @@
 #include "support/captured_forward.hpp"
 #include "support/device_vectors.hpp"
 #include "support/matches_reference.hpp"
+#include "support/random_pace.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -172,25 +173,13 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(shape, 9);
   Cluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
-  std::atomic<int> idle{0}, total{0};
+  test::PaceCounts n;
   within_seconds(300, "500 rounds", [&] {
-    run_on_rank_threads(world, [&](int rank) {
-      harness::Rng rng(77 + static_cast<std::uint64_t>(rank));
-      for (int r = 0; r < 500; ++r) {
-        const std::int64_t t = rng.uniform() < 0.4 ? 0 : 1 + rng.below(shape.max_tokens_per_rank);
-        const Routing routing = rng.uniform() < 0.2 ? Routing::one_rank : Routing::uniform;
-        const Batch b =
-            harness::make_random_batch(shape, world, t, routing, rng.below(world), rng.next());
-        if (rng.uniform() < 0.3)
-          std::this_thread::sleep_for(std::chrono::microseconds(rng.below(2000)));
-        idle += t == 0;
-        ++total;
-        const auto y = cluster.forward(rank, b);
-        if (r % 10 == 0) expect_matches(y, b, cluster, "round " + std::to_string(r));
-      }
+    n = test::run_at_random_pace(cluster, shape, world, 500, 10, [&](harness::Rng& rng) {
+      return rng.uniform() < 0.4 ? 0 : 1 + rng.below(shape.max_tokens_per_rank);
     });
   });
-  EXPECT_GE(idle.load() * 10, total.load() * 3) << "at least 30% zero-token rounds";
+  EXPECT_GE(n.idle * 10, n.total * 3) << "at least 30% zero-token rounds";
   for (int r = 0; r < world; ++r) EXPECT_EQ(cluster.layer(r).next_round(), 501u);
 }
 

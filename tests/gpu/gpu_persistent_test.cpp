@@ -6,10 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <chrono>
 #include <string>
-#include <thread>
 
 #include "epmoe/epmoe.hpp"
 #include "epmoe/testing.hpp"
@@ -19,6 +16,7 @@
 #include "harness/rank_threads.hpp"
 #include "support/captured_forward.hpp"
 #include "support/matches_reference.hpp"
+#include "support/random_pace.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -147,26 +145,14 @@ TEST(GpuPersistent, MixedWithTheChainRandomPaceManyIdleRounds) {
   const auto weights = harness::make_random_weights(shape, 9);
   Cluster cluster(shape, Precision::nvfp4, tensor_core(), world, weights, Backend::cuda_nccl, {},
                   megakernel_in({TokenBucket::decode}));
-  std::atomic<int> idle{0}, total{0};
+  test::PaceCounts n;
   within_seconds(300, "300 mixed rounds", [&] {
-    run_on_rank_threads(world, [&](int rank) {
-      harness::Rng rng(77 + static_cast<std::uint64_t>(rank));
-      for (int r = 0; r < 300; ++r) {
-        const double u = rng.uniform();
-        const std::int64_t t = u < 0.4 ? 0 : u < 0.7 ? 1 + rng.below(16) : 17 + rng.below(48);
-        const Routing routing = rng.uniform() < 0.2 ? Routing::one_rank : Routing::uniform;
-        const Batch b =
-            harness::make_random_batch(shape, world, t, routing, rng.below(world), rng.next());
-        if (rng.uniform() < 0.3)
-          std::this_thread::sleep_for(std::chrono::microseconds(rng.below(2000)));
-        idle += t == 0;
-        ++total;
-        const auto y = cluster.forward(rank, b);
-        if (r % 7 == 0) expect_matches(y, b, cluster, "round " + std::to_string(r));
-      }
+    n = test::run_at_random_pace(cluster, shape, world, 300, 7, [](harness::Rng& rng) {
+      const double u = rng.uniform();  // idle, decode (persistent), small (chain)
+      return u < 0.4 ? 0 : u < 0.7 ? 1 + rng.below(16) : 17 + rng.below(48);
     });
   });
-  EXPECT_GE(idle.load() * 10, total.load() * 3) << "at least 30% zero-token rounds";
+  EXPECT_GE(n.idle * 10, n.total * 3) << "at least 30% zero-token rounds";
   for (int r = 0; r < world; ++r) EXPECT_EQ(cluster.layer(r).next_round(), 301u);
 }
 
