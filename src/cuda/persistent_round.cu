@@ -82,8 +82,9 @@ __device__ bool round_has_pairs(const RoundParams& p) {
   return has_pairs;
 }
 
-// Two CTAs per SM: the mma tile's 110 KB of shared memory each, so at most 128 registers.
-template <Activation kActivation>
+// Two CTAs per SM: the mma tile's at most 110 KB of shared memory each, so at most 128 registers.
+// One kernel per activation and weight precision (the tile's format).
+template <Activation kActivation, Precision P>
 __global__ void __launch_bounds__(kThreads, 2)
     persistent_round_kernel(RoundParams p, experts::mma::Params e) {
   dispatch_step(p);
@@ -95,19 +96,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   } else {
     bucket_step(p);
     grid_barrier(p);
-    experts::mma::fc1_step<kActivation>(e);
+    experts::mma::fc1_step<kActivation, P>(e);
     grid_barrier(p);
     experts::mma::quantize_h_step(e);
     grid_barrier(p);
-    experts::mma::fc2_step(e);
+    experts::mma::fc2_step<P>(e);
   }
   combine_step(p);
 }
 
+// Calls f(kernel, the tile's shared memory bytes) for the problem's activation and precision.
 template <class F>
-decltype(auto) with_kernel(Activation a, F f) {
-  return experts::with_activation(
-      a, [&](auto activation) { return f(persistent_round_kernel<decltype(activation)::value>); });
+decltype(auto) with_kernel(const experts::ExpertProblem& problem, F f) {
+  return experts::with_activation(problem.activation, [&](auto activation) {
+    return experts::with_packed_precision(problem.precision, [&](auto precision) {
+      constexpr Precision P = decltype(precision)::value;
+      return f(persistent_round_kernel<decltype(activation)::value, P>,
+               experts::mma::kSmemBytes<P>);
+    });
+  });
 }
 
 const experts::mma::MmaBackend& mma_backend(const experts::ExpertBackend& backend) {
@@ -132,10 +139,10 @@ PersistentRound::PersistentRound(const RoundParams& base, const experts::ExpertB
                                  const LayerConfig& config, int device)
     : backend_(mma_backend(backend)) {
   const experts::ExpertProblem& problem = backend_.problem();
-  const std::size_t smem =
-      std::max({dispatch_smem(base), experts::mma::kSmemBytes, experts::fc2_input_smem(problem)});
   shapes_ = per_bucket(config, [&](const Knobs& k) {
-    return with_kernel(problem.activation, [&](auto kernel) {
+    return with_kernel(problem, [&](auto kernel, std::size_t tile_smem) {
+      const std::size_t smem =
+          std::max({dispatch_smem(base), tile_smem, experts::fc2_input_smem(problem)});
       return occupancy_shape(kernel, smem, device, k.num_sms);
     });
   });
@@ -147,8 +154,9 @@ void PersistentRound::launch(const RoundParams& p, TokenBucket bucket, cudaStrea
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeCooperative;  // every CTA resident, or the launch fails
   attribute.val.cooperative = 1;
-  with_kernel(e.problem.activation,
-              [&](auto kernel) { launch_with(attribute, kernel, shape, stream, p, e); });
+  with_kernel(e.problem, [&](auto kernel, std::size_t) {
+    launch_with(attribute, kernel, shape, stream, p, e);
+  });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/experts/packed_weights.cuh"
 #include "formats/codec.hpp"
 #include "formats/codec_device.hpp"
 #include "gpu/codec_check.hpp"
@@ -173,7 +174,60 @@ std::vector<T> to_host(const T* p, std::size_t n) {
   return v;
 }
 
+// Thread (code byte, scale code): a load of 16 equal code bytes through decode8's first group
+// against the host codec's decode of the same code and scale (formats/codec.hpp, on the device);
+// any NaN matches any NaN. NVFP4's weights are the code values, e2m1 * e4m3(scale).
+template <Precision P>
+__global__ void packed_decode_kernel(DeviceCount* out) {
+  const std::uint32_t code = blockIdx.x, scale = threadIdx.x;  // 256 x 256
+  const std::uint32_t word = code * 0x01010101u;
+  const std::uint32_t scale_codes = P == Precision::nvfp4 ? scale * 0x0101u : scale;
+  float got[8];
+  cuda::experts::decode8<P>(make_uint4(word, word, word, word), 0,
+                            cuda::experts::group_scale<P>(scale_codes, 0), got);
+  for (int k = 0; k < 8; ++k) {
+    const auto u8 = static_cast<std::uint8_t>(code), s8 = static_cast<std::uint8_t>(scale);
+    const std::uint8_t nibble = (k % 2 == 0 ? u8 : u8 >> 4) & 0xfu;
+    float want = 0;
+    if constexpr (P == Precision::mxfp8) want = mxfp8_decode_value(u8, s8);
+    if constexpr (P == Precision::mxfp4)
+      want = s8 == kE8m0Nan ? quiet_nan() : e2m1_to_float(nibble) * e8m0_to_float(s8);
+    if constexpr (P == Precision::nvfp4)
+      want = e4m3_is_nan(s8) ? quiet_nan() : e2m1_to_float(nibble) * e4m3_to_float(s8);
+    const bool same = (isnan(got[k]) && isnan(want)) || float_bits(got[k]) == float_bits(want);
+    if (!same) record(out, code << 8 | scale);
+  }
+}
+
+template <Precision P>
+Disagreements packed_decode_check() {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  DeviceCount* d = nullptr;
+  check(cudaMalloc(&d, sizeof *d), "cudaMalloc");
+  const DeviceCount init{0, 0xffffffffu};
+  check(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice), "cudaMemcpy");
+  packed_decode_kernel<P><<<256, 256>>>(d);
+  check(cudaGetLastError(), "launch");
+  DeviceCount h{};
+  check(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaFree(d), "cudaFree");
+  return {h.count, h.first_bits};
+}
+
 }  // namespace
+
+Disagreements packed_decode_on_every_code(Precision precision) {
+  switch (precision) {
+    case Precision::mxfp8:
+      return packed_decode_check<Precision::mxfp8>();
+    case Precision::mxfp4:
+      return packed_decode_check<Precision::mxfp4>();
+    case Precision::nvfp4:
+      return packed_decode_check<Precision::nvfp4>();
+    default:
+      throw std::runtime_error("packed_decode_on_every_code: mxfp8, mxfp4 or nvfp4");
+  }
+}
 
 Disagreements e2m1_vs_cuda_on_every_float() {
   return run_every_float(e2m1_vs_cuda_kernel);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "epmoe/config.hpp"
 #include "epmoe/formats.hpp"
 
 namespace epmoe::test {
@@ -23,6 +24,10 @@ Disagreements e2m1_vs_cuda_on_every_float();
 // Every fp32 bit pattern x: float_to_e4m3 of (x, -x) against __nv_cvt_float2_to_fp8x2({x, -x},
 // __NV_SATFINITE, __NV_E4M3); for a NaN both must give a NaN code (CUDA's may carry the sign).
 Disagreements e4m3_vs_cuda_on_every_float();
+
+// Every code byte and every scale code: the GEMM kernels' decode of packed weights (decode8,
+// cuda/experts/packed_weights.cuh) against the host codec's decode. first_bits = code << 8 | scale.
+Disagreements packed_decode_on_every_code(Precision precision);
 
 struct Nvfp4Bytes {
   std::vector<std::uint8_t> packed;  // [rows, cols / 2]

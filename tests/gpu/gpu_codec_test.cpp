@@ -23,6 +23,15 @@ TEST(GpuCodec, E2m1EncoderMatchesCudaFp4ConversionOnEveryFloat) {
   EXPECT_EQ(d.count, 0u) << "first at |x| bits 0x" << std::hex << d.first_bits;
 }
 
+TEST(GpuCodec, PackedWeightDecodeInTheGemmsMatchesTheHostCodecOnEveryCode) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4, Precision::nvfp4}) {
+    const test::Disagreements d = test::packed_decode_on_every_code(p);
+    EXPECT_EQ(d.count, 0u) << to_string(p) << ": first at code << 8 | scale 0x" << std::hex
+                           << d.first_bits;
+  }
+}
+
 TEST(GpuCodec, E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   const test::Disagreements d = test::e4m3_vs_cuda_on_every_float();

@@ -27,6 +27,7 @@
 #include "math/quantize.hpp"
 #include "support/captured_forward.hpp"
 #include "support/device_vectors.hpp"
+#include "support/format_size.hpp"
 #include "support/matches_reference.hpp"
 #include "support/random_pace.hpp"
 #include "support/watchdog.hpp"
@@ -600,23 +601,14 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
             EXPECT_EQ(first_difference(from_device(w.w2, want.w2.size()), want.w2, H * I), "")
                 << "w2";
             EXPECT_GE(backend->weight_bytes(), (want.w13.size() + want.w2.size()) * 4);
-          } else {
-            const auto& w = dynamic_cast<cuda::experts::mma::MmaBackend&>(*backend).weights();
-            const auto codes13 = math::bf16_codes(want.w13, want.w13_s_enc);
-            const auto codes2 = math::bf16_codes(want.w2, want.w2_s_enc);
-            EXPECT_EQ(first_difference(from_device(w.w13, codes13.size()), codes13, 2 * I * H), "")
-                << "w13 codes";
-            EXPECT_EQ(first_difference(from_device(w.w2, codes2.size()), codes2, H * I), "")
-                << "w2 codes";
-            EXPECT_EQ(first_difference(from_device(w.w13_scale, want.w13_s_enc.size()),
-                                       want.w13_s_enc, 1),
+          } else {  // resident in the precision: decoded, the reference's values bit for bit
+            const auto& mma = dynamic_cast<cuda::experts::mma::MmaBackend&>(*backend);
+            EXPECT_EQ(first_difference(mma.decoded_on_host(mma.weights().w13), want.w13, 2 * I * H),
                       "")
-                << "w13 scales";
-            EXPECT_EQ(
-                first_difference(from_device(w.w2_scale, want.w2_s_enc.size()), want.w2_s_enc, 1),
-                "")
-                << "w2 scales";
-            EXPECT_GE(backend->weight_bytes(), (codes13.size() + codes2.size()) * 2);
+                << "w13";
+            EXPECT_EQ(first_difference(mma.decoded_on_host(mma.weights().w2), want.w2, H * I), "")
+                << "w2";
+            test::expect_format_size(backend->weight_bytes(), c.precision, E * 3 * H * I, E);
           }
           if (c.precision == Precision::nvfp4) {  // the tiny-amax matrices reach the clamp
             EXPECT_EQ(want.w13_s_enc[1], formats::kFloatMax) << "expert 1's w13 s_enc clamps";
@@ -700,8 +692,13 @@ TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
       const std::size_t biases = (b13.size() + b2.size()) * sizeof(float);
       const std::size_t params =
           static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-      const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;
-      EXPECT_GE(layer.resident_weight_bytes(), params * per_weight + biases) << to_string(math);
+      if (math == ExpertMath::tensor_core)  // resident in the precision (mxfp8)
+        test::expect_format_size(layer.resident_weight_bytes() - biases, Precision::mxfp8,
+                                 static_cast<std::int64_t>(params), kShape.num_experts);
+      else
+        EXPECT_GE(layer.resident_weight_bytes(),
+                  params * (math == ExpertMath::exact ? 4 : 2) + biases)
+            << to_string(math);
     }
     {
       Layer layer(*comms[0], config, device);
@@ -730,7 +727,12 @@ TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {
                                    {kShape.num_experts, kShape.hidden, kShape.intermediate})});
     const std::size_t params =
         static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-    const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;
+    if (math == ExpertMath::tensor_core) {  // NVFP4 as it is: 0.5 B + an E4M3 per 16
+      test::expect_format_size(layer.resident_weight_bytes(), Precision::nvfp4,
+                               static_cast<std::int64_t>(params), kShape.num_experts);
+      continue;
+    }
+    const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;  // decoded / bf16 codes
     EXPECT_GE(layer.resident_weight_bytes(), params * per_weight) << to_string(math);
     EXPECT_LE(layer.resident_weight_bytes(), params * per_weight + 4096) << to_string(math);
   }

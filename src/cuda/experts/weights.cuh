@@ -42,6 +42,16 @@ template <class Store>
 concept StoresFp8Block128Codes = requires(const Store& s, const std::uint8_t* codes) {
   s.fp8_block128(std::int64_t{}, std::int64_t{}, codes, 1.0f);
 };
+// A Store that keeps MXFP8, MXFP4 and NVFP4 weights as codes (packed_weights.hpp) also has
+//   __device__ void block_codes(std::int64_t expert, std::int64_t at, const std::uint8_t* codes,
+//                               const std::uint8_t* scales, float divisor, float multiplier) const
+// (the 32 weights' codes as the format packs them: 32 E4M3 bytes or 16 bytes of E2M1 pairs; their
+// one UE8M0 or two E4M3 block scales; the matrix's NVFP4 s_enc and decode multiplier, else 1),
+// which those weights go to instead.
+template <class Store>
+concept StoresBlockCodes = requires(const Store& s, const std::uint8_t* codes) {
+  s.block_codes(std::int64_t{}, std::int64_t{}, codes, codes, 1.0f, 1.0f);
+};
 // amax_bits: NVFP4 one per matrix, fp8_block128 fp8_block128_tiles(rows, cols) per matrix (tile
 // row-major), both of this slice's first matrix on; nullptr for the other precisions.
 template <class Store>
@@ -70,16 +80,27 @@ __global__ void __launch_bounds__(256)
       case Precision::mxfp8: {
         std::uint8_t elements[kMxfp8Block], scale;
         mxfp8_encode_block(v, kMxfp8Block, rounding, elements, &scale);
-        mxfp8_decode_block(elements, scale, kMxfp8Block, v);
+        if constexpr (StoresBlockCodes<Store>) {
+          store.block_codes(first_expert + e, at, elements, &scale, 1.0f, 1.0f);
+          continue;
+        } else {
+          mxfp8_decode_block(elements, scale, kMxfp8Block, v);
+        }
         break;
       }
       case Precision::nvfp4: {
         s_enc = nvfp4_tensor_scale(bits_float(amax_bits[e]));
-        for (int half = 0; half < 2; ++half) {
-          std::uint8_t packed[kNvfp4Block / 2], scale;
-          float* block = v + half * kNvfp4Block;
-          nvfp4_encode_block(block, kNvfp4Block, s_enc, packed, &scale);
-          nvfp4_decode_block(packed, scale, s_enc, kNvfp4Block, block);
+        std::uint8_t packed[kWeightBlock / 2], scales[2];
+        for (int half = 0; half < 2; ++half)
+          nvfp4_encode_block(v + half * kNvfp4Block, kNvfp4Block, s_enc,
+                             packed + half * kNvfp4Block / 2, &scales[half]);
+        if constexpr (StoresBlockCodes<Store>) {
+          store.block_codes(first_expert + e, at, packed, scales, s_enc, 1.0f);
+          continue;
+        } else {
+          for (int half = 0; half < 2; ++half)
+            nvfp4_decode_block(packed + half * kNvfp4Block / 2, scales[half], s_enc, kNvfp4Block,
+                               v + half * kNvfp4Block);
         }
         break;
       }
@@ -99,7 +120,12 @@ __global__ void __launch_bounds__(256)
       case Precision::mxfp4: {
         std::uint8_t packed[kMxfp8Block / 2], scale;
         mxfp4_encode_block(v, kMxfp8Block, rounding, packed, &scale);
-        mxfp4_decode_block(packed, scale, kMxfp8Block, v);
+        if constexpr (StoresBlockCodes<Store>) {
+          store.block_codes(first_expert + e, at, packed, &scale, 1.0f, 1.0f);
+          continue;
+        } else {
+          mxfp4_decode_block(packed, scale, kMxfp8Block, v);
+        }
         break;
       }
     }
@@ -140,6 +166,30 @@ void emulate_weights(const TensorView& t, Precision precision, ScaleRounding rou
   if (amax_bits != nullptr) EPMOE_CUDA_CHECK(cudaFree(amax_bits));
 }
 
+// The codes of the 32 weights of matrix `e` from element `at` in pre-quantized `q`, as
+// StoresBlockCodes takes them; codes == nullptr for precisions it does not take.
+struct BlockCodes {
+  const std::uint8_t* codes;
+  const std::uint8_t* scales;
+  float divisor, multiplier;
+};
+__device__ inline BlockCodes block_codes_at(const formats::QuantizedMatrixData& q, std::int64_t e,
+                                            std::int64_t at) {
+  const std::int64_t i = e * q.rows * q.cols + at;  // the first weight's index in the slice
+  const auto* scales = static_cast<const std::uint8_t*>(q.scales);
+  switch (q.precision) {
+    case Precision::mxfp8:
+      return {q.codes + i, scales + i / formats::kMxfp8Block, 1.0f, 1.0f};
+    case Precision::mxfp4:
+      return {q.codes + i / 2, scales + i / formats::kMxfp8Block, 1.0f, 1.0f};
+    case Precision::nvfp4:  // s_enc divides; ModelOpt's weight_scale_2 multiplies
+      return {q.codes + i / 2, scales + i / formats::kNvfp4Block,
+              q.global_is_s_enc ? q.global[e] : 1.0f, q.global_is_s_enc ? 1.0f : q.global[e]};
+    default:
+      return {nullptr, nullptr, 1.0f, 1.0f};
+  }
+}
+
 // Pre-quantized weights: each thread decodes one block of 32 (formats::decode_weight_block, the
 // CPU executor's decode too) and stores it. `q` points at this slice's first expert.
 template <class Store>
@@ -156,6 +206,12 @@ __global__ void __launch_bounds__(256)
         store.fp8_block128(
             first_expert + e, at, q.codes + e * q.rows * q.cols + at,
             static_cast<const float*>(q.scales)[formats::fp8_block128_tile(q.rows, q.cols, e, at)]);
+        continue;
+      }
+    }
+    if constexpr (StoresBlockCodes<Store>) {
+      if (const BlockCodes b = block_codes_at(q, e, at); b.codes != nullptr) {
+        store.block_codes(first_expert + e, at, b.codes, b.scales, b.divisor, b.multiplier);
         continue;
       }
     }

@@ -4,18 +4,24 @@
 namespace epmoe::cuda::experts::mma {
 namespace {
 
+template <Precision P>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
-  fc2_step(p);
+  fc2_step<P>(p);
 }
 
 }  // namespace
 
-KernelShape fc2_shape(int device, int num_sms) {
-  return occupancy_shape(bf16_fc2_kernel, kSmemBytes, device, num_sms);
+KernelShape fc2_shape(const ExpertProblem& problem, int device, int num_sms) {
+  return with_packed_precision(problem.precision, [&](auto precision) {
+    constexpr Precision P = decltype(precision)::value;
+    return occupancy_shape(bf16_fc2_kernel<P>, kSmemBytes<P>, device, num_sms);
+  });
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  launch_chained(bf16_fc2_kernel, s, stream, p);
+  with_packed_precision(p.problem.precision, [&](auto precision) {
+    launch_chained(bf16_fc2_kernel<decltype(precision)::value>, s, stream, p);
+  });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

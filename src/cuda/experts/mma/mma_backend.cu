@@ -53,7 +53,8 @@ MmaBackend::MmaBackend(const LayerConfig& config, int device)
   h_scale_ = s.h_scale;
   shapes_ = per_bucket(config, [&](const Knobs& k) {
     return Shapes{fc1_shape(problem_, device, k.num_sms),
-                  quantize_h_shape(problem_, device, k.num_sms), fc2_shape(device, k.num_sms)};
+                  quantize_h_shape(problem_, device, k.num_sms),
+                  fc2_shape(problem_, device, k.num_sms)};
   });
 }
 

@@ -1,11 +1,13 @@
 // The bf16 tensor-core backend (LayerOptions::expert_math = tensor_core; docs/design.md §4.1):
-// bf16 mma.sync with fp32 accumulation (bf16_mma_tile.cuh) on exact bf16 codes of the rows and
-// weights, agreeing with the reference to accumulation-order noise. Weights are held as bf16 codes
-// plus one fp32 scale per matrix, 2 bytes each whatever the precision (every precision but
-// fp8_block128, whose block scales are not exact in bf16: can_implement rejects it).
+// bf16 mma.sync with fp32 accumulation (bf16_mma_tile.cuh) on exact bf16 codes of the rows and of
+// the weights, agreeing with the reference to accumulation-order noise. Weights are held in the
+// layer's precision (packed_weights.hpp: bf16 2 bytes, MXFP8 1 byte, MXFP4 / NVFP4 half a byte,
+// plus their scales) and decoded exactly to bf16 inside the tiles; every precision but
+// fp8_block128, whose block scales are not exact in bf16 (can_implement rejects it).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cuda/experts/backend.hpp"
 #include "cuda/experts/mma/params.hpp"
@@ -31,6 +33,9 @@ class MmaBackend final : public ExpertBackend {
 
   // The prepared weights (device pointers), for tests that compare them with the host's.
   const Weights& weights() const { return weights_.weights(); }
+  std::vector<float> decoded_on_host(const PackedMatrices& m) const {
+    return weights_.decoded_on_host(m);
+  }
 
   // What its steps take for a round (its kernels', and the persistent round kernel's).
   const ExpertProblem& problem() const { return problem_; }
@@ -40,7 +45,7 @@ class MmaBackend final : public ExpertBackend {
 
  private:
   ExpertProblem problem_;
-  DeviceBf16CodeWeights weights_;
+  DevicePackedWeights weights_;
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   DeviceBiases biases_;

@@ -3,15 +3,15 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/experts/bf16_code_weights.hpp"
 #include "cuda/experts/biases.hpp"
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/packed_weights.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::mma {
 
-// Its prepared weights: bf16 codes and one scale per matrix (bf16_code_weights.hpp).
-using Weights = Bf16CodeWeights;
+// Its prepared weights: resident in the layer's precision (packed_weights.hpp).
+using Weights = PackedWeights;
 
 struct Params {
   ExpertStep step;
@@ -32,7 +32,7 @@ KernelShape quantize_h_shape(const ExpertProblem& problem, int device, int num_s
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2 per (expert, chunk, tile of 128 hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(int device, int num_sms);
+KernelShape fc2_shape(const ExpertProblem& problem, int device, int num_sms);
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::mma

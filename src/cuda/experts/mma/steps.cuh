@@ -19,11 +19,12 @@ namespace epmoe::cuda::experts::mma {
 // rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
 // row j0 + c / 2 for odd c, read in place from w13's [gate rows; up rows] layout), so one thread's
 // C fragment holds both and the activation (after b13, when given) needs no exchange.
-// Its kernels: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+// Its kernels: two CTAs per SM (at most 110 KB of shared memory each), so at most 128 registers.
 inline constexpr int kFc1ColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
 
-// The activation is a template argument: each kernel holds one activation's code (registers).
-template <Activation kActivation>
+// The activation and the weights' precision are template arguments: each kernel holds one
+// activation's and one format's code (registers).
+template <Activation kActivation, Precision P>
 __device__ inline void fc1_step(const Params& p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kRows];  // the chunk's rows in the staged x16 / x_scale
@@ -45,16 +46,19 @@ __device__ inline void fc1_step(const Params& p) {
           return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
         };
 
-        const std::uint16_t* w13 =
-            p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
         Accumulators acc;
-        tile_sums(
-            *reinterpret_cast<Smem*>(smem), chunk.rows, hidden,
+        tile_sums<P>(
+            *reinterpret_cast<Smem<P>*>(smem), chunk.rows, hidden,
             [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
-            [&](int c) { return w13 + ((c % 2 == 0 ? 0 : inter) + j0 + c / 2) * hidden; }, acc);
+            [&](int c) {
+              return weight_row<P>(p.weights.w13, chunk.expert,
+                                   (c % 2 == 0 ? 0 : inter) + j0 + c / 2);
+            },
+            acc);
         // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
         const WarpTile tile = warp_tile();
-        const float w_scale = p.weights.w13_scale[chunk.expert];
+        const float w_divisor = p.weights.w13.divisor[chunk.expert];
+        const float w_multiplier = p.weights.w13.multiplier[chunk.expert];
         // b13 as w13's rows: gate j0 + column, up I + j0 + column; added as math::biased does.
         const float* b13 =
             p.biases.b13 == nullptr
@@ -71,10 +75,11 @@ __device__ inline void fc1_step(const Params& p) {
 #pragma unroll
             for (int ni = 0; ni < kNTiles; ++ni) {
               const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
-              const float gate =
-                  math::biased(acc[mi][ni][2 * half] / x_scale / w_scale, b13, column);
-              const float up = math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_scale,
-                                            b13 == nullptr ? nullptr : b13 + inter, column);
+              const float gate = math::biased(
+                  acc[mi][ni][2 * half] / x_scale / w_divisor * w_multiplier, b13, column);
+              const float up =
+                  math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_divisor * w_multiplier,
+                               b13 == nullptr ? nullptr : b13 + inter, column);
               h_of(r)[column] = static_cast<float>(
                   math::activation(kActivation, gate, up, p.problem.swiglu_limit));
             }
@@ -103,7 +108,8 @@ __device__ inline void quantize_h_step(const Params& p) {
 // one expert, tile of 128 hidden columns), tile fastest; the last tile of a hidden size that is
 // not a multiple of 128 (gpt-oss: 2880) computes clamped columns it never stores. fc2_round
 // closes the step: the last CTA tells every rank this rank's experts are done.
-// Its kernels: two CTAs per SM (110 KB of shared memory each), so at most 128 registers.
+// Its kernels: two CTAs per SM (at most 110 KB of shared memory each), so at most 128 registers.
+template <Precision P>
 __device__ inline void fc2_step(const Params& p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kRows];
@@ -122,17 +128,16 @@ __device__ inline void fc2_step(const Params& p) {
           // stored.
           const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-          const std::uint16_t* w2 =
-              p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
           Accumulators acc;
-          tile_sums(
-              *reinterpret_cast<Smem*>(smem), chunk.rows, inter,
+          tile_sums<P>(
+              *reinterpret_cast<Smem<P>*>(smem), chunk.rows, inter,
               [&](int r) {
                 return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
               },
-              [&](int c) { return w2 + w_row(c) * inter; }, acc);
+              [&](int c) { return weight_row<P>(p.weights.w2, chunk.expert, w_row(c)); }, acc);
           const WarpTile tile = warp_tile();
-          const float w_scale = p.weights.w2_scale[chunk.expert];
+          const float w_divisor = p.weights.w2.divisor[chunk.expert];
+          const float w_multiplier = p.weights.w2.multiplier[chunk.expert];
           // b2 added to each scaled sum as math::biased does, before it goes home.
           const float* b2 = p.biases.b2 == nullptr
                                 ? nullptr
@@ -151,8 +156,10 @@ __device__ inline void fc2_step(const Params& p) {
                 for (int v = 0; v < 2; ++v) {
                   const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
                   if (c < hidden) {
-                    send_home(p.step.home, home_of[r], c,
-                              math::biased(acc[mi][ni][2 * half + v] / h_scale / w_scale, b2, c));
+                    send_home(
+                        p.step.home, home_of[r], c,
+                        math::biased(acc[mi][ni][2 * half + v] / h_scale / w_divisor * w_multiplier,
+                                     b2, c));
                   }
                 }
             }
