@@ -91,7 +91,9 @@ __device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std:
 // Weights [32 half, 32 half + 32) of one weight row's slab (its codes in shared memory), with
 // the block scale codes load_scale_codes gave for them, decoded exactly into bf16 in `out` (the
 // row of the B tile). The values are bf16 values (packed_weights.hpp), so their fp32's top halves
-// are their bf16 codes: one byte permute per pair, no conversion instruction.
+// are their bf16 codes: one byte permute per pair, no conversion instruction. Exact but for
+// values below bf16's normal range (2^-126, from MX block scales under about 2^-118), whose low
+// bits are cut, as the bf16 codes the tile read before were rounded there.
 __device__ inline std::uint32_t bf16x2_bits(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
 }
