@@ -18,6 +18,7 @@
 #include "harness/reference_rows.hpp"
 #include "progress.hpp"
 #include "reference/reference.hpp"
+#include "sweep.hpp"  // weight_bytes_per_param
 
 namespace epmoe::tools {
 namespace {
@@ -133,10 +134,16 @@ int run_command(const RunOptions& o) {
                   o.megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
   std::fprintf(stderr, "[prepare] layers created in %.1f s (%.1f s in all)\n",
                seconds_since(t_create), seconds_since(t0));
+  // The format's own size (issue 11: resident bytes should equal it within 1 %), for comparison.
+  const double format_bytes = static_cast<double>(shape.num_experts / o.ranks) * 3.0 *
+                              static_cast<double>(shape.hidden * shape.intermediate) *
+                              sweep::weight_bytes_per_param(precision);
   for (int rank = 0; rank < o.ranks; ++rank) {  // as the layer's expert math holds them
     const std::size_t bytes = cluster.layer(rank).resident_weight_bytes();
-    std::printf("rank %d: expert weights resident %.1f MiB (%zu bytes)\n", rank,
-                static_cast<double>(bytes) / (1 << 20), bytes);
+    std::printf(
+        "rank %d: expert weights resident %.1f MiB (%zu bytes; %.3fx the %s format's %.0f)\n", rank,
+        static_cast<double>(bytes) / (1 << 20), bytes, static_cast<double>(bytes) / format_bytes,
+        to_string(precision), format_bytes);
   }
   std::fflush(stdout);
 
