@@ -12,13 +12,13 @@
 #include "epmoe/epmoe.hpp"
 #include "epmoe/models.hpp"
 #include "executor.hpp"
+#include "format_bytes.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "harness/reference_rows.hpp"
 #include "progress.hpp"
 #include "reference/reference.hpp"
-#include "sweep.hpp"  // weight_bytes_per_param
 
 namespace epmoe::tools {
 namespace {
@@ -137,7 +137,7 @@ int run_command(const RunOptions& o) {
   // The format's own size (issue 11: resident bytes should equal it within 1 %), for comparison.
   const double format_bytes = static_cast<double>(shape.num_experts / o.ranks) * 3.0 *
                               static_cast<double>(shape.hidden * shape.intermediate) *
-                              sweep::weight_bytes_per_param(precision);
+                              weight_bytes_per_param(precision);
   for (int rank = 0; rank < o.ranks; ++rank) {  // as the layer's expert math holds them
     const std::size_t bytes = cluster.layer(rank).resident_weight_bytes();
     std::printf(

@@ -206,22 +206,6 @@ const ModelData& ModelDataCache::get(std::size_t model) {
   return *d;
 }
 
-double weight_bytes_per_param(Precision p) {
-  switch (p) {
-    case Precision::bf16:
-      return 2.0;
-    case Precision::mxfp8:
-      return 1.0 + 1.0 / 32;  // E4M3 + one E8M0 per 32
-    case Precision::nvfp4:
-      return 0.5 + 1.0 / 16;  // E2M1 + one E4M3 per 16 (the fp32 tensor scale is noise)
-    case Precision::fp8_block128:
-      return 1.0 + 4.0 / (128 * 128);  // E4M3 + one fp32 per 128 x 128 tile
-    case Precision::mxfp4:
-      return 0.5 + 1.0 / 32;  // E2M1 + one E8M0 per 32
-  }
-  return 0.0;
-}
-
 double percentile(std::vector<double> v, double q) {
   if (v.empty()) return kNaN;
   std::sort(v.begin(), v.end());

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "epmoe/epmoe.hpp"
+#include "format_bytes.hpp"
 #include "harness/cluster.hpp"
 #include "harness/problem.hpp"
 #include "progress.hpp"
@@ -106,8 +107,7 @@ class ModelDataCache {
   std::map<std::size_t, std::unique_ptr<ModelData>> data_;
 };
 
-// Bytes of one expert weight in the layer's precision (codes and scales).
-double weight_bytes_per_param(Precision p);
+using tools::weight_bytes_per_param;  // format_bytes.hpp
 
 // ---- ceilings: measured at the start of the run (CUDA executor), or given ----
 
