@@ -2,41 +2,28 @@
 
 #include <cmath>
 
-#include "cuda/experts/backend.hpp"  // ScratchCursor
+#include "cuda/experts/backend.hpp"         // ScratchCursor
+#include "cuda/experts/packed_weights.cuh"  // PackedFormat
 #include "cuda/experts/weights.cuh"
 #include "epmoe/errors.hpp"
 
 namespace epmoe::cuda::experts {
 
+bool packable(Precision precision) {
+  return precision != Precision::fp8_block128;
+}
+
+// From the kernels' table (PackedFormat, packed_weights.cuh), so host and device never disagree.
 std::int64_t packed_row_bytes(Precision precision, std::int64_t n) {
-  switch (precision) {
-    case Precision::bf16:
-      return 2 * n;
-    case Precision::mxfp8:
-      return n;
-    case Precision::mxfp4:
-    case Precision::nvfp4:
-      return n / 2;
-    case Precision::fp8_block128:
-      break;
-  }
-  return 0;
+  if (!packable(precision)) return 0;
+  return with_packed_precision(
+      precision, [&](auto p) { return n * PackedFormat<decltype(p)::value>::kBits / 8; });
 }
 
 int packed_block(Precision precision) {
-  switch (precision) {
-    case Precision::mxfp8:
-    case Precision::mxfp4:
-      return formats::kMxfp8Block;
-    case Precision::nvfp4:
-      return formats::kNvfp4Block;
-    default:
-      return 0;
-  }
-}
-
-bool packable(Precision precision) {
-  return precision != Precision::fp8_block128;
+  if (!packable(precision)) return 0;
+  return with_packed_precision(precision,
+                               [](auto p) { return PackedFormat<decltype(p)::value>::kBlock; });
 }
 
 namespace {
@@ -72,37 +59,29 @@ struct StorePacked {
 };
 
 int code_bits(Precision precision) {
-  return static_cast<int>(packed_row_bytes(precision, 64) * 8 / 64);
+  return static_cast<int>(packed_row_bytes(precision, 8));
 }
 
-struct Slices {
-  PackedWeights w;
-  std::uint8_t *w13_codes, *w13_scales, *w2_codes, *w2_scales;
-  float *w13_divisor, *w13_multiplier, *w2_divisor, *w2_multiplier;
-};
-
-Slices slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
+PackedWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* bytes) {
   const auto experts = static_cast<std::size_t>(e.local_experts);
   const std::int64_t h = e.hidden, i = e.intermediate;
   const int block = packed_block(e.precision);
   ScratchCursor cursor{base};
-  Slices s{};
-  s.w13_codes = cursor.take<std::uint8_t>(experts * 2 * i * packed_row_bytes(e.precision, h));
-  s.w2_codes = cursor.take<std::uint8_t>(experts * h * packed_row_bytes(e.precision, i));
+  PackedWeights w{e.precision, PackedMatrices{}, PackedMatrices{}};
+  w.w13.codes = cursor.take<std::uint8_t>(experts * 2 * i * packed_row_bytes(e.precision, h));
+  w.w2.codes = cursor.take<std::uint8_t>(experts * h * packed_row_bytes(e.precision, i));
   if (block != 0) {
-    s.w13_scales = cursor.take<std::uint8_t>(experts * 2 * i * h / block);
-    s.w2_scales = cursor.take<std::uint8_t>(experts * h * i / block);
+    w.w13.scales = cursor.take<std::uint8_t>(experts * 2 * i * h / block);
+    w.w2.scales = cursor.take<std::uint8_t>(experts * h * i / block);
   }
-  s.w13_divisor = cursor.take<float>(experts);
-  s.w13_multiplier = cursor.take<float>(experts);
-  s.w2_divisor = cursor.take<float>(experts);
-  s.w2_multiplier = cursor.take<float>(experts);
-  s.w = PackedWeights{
-      e.precision,
-      PackedMatrices{s.w13_codes, s.w13_scales, s.w13_divisor, s.w13_multiplier, 2 * i, h},
-      PackedMatrices{s.w2_codes, s.w2_scales, s.w2_divisor, s.w2_multiplier, h, i}};
+  for (PackedMatrices* m : {&w.w13, &w.w2}) {
+    m->divisor = cursor.take<float>(experts);
+    m->multiplier = cursor.take<float>(experts);
+  }
+  w.w13.rows = 2 * i, w.w13.cols = h;
+  w.w2.rows = h, w.w2.cols = i;
   *bytes = cursor.used;
-  return s;
+  return w;
 }
 
 template <class T>
@@ -119,7 +98,7 @@ DevicePackedWeights::DevicePackedWeights(const ExpertProblem& problem) : problem
     throw Error(ErrorCode::internal, "DevicePackedWeights: fp8_block128 is not packed this way");
   slice(nullptr, problem_, &bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
-  weights_ = slice(memory_, problem_, &bytes_).w;
+  weights_ = slice(memory_, problem_, &bytes_);
 }
 
 DevicePackedWeights::~DevicePackedWeights() {
@@ -131,10 +110,10 @@ void DevicePackedWeights::prepare(const ExpertWeights& local, cudaStream_t strea
   const Precision p = problem_.precision;
   const int bits = code_bits(p), block = packed_block(p);
   const auto store = [&](const PackedMatrices& m) {
-    return StorePacked{const_cast<std::uint8_t*>(m.codes),
-                       const_cast<std::uint8_t*>(m.scales),
-                       const_cast<float*>(m.divisor),
-                       const_cast<float*>(m.multiplier),
+    return StorePacked{m.codes,
+                       m.scales,
+                       m.divisor,
+                       m.multiplier,
                        m.rows * packed_row_bytes(p, m.cols),
                        block == 0 ? 0 : m.rows * m.cols / block,
                        bits,

@@ -32,10 +32,10 @@ bool packable(Precision precision);
 
 // One FC's matrices of this rank's experts, [E_local, rows, cols] (cols = K), on the device.
 struct PackedMatrices {
-  const std::uint8_t* codes;   // [E_local, rows, packed_row_bytes(cols)]
-  const std::uint8_t* scales;  // [E_local, rows, cols / packed_block]; nullptr for bf16
-  const float* divisor;        // [E_local]
-  const float* multiplier;     // [E_local]
+  std::uint8_t* codes;   // [E_local, rows, packed_row_bytes(cols)]
+  std::uint8_t* scales;  // [E_local, rows, cols / packed_block]; nullptr for bf16
+  float* divisor;        // [E_local]
+  float* multiplier;     // [E_local]
   std::int64_t rows, cols;
 };
 
