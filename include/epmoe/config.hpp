@@ -101,13 +101,13 @@ const char* to_string(TokenBucket b);
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
 //   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles.
-// token_back, stages, dispatch_warps and megakernel are read by no code: they are reserved for the
-// persistent kernel (issue 13) and planned GEMMs, validated, adjusted by with_knobs and compared
-// across ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile
-// exact and tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact
-// math, 4 with tensor_core), wgmma as many stages as fit (CUTLASS's automatic carveout), dispatch
-// uses all 8 warps of each of its CTAs, FC2 rows go home from the FC2 tile itself (wgmma: from its
-// home kernel), and a forward is a chain of kernels. The CPU executor reads no knob.
+// token_back, stages and dispatch_warps are read by no code: they are reserved for the persistent
+// kernel's warp roles and planned GEMMs, validated, adjusted by with_knobs and compared across
+// ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile exact and
+// tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
+// with tensor_core, whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many
+// stages as fit (CUTLASS's automatic carveout), dispatch uses all 8 warps of each of its CTAs, and
+// FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel). The CPU executor reads no knob.
 struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).

@@ -71,7 +71,7 @@ TEST_P(GpuMatchesReference, EveryTokenCountIncludingZero) {
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(kShape, 3);
   Cluster cluster(kShape, sc.precision, options, sc.world, weights, Backend::cuda_nccl);
-  const std::vector<std::int64_t> token_counts{0, 1, 7, 64, 1000};
+  const std::vector<std::int64_t> token_counts{0, 1, 7, 24, 64, 1000};
   within_seconds(300, "rounds", [&] {
     run_on_rank_threads(sc.world, [&](int rank) {
       for (std::size_t i = 0; i < token_counts.size() + 1; ++i) {
@@ -201,7 +201,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
 // The expert step cuts an expert's rows into chunks of 64 and its columns into tiles: every slot
 // of every token on one expert (duplicate ids: K pairs per row) at T = max gives that expert
 // world x 1000 x 4 pairs, a last chunk with a remainder; T = 77 and T = 5 give remainders of their
-// own and the few-row warp layout (rows split over k groups).
+// own, and T = 3 (world x 12 rows) the tensor-core tile's narrow form with two 8-row halves.
 TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
   const int world = test::gpus_up_to(8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
@@ -215,8 +215,8 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
       Cluster cluster(kShape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
       within_seconds(300, "one-expert routing", [&] {
         run_on_rank_threads(world, [&](int rank) {
-          for (const std::int64_t t :
-               {kShape.max_tokens_per_rank, std::int64_t{77}, std::int64_t{5}}) {
+          for (const std::int64_t t : {kShape.max_tokens_per_rank, std::int64_t{77},
+                                       std::int64_t{5}, std::int64_t{3}}) {
             const Batch b = harness::make_random_batch(kShape, world, t, Routing::one_expert, 1,
                                                        60 + static_cast<std::uint64_t>(rank));
             expect_matches(cluster.forward(rank, b), b, cluster,

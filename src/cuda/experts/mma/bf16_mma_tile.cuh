@@ -21,6 +21,10 @@
 // (64 or 32 bytes per row per slab), and each slab's codes are decoded once, exactly, into one
 // bf16 B tile (a thread per half row of a slab, its block scale loaded a slab ahead) that the
 // warps' ldmatrix reads.
+//
+// A chunk of at most 16 rows takes the tile's narrow form (tile_narrow): the same slabs, with the
+// weight rows as the mma's M side and the chunk's rows as its N side, so a decode round's few
+// rows cost a slab's copy and decode rather than a 64-row tile of mma.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,20 +48,49 @@ inline constexpr int kMTiles = kWarpRows / 16, kNTiles = kWarpCols / 8;
 static_assert((kRows / kWarpRows) * (kCols / kWarpCols) == kThreads / 32, "2 x 4 warps");
 static_assert(kThreads == 2 * kCols, "a packed slab is decoded by a thread per half weight row");
 
+// MXFP8 and MXFP4 hold one power-of-two scale per 32 weights, a half row of a slab, so the
+// narrow form leaves it out of the decode and scales each 32-deep partial sum instead (exact: a
+// power of two): one multiply per sum, not per weight.
 template <Precision P>
-struct Smem {
+inline constexpr bool kScaleApart = PackedFormat<P>::kBlock == 32;
+
+// The shared memory of a tile: kDepth stages, each a slab of kARows rows and of the kCols weight
+// rows' codes, and for a packed precision the slab decoded to bf16.
+template <Precision P, int kARows, int kDepth>
+struct SlabSmem {
   static constexpr bool kDirect = P == Precision::bf16;  // codes are the B operand
   static constexpr int kCodeBytes = kDirect ? 2 * kStride : kSlabK * PackedFormat<P>::kBits / 8;
+  static constexpr int kStages = kDepth;
+  static constexpr int kRowsA = kARows;
   struct Stage {
-    std::uint16_t a[kRows][kStride];
+    std::uint16_t a[kARows][kStride];
     alignas(16) std::uint8_t b_codes[kCols][kCodeBytes];  // a slab of each weight row
   };
   Stage stage[kStages];
   std::uint16_t b[kDirect ? 1 : kCols][kStride];  // packed: the slab decoded to bf16
+  // MX, narrow form: each half row's block scale, applied to the sums (kScaleApart).
+  float half_row_scale[kScaleApart<P> ? kCols : 1][2];
 };
-// bf16 110,736; MXFP8 88,064; MXFP4 / NVFP4 71,680: two CTAs per SM.
+template <Precision P>
+using Smem = SlabSmem<P, kRows, kStages>;
+// bf16 110,752; MXFP8 89,088; MXFP4 72,704; NVFP4 71,696: two CTAs per SM.
 template <Precision P>
 inline constexpr std::size_t kSmemBytes = sizeof(Smem<P>);
+
+// The narrow tile (tile_narrow) stages 16 rows, not 64, so the same shared memory holds more
+// stages: bf16 5, MXFP8 6, MXFP4 / NVFP4 8 (at most 8), more bytes in flight for a decode round.
+inline constexpr int kNarrowRows = 16;
+template <Precision P>
+inline constexpr int kNarrowStages = [] {
+  using S = SlabSmem<P, kNarrowRows, 1>;
+  const std::size_t decoded = sizeof(S) - sizeof(typename S::Stage);
+  const auto fit = static_cast<int>((kSmemBytes<P> - decoded) / sizeof(typename S::Stage));
+  return fit < 8 ? fit : 8;
+}();
+template <Precision P>
+using NarrowSmem = SlabSmem<P, kNarrowRows, kNarrowStages<P>>;
+static_assert(kNarrowStages<Precision::bf16> == 5 && kNarrowStages<Precision::mxfp8> == 6 &&
+              kNarrowStages<Precision::mxfp4> == 8 && kNarrowStages<Precision::nvfp4> == 8);
 
 // acc[mi][ni][v]: row = warp_row0 + 16 mi + lane / 4 + 8 (v / 2), col = warp_col0 + 8 ni +
 // 2 (lane % 4) + v % 2 (the mma C fragment).
@@ -97,7 +130,7 @@ __device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std:
 __device__ inline std::uint32_t bf16x2_bits(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
 }
-template <Precision P>
+template <Precision P, bool kApplyScale = true>
 __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
                                        std::uint32_t scale_codes, std::uint16_t* out) {
   constexpr int kGroups = kWeightsPer16B<P> / 8;  // of 8 weights per load
@@ -110,63 +143,78 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       float w[8];
-      decode8<P>(v, g, group_scale<P>(scale_codes, l * kGroups + g), w);
+      decode8<P>(v, g, kApplyScale ? group_scale<P>(scale_codes, l * kGroups + g) : 1.0f, w);
       dst[l * kGroups + g] = make_uint4(bf16x2_bits(w[0], w[1]), bf16x2_bits(w[2], w[3]),
                                         bf16x2_bits(w[4], w[5]), bf16x2_bits(w[6], w[7]));
     }
   }
 }
 
-// acc = sum over k < k_total of a_row(r)[k] * w(b_row(c), k) for the warp's tile (see
-// Accumulators), w the decoded weight scaled as packed_weights.hpp says. a_row(r) is called for
-// r < rows only (rows past the chunk hold stale shared memory, so their sums are garbage and are
-// never stored); b_row(c), a WeightRow, for every c < kCols (the caller clamps columns past the
-// matrix). k_total is a multiple of kSlabK. Every thread of the CTA calls it; it starts and ends
-// with a barrier.
-template <Precision P, class ARow, class BRow>
-__device__ __forceinline__ void tile_mma(Smem<P>& s, int rows, std::int64_t k_total, ARow a_row,
-                                         BRow b_row, Accumulators& acc) {
-  using Stage = typename Smem<P>::Stage;
-  constexpr bool kDirect = Smem<P>::kDirect;
+// The slab pipeline of the mma tiles (S: their SlabSmem): K in slabs of kSlabK through an
+// S::kStages-deep cp.async pipeline; the rows a_row(r) go to the stage's A rows (r < rows only:
+// rows past the chunk keep whatever the buffer held, and sums over them are never stored), the
+// weight rows b_row(c), a WeightRow for every c < kCols (the caller clamps columns past the
+// matrix), to its codes. consume(stage, b) runs once per slab on every thread, b the slab's bf16
+// weight tile ([kCols][kStride]: the stage's own rows for bf16, else the slab's codes decoded into
+// s.b; with kScaleInSums, for kScaleApart precisions, decoded without the block scale, which goes
+// to s.half_row_scale). k_total is a multiple of kSlabK. Every thread of the CTA calls it; it
+// starts and ends with a barrier, so the shared memory is free afterwards.
+template <Precision P, bool kScaleInSums = false, class S, class ARow, class BRow, class Consume>
+__device__ __forceinline__ void for_each_slab(S& s, int rows, std::int64_t k_total, ARow a_row,
+                                              BRow b_row, Consume consume) {
+  using Stage = typename S::Stage;
+  constexpr bool kDirect = S::kDirect;
+  constexpr int kDepth = S::kStages;
   constexpr int kCopiesPerRow = kSlabK * 2 / 16;  // 16-byte copies per staged A row
   constexpr int kCodeCopies = kSlabK * PackedFormat<P>::kBits / 8 / 16;  // per weight row
-  const int lane = static_cast<int>(threadIdx.x) & 31;
   const int slabs = static_cast<int>(k_total / kSlabK);
-  const WarpTile tile = warp_tile();
 
+  // Each thread copies the same code and row pieces of every slab: their sources, found once.
+  constexpr int kCodeCopiesPerThread = (kCols * kCodeCopies + kThreads - 1) / kThreads;
+  constexpr int kRowCopiesPerThread = (S::kRowsA * kCopiesPerRow + kThreads - 1) / kThreads;
+  const std::uint8_t* code_src[kCodeCopiesPerThread];
+  const std::uint16_t* row_src[kRowCopiesPerThread];
+#pragma unroll
+  for (int j = 0; j < kCodeCopiesPerThread; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+    code_src[j] =
+        i < kCols * kCodeCopies ? b_row(i / kCodeCopies).codes + 16 * (i % kCodeCopies) : nullptr;
+  }
+#pragma unroll
+  for (int j = 0; j < kRowCopiesPerThread; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+    // Only the chunk's rows: rows past it keep whatever the buffer held. Loading the last row
+    // again in their place made every CTA of a decode round read one token's row 64 times per
+    // slab, all from one L2 slice.
+    row_src[j] =
+        i < rows * kCopiesPerRow ? a_row(i / kCopiesPerRow) + 8 * (i % kCopiesPerRow) : nullptr;
+  }
   auto load_slab = [&](int slab, int buffer) {
     const std::int64_t k0 = std::int64_t{slab} * kSlabK;
     Stage& st = s.stage[buffer];
-    for (int i = threadIdx.x; i < kCols * kCodeCopies; i += kThreads) {
-      const int c = i / kCodeCopies, q = i % kCodeCopies;
-      cp_async_16(&st.b_codes[c][16 * q],
-                  b_row(c).codes + k0 * PackedFormat<P>::kBits / 8 + 16 * q);
+#pragma unroll
+    for (int j = 0; j < kCodeCopiesPerThread; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (code_src[j] != nullptr)
+        cp_async_16(&st.b_codes[i / kCodeCopies][16 * (i % kCodeCopies)],
+                    code_src[j] + k0 * PackedFormat<P>::kBits / 8);
     }
-    // Only the chunk's rows: rows past it keep whatever the buffer held (their sums are never
-    // stored). Loading the last row again in their place made every CTA of a decode round read
-    // one token's row 64 times per slab, all from one L2 slice.
-    for (int i = threadIdx.x; i < rows * kCopiesPerRow; i += kThreads) {
-      const int r = i / kCopiesPerRow, q = i % kCopiesPerRow;
-      cp_async_16(&st.a[r][8 * q], a_row(r) + k0 + 8 * q);
+#pragma unroll
+    for (int j = 0; j < kRowCopiesPerThread; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (row_src[j] != nullptr)
+        cp_async_16(&st.a[i / kCopiesPerRow][8 * (i % kCopiesPerRow)], row_src[j] + k0);
     }
   };
 
-  for (int mi = 0; mi < kMTiles; ++mi)
-    for (int ni = 0; ni < kNTiles; ++ni)
-      for (int v = 0; v < 4; ++v) acc[mi][ni][v] = 0.0f;
-
   __syncthreads();  // the previous tile is done with `s`
-  // One commit per stage even when no slab is left, so "all but kStages - 2 groups done" always
+  // One commit per stage even when no slab is left, so "all but kDepth - 2 groups done" always
   // means "the slab about to be used has landed".
-  for (int slab = 0; slab < kStages - 1; ++slab) {
+  for (int slab = 0; slab < kDepth - 1; ++slab) {
     if (slab < slabs) load_slab(slab, slab);
     cp_async_commit();
   }
 
-  // ldmatrix addresses (lane-dependent parts): A x4 = rows 0-15 x k 0-15 of a 16 x 16 tile, as
-  // mma's a0..a3; B x4 = two n8 tiles x k 0-15, as (b0, b1) of each.
-  const int a_row_in = lane % 16, a_k_in = (lane / 16) * 8;
-  const int b_col_in = (lane & 7) + ((lane >> 4) << 3), b_k_in = ((lane >> 3) & 1) * 8;
   // Packed: this thread decodes weight row decode_row's half decode_half of each slab.
   const int decode_row = static_cast<int>(threadIdx.x) / 2, decode_half = threadIdx.x % 2;
   const WeightRow decoded = kDirect ? WeightRow{} : b_row(decode_row);
@@ -177,64 +225,191 @@ __device__ __forceinline__ void tile_mma(Smem<P>& s, int rows, std::int64_t k_to
   };
   std::uint32_t scale_codes = scale_codes_of(0);
   for (int slab = 0; slab < slabs; ++slab) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<kDepth - 2>();
     __syncthreads();  // slab landed for every thread; everyone is done with slab - 1's buffer
-    if (slab + kStages - 1 < slabs) load_slab(slab + kStages - 1, (slab + kStages - 1) % kStages);
+    if (slab + kDepth - 1 < slabs) load_slab(slab + kDepth - 1, (slab + kDepth - 1) % kDepth);
     cp_async_commit();
 
-    const Stage& st = s.stage[slab % kStages];
+    const Stage& st = s.stage[slab % kDepth];
     const std::uint16_t(*b)[kStride] =
         kDirect ? reinterpret_cast<const std::uint16_t(*)[kStride]>(st.b_codes) : s.b;
     if constexpr (!kDirect) {
       const std::uint32_t codes = scale_codes;
       scale_codes = scale_codes_of(slab + 1);  // in flight while this slab is decoded and summed
-      decode_half_row<P>(st.b_codes[decode_row], decode_half, codes, s.b[decode_row]);
-      __syncthreads();  // the B tile is whole
+      if constexpr (kScaleInSums) {
+        decode_half_row<P, false>(st.b_codes[decode_row], decode_half, codes, s.b[decode_row]);
+        s.half_row_scale[decode_row][decode_half] = group_scale<P>(codes, 0);
+      } else {
+        decode_half_row<P>(st.b_codes[decode_row], decode_half, codes, s.b[decode_row]);
+      }
+      __syncthreads();  // the B tile (and its scales) is whole
     }
-    Accumulators part;  // this slab's sums, promoted below
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) part[mi][ni][v] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kSlabK; k += 16) {
-      std::uint32_t a[kMTiles][4], bf[kNTiles / 2][4];
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-        ldmatrix_x4(a[mi], &st.a[tile.row0 + 16 * mi + a_row_in][k + a_k_in]);
-#pragma unroll
-      for (int nj = 0; nj < kNTiles / 2; ++nj)
-        ldmatrix_x4(bf[nj], &b[tile.col0 + 16 * nj + b_col_in][k + b_k_in]);
-#pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni)
-          mma_bf16(part[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]);
-    }
-#pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-        for (int v = 0; v < 4; ++v) acc[mi][ni][v] += part[mi][ni][v];
+    consume(st, b);
   }
   cp_async_wait<0>();  // only empty groups can be left; drained before `s` is reused
   __syncthreads();
 }
 
-// The decode form of the tile, for chunks of at most stream_rows<P>(k_total) rows (a decode round
-// gives most experts one row): a few rows leave mma.sync's 64-row tile nearly empty, and its
-// 64-deep slabs read each weight row 128 bytes at a time, 4 KB apart, so HBM sees scattered
-// sectors. Here each warp streams its 16 weight rows with 16-byte loads, kStreamLoads per lane and
-// row in flight, two rows per group of lanes: the whole warp for bf16, half-warps for MXFP8 (whose
-// rows take half the loads), quarter-warps for MXFP4 / NVFP4, so a pass covers 2048 weights of
-// 2, 4 or 8 rows and the fewer bytes of a packed format mean fewer passes. It decodes them
-// (decode8) and sums the products with the chunk's rows (staged in shared memory) in fp32 FMAs; a
-// reduction over the lane group per (row, weight row). The same sums as tile_mma in another
-// order: accumulation-order noise, the tensor-core rule (docs/design.md §4.1). acc is filled in
-// tile_mma's layout, so the callers' epilogues are the same.
+// ldmatrix addresses (lane-dependent parts) of a [row][k] array: kMatrixA's x4 = rows 0-15 x
+// k 0-15 of a 16 x 16 tile, as mma's a0..a3; kMatrixB's x4 = two n8 tiles (rows 0-7, 8-15) x
+// k 0-15, as (b0, b1) of each.
+struct LdmatrixLane {
+  int a_row, a_k, b_row, b_k;
+};
+__device__ inline LdmatrixLane ldmatrix_lane() {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  return LdmatrixLane{lane % 16, (lane / 16) * 8, (lane & 7) + ((lane >> 4) << 3),
+                      ((lane >> 3) & 1) * 8};
+}
+
+template <int M, int N>
+__device__ inline void zero(float (&f)[M][N][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) f[m][n][v] = 0.0f;
+}
+// acc += part: each slab's sums promoted into the fp32 accumulators with ordinary adds.
+template <int M, int N>
+__device__ inline void promote(float (&acc)[M][N][4], const float (&part)[M][N][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[m][n][v] += part[m][n][v];
+}
+
+// acc = sum over k < k_total of a_row(r)[k] * w(b_row(c), k) for the warp's tile (see
+// Accumulators), w the decoded weight scaled as packed_weights.hpp says; rows, a_row, b_row and
+// k_total as for_each_slab takes them.
+template <Precision P, class ARow, class BRow>
+__device__ __forceinline__ void tile_mma(Smem<P>& s, int rows, std::int64_t k_total, ARow a_row,
+                                         BRow b_row, Accumulators& acc) {
+  const WarpTile tile = warp_tile();
+  const LdmatrixLane l = ldmatrix_lane();
+  zero(acc);
+  for_each_slab<P>(s, rows, k_total, a_row, b_row,
+                   [&](const typename Smem<P>::Stage& st, const std::uint16_t(*b)[kStride]) {
+                     Accumulators part;  // this slab's sums
+                     zero(part);
+#pragma unroll
+                     for (int k = 0; k < kSlabK; k += 16) {
+                       std::uint32_t a[kMTiles][4], bf[kNTiles / 2][4];
+#pragma unroll
+                       for (int mi = 0; mi < kMTiles; ++mi)
+                         ldmatrix_x4(a[mi], &st.a[tile.row0 + 16 * mi + l.a_row][k + l.a_k]);
+#pragma unroll
+                       for (int nj = 0; nj < kNTiles / 2; ++nj)
+                         ldmatrix_x4(bf[nj], &b[tile.col0 + 16 * nj + l.b_row][k + l.b_k]);
+#pragma unroll
+                       for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+                         for (int ni = 0; ni < kNTiles; ++ni)
+                           mma_bf16(part[mi][ni], a[mi], bf[ni / 2][2 * (ni % 2)],
+                                    bf[ni / 2][2 * (ni % 2) + 1]);
+                     }
+                     promote(acc, part);
+                   });
+}
+
+// The tile's results as [rows][kCols] fp32 in shared memory `out`, into the warp's accumulators
+// (tile_mma's layout, so the callers' epilogues are the same); rows past `rows` read 0.
+__device__ inline void accumulators_from(const float* out, int rows, Accumulators& acc) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const WarpTile tile = warp_tile();
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int r = tile.row0 + 16 * mi + lane / 4 + 8 * (v / 2);
+        const int c = tile.col0 + 8 * ni + 2 * (lane % 4) + v % 2;
+        acc[mi][ni][v] = r < rows ? out[r * kCols + c] : 0.0f;
+      }
+}
+
+// The narrow form of the tile, for chunks of at most kNarrowRows rows (a decode round gives most
+// experts a few): the same slabs, decoded weight tile and promotion as tile_mma, with the operands
+// swapped (out^T = W x^T): the 128 weight rows are the mma's M side, a 16 x 16 A tile per warp,
+// and the chunk's rows its N side, one n8 tile per 8 rows. A few rows leave tile_mma's 64-row
+// tile nearly empty; here a warp runs 1 or 2 mma per 16 of K instead of 8, so a slab costs little
+// beyond its copy and decode. Each warp's sums go to shared memory and come back in tile_mma's
+// layout. `smem` is the tile's shared memory (kSmemBytes<P>), laid out as NarrowSmem<P>.
+template <Precision P, class ARow, class BRow>
+__device__ __forceinline__ void tile_narrow(void* smem, int rows, std::int64_t k_total, ARow a_row,
+                                            BRow b_row, Accumulators& acc) {
+  auto& s = *static_cast<NarrowSmem<P>*>(smem);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  const int w0 = warp * (kCols / (kThreads / 32));  // the warp's 16 weight rows
+  static_assert(kCols / (kThreads / 32) == 16, "a warp per 16 weight rows");
+  const LdmatrixLane l = ldmatrix_lane();
+  const bool second = rows > 8;  // rows 8..15: a second n8 tile
+  float sums[1][2][4];           // [weight rows w0 + lane / 4 (+ 8)][rows 8 n + 2 (lane % 4)]
+  zero(sums);
+  constexpr bool kApart = kScaleApart<P>;
+  for_each_slab<P, kApart>(
+      s, rows, k_total, a_row, b_row,
+      [&](const typename NarrowSmem<P>::Stage& st, const std::uint16_t(*b)[kStride]) {
+        // kApart: a partial sum per 32 of K (a block), scaled by its weight row's block scale.
+        float part[kApart ? 2 : 1][2][4];
+        zero(part);
+#pragma unroll
+        for (int k = 0; k < kSlabK; k += 16) {
+          const int block = kApart ? k / 32 : 0;
+          std::uint32_t w[4], x[4];
+          ldmatrix_x4(w, &b[w0 + l.a_row][k + l.a_k]);
+          ldmatrix_x4(x, &st.a[l.b_row][k + l.b_k]);
+          mma_bf16(part[block][0], w, x[0], x[1]);
+          if (second) mma_bf16(part[block][1], w, x[2], x[3]);
+        }
+        if constexpr (kApart) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {  // weight row w0 + lane / 4 + 8 half
+            const float* scale = s.half_row_scale[w0 + lane / 4 + 8 * half];
+#pragma unroll
+            for (int block = 0; block < 2; ++block)
+#pragma unroll
+              for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int v = 2 * half; v < 2 * half + 2; ++v)
+                  sums[0][n][v] = fmaf(part[block][n][v], scale[block], sums[0][n][v]);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) sums[0][n][v] += part[0][n][v];
+        }
+      });
+  // for_each_slab ended with a barrier: its shared memory is free to hold the [rows][kCols] sums.
+  auto* out = static_cast<float*>(smem);
+  static_assert(sizeof(NarrowSmem<P>) >= sizeof(float) * kNarrowRows * kCols);
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int r = 8 * n + 2 * (lane % 4) + v % 2, c = w0 + lane / 4 + 8 * (v / 2);
+      if (r < rows) out[r * kCols + c] = sums[0][n][v];
+    }
+  __syncthreads();
+  accumulators_from(out, rows, acc);
+}
+
+// The stream form of the tile, for chunks of at most stream_rows<P>(k_total) rows when the round's
+// items fit one wave (each CTA runs at most one, so an item's time is its own latency chain: the
+// narrow form's slabs, two barriers each, measured slower there). Each warp streams its 16 weight
+// rows with 16-byte loads, kStreamLoads per lane and row in flight, two rows per group of lanes:
+// the whole warp for bf16, half-warps for MXFP8 (whose rows take half the loads), quarter-warps for
+// MXFP4 / NVFP4, so a pass covers 2048 weights of 2, 4 or 8 rows and the fewer bytes of a packed
+// format mean fewer passes. It decodes them (decode8) and sums the products with the chunk's rows
+// (staged in shared memory) in fp32 FMAs; a reduction over the lane group per (row, weight row).
+// The same sums as tile_mma in another order: accumulation-order noise, the tensor-core rule
+// (docs/design.md §4.1). acc is filled in tile_mma's layout, so the callers' epilogues are the
+// same.
 inline constexpr int kStreamRowsMax = 4;
 inline constexpr int kStreamLoads = 8;
 inline constexpr std::size_t kStreamOutBytes = sizeof(float) * kStreamRowsMax * kCols;
@@ -330,25 +505,20 @@ __device__ __forceinline__ void tile_stream(void* smem, int rows, std::int64_t k
   }
   __syncthreads();
 
-  const WarpTile tile = warp_tile();
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const int r = tile.row0 + 16 * mi + lane / 4 + 8 * (v / 2);
-        const int c = tile.col0 + 8 * ni + 2 * (lane % 4) + v % 2;
-        acc[mi][ni][v] = r < rows ? out[r * kCols + c] : 0.0f;
-      }
+  accumulators_from(out, rows, acc);
 }
 
-// The tile of a chunk: its decode form when the chunk is that short, else tile_mma.
+// The tile of a chunk: its stream form for a packed precision in a round of one wave of items and
+// chunks that short (bf16 measured faster narrow there too), its narrow form for chunks of at most
+// kNarrowRows rows, else tile_mma. one_wave is the chunk's (Chunk::one_wave), the same for every
+// CTA of the round.
 template <Precision P, class ARow, class BRow>
-__device__ __forceinline__ void tile_sums(Smem<P>& s, int rows, std::int64_t k_total, ARow a_row,
-                                          BRow b_row, Accumulators& acc) {
-  if (rows <= stream_rows<P>(k_total))
+__device__ __forceinline__ void tile_sums(Smem<P>& s, int rows, bool one_wave, std::int64_t k_total,
+                                          ARow a_row, BRow b_row, Accumulators& acc) {
+  if (!Smem<P>::kDirect && one_wave && rows <= stream_rows<P>(k_total))
     tile_stream<P>(&s, rows, k_total, a_row, b_row, acc);
+  else if (rows <= kNarrowRows)
+    tile_narrow<P>(&s, rows, k_total, a_row, b_row, acc);
   else
     tile_mma<P>(s, rows, k_total, a_row, b_row, acc);
 }
