@@ -36,9 +36,6 @@ struct Chunk {
   int expert;
   std::uint32_t first_pair;  // index into the pair list (and into a backend's per-pair scratch)
   int rows;                  // 1..kChunkRows
-  // The round's items fit one wave of the grid (each CTA runs at most one), so an item's time is
-  // its own latency chain rather than its share of the GPU's throughput.
-  bool one_wave = false;
 };
 
 __device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_experts,
@@ -57,11 +54,8 @@ __device__ __forceinline__ void for_each_chunk_tile(const ExpertInputs& in,
                                                     std::int64_t local_experts, std::uint32_t tiles,
                                                     Item item) {
   const std::uint32_t items = in.chunk_offset[local_experts] * tiles;
-  for (std::uint32_t i = blockIdx.x; i < items; i += gridDim.x) {
-    Chunk chunk = find_chunk(in, local_experts, i / tiles);
-    chunk.one_wave = items <= gridDim.x;
-    item(chunk, i % tiles);
-  }
+  for (std::uint32_t i = blockIdx.x; i < items; i += gridDim.x)
+    item(find_chunk(in, local_experts, i / tiles), i % tiles);
 }
 
 // An item's per-row lookup into shared memory: out[r] = lookup(pair r of the chunk), written by

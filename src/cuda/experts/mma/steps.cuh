@@ -48,7 +48,7 @@ __device__ inline void fc1_step(const Params& p) {
 
         Accumulators acc;
         tile_sums<P>(
-            *reinterpret_cast<Smem<P>*>(smem), chunk.rows, chunk.one_wave, hidden,
+            *reinterpret_cast<Smem<P>*>(smem), chunk.rows, hidden,
             [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
             [&](int c) {
               return weight_row<P>(p.weights.w13, chunk.expert,
@@ -130,7 +130,7 @@ __device__ inline void fc2_step(const Params& p) {
 
           Accumulators acc;
           tile_sums<P>(
-              *reinterpret_cast<Smem<P>*>(smem), chunk.rows, chunk.one_wave, inter,
+              *reinterpret_cast<Smem<P>*>(smem), chunk.rows, inter,
               [&](int r) {
                 return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
               },
