@@ -107,7 +107,8 @@ const char* to_string(TokenBucket b);
 // tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
 // with tensor_core, whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many
 // stages as fit (CUTLASS's automatic carveout), dispatch uses all 8 warps of each of its CTAs, and
-// FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel). The CPU executor reads no knob.
+// FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel). The CPU executor reads
+// no knob.
 struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).

@@ -215,8 +215,8 @@ TEST(Gpu, ManyRowsOnOneExpertChunksWithRemainders) {
       Cluster cluster(kShape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
       within_seconds(300, "one-expert routing", [&] {
         run_on_rank_threads(world, [&](int rank) {
-          for (const std::int64_t t : {kShape.max_tokens_per_rank, std::int64_t{77},
-                                       std::int64_t{5}, std::int64_t{3}}) {
+          for (const std::int64_t t :
+               {kShape.max_tokens_per_rank, std::int64_t{77}, std::int64_t{5}, std::int64_t{3}}) {
             const Batch b = harness::make_random_batch(kShape, world, t, Routing::one_expert, 1,
                                                        60 + static_cast<std::uint64_t>(rank));
             expect_matches(cluster.forward(rank, b), b, cluster,
