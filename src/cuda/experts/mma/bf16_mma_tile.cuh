@@ -150,6 +150,14 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
   }
 }
 
+// Slabs [first, first + count) of a tile's K.
+struct SlabRange {
+  int first, count;
+};
+__host__ __device__ inline SlabRange all_slabs(std::int64_t k_total) {
+  return SlabRange{0, static_cast<int>(k_total / kSlabK)};
+}
+
 // The slab pipeline of the mma tiles (S: their SlabSmem): K in slabs of kSlabK through an
 // S::kStages-deep cp.async pipeline; the rows a_row(r) go to the stage's A rows (r < rows only:
 // rows past the chunk keep whatever the buffer held, and sums over them are never stored), the
@@ -157,17 +165,18 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
 // matrix), to its codes. consume(stage, b) runs once per slab on every thread, b the slab's bf16
 // weight tile ([kCols][kStride]: the stage's own rows for bf16, else the slab's codes decoded into
 // s.b; with kScaleInSums, for kScaleApart precisions, decoded without the block scale, which goes
-// to s.half_row_scale). k_total is a multiple of kSlabK. Every thread of the CTA calls it; it
+// to s.half_row_scale), over slabs [range.first, range.first + range.count) of K. Every thread of
+// the CTA calls it; it
 // starts and ends with a barrier, so the shared memory is free afterwards.
 template <Precision P, bool kScaleInSums = false, class S, class ARow, class BRow, class Consume>
-__device__ __forceinline__ void for_each_slab(S& s, int rows, std::int64_t k_total, ARow a_row,
+__device__ __forceinline__ void for_each_slab(S& s, int rows, SlabRange range, ARow a_row,
                                               BRow b_row, Consume consume) {
   using Stage = typename S::Stage;
   constexpr bool kDirect = S::kDirect;
   constexpr int kDepth = S::kStages;
   constexpr int kCopiesPerRow = kSlabK * 2 / 16;  // 16-byte copies per staged A row
   constexpr int kCodeCopies = kSlabK * PackedFormat<P>::kBits / 8 / 16;  // per weight row
-  const int slabs = static_cast<int>(k_total / kSlabK);
+  const int slabs = range.count;
 
   // Each thread copies the same code and row pieces of every slab: their sources, found once.
   constexpr int kCodeCopiesPerThread = (kCols * kCodeCopies + kThreads - 1) / kThreads;
@@ -190,7 +199,7 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, std::int64_t k_tot
         i < rows * kCopiesPerRow ? a_row(i / kCopiesPerRow) + 8 * (i % kCopiesPerRow) : nullptr;
   }
   auto load_slab = [&](int slab, int buffer) {
-    const std::int64_t k0 = std::int64_t{slab} * kSlabK;
+    const std::int64_t k0 = std::int64_t{range.first + slab} * kSlabK;
     Stage& st = s.stage[buffer];
 #pragma unroll
     for (int j = 0; j < kCodeCopiesPerThread; ++j) {
@@ -221,7 +230,8 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, std::int64_t k_tot
   const auto scale_codes_of = [&](int slab) {
     return kDirect || slab >= slabs
                ? 0u
-               : load_scale_codes<P>(decoded, std::int64_t{slab} * kSlabK + decode_half * 32);
+               : load_scale_codes<P>(decoded,
+                                     std::int64_t{range.first + slab} * kSlabK + decode_half * 32);
   };
   std::uint32_t scale_codes = scale_codes_of(0);
   for (int slab = 0; slab < slabs; ++slab) {
@@ -291,7 +301,7 @@ __device__ __forceinline__ void tile_mma(Smem<P>& s, int rows, std::int64_t k_to
   const WarpTile tile = warp_tile();
   const LdmatrixLane l = ldmatrix_lane();
   zero(acc);
-  for_each_slab<P>(s, rows, k_total, a_row, b_row,
+  for_each_slab<P>(s, rows, all_slabs(k_total), a_row, b_row,
                    [&](const typename Smem<P>::Stage& st, const std::uint16_t(*b)[kStride]) {
                      Accumulators part;  // this slab's sums
                      zero(part);
@@ -332,6 +342,70 @@ __device__ inline void accumulators_from(const float* out, int rows, Accumulator
       }
 }
 
+// A share of one tile's K: part `index` of `count`, each a contiguous run of its slabs, for a
+// round whose items would leave most of the grid idle (steps.cuh, for_each_item_part): each part
+// is a CTA, so a decode round's item takes a shorter chain of slabs. count == 1: the whole tile.
+struct SplitPart {
+  int index = 0, count = 1;
+  std::uint32_t item = 0;  // the tile's work item; its parts' sums are slots item * count + p
+  __device__ SlabRange slabs(std::int64_t k_total) const {
+    const int n = static_cast<int>(k_total / kSlabK);
+    return SlabRange{index * n / count, (index + 1) * n / count - index * n / count};
+  }
+};
+
+// Where a split tile's parts meet: each part stores its [rows][kCols] sums in its slot and counts
+// itself in the item's arrival word; the part that arrives last adds all parts' sums, in part
+// order (so the result does not depend on arrival order), and runs the epilogue. An arrival word
+// holds (stamp << 32) | parts arrived, stamp naming the round and step, so a word left part-counted
+// by a failed round is simply stale: nothing needs a reset.
+struct SplitSums {
+  float* sums;                   // [slots][kNarrowRows][kCols]
+  unsigned long long* arrivals;  // [slots]
+  std::uint32_t stamp;
+
+  // Whether this part is the last of its item to arrive: a CAS loop that retries only when another
+  // part changed the word, so at most count + 1 tries.
+  __device__ bool arrive(const SplitPart& part) const {
+    unsigned long long* word = arrivals + part.item;
+    unsigned long long seen = 0;
+    for (;;) {
+      const std::uint32_t arrived =
+          static_cast<std::uint32_t>(seen >> 32) == stamp ? static_cast<std::uint32_t>(seen) : 0u;
+      const unsigned long long next =
+          (static_cast<unsigned long long>(stamp) << 32) | (arrived + 1);
+      const unsigned long long old = atomicCAS(word, seen, next);
+      if (old == seen) return arrived + 1 == static_cast<std::uint32_t>(part.count);
+      seen = old;
+    }
+  }
+
+  // Called by every thread of the CTA with this part's sums in `out` ([rows][kCols] in shared
+  // memory, followed by room for one flag): stores them, counts the arrival and, for the last
+  // part, leaves the sum of every part's sums in `out`. Returns whether this part was the last.
+  __device__ bool gather(const SplitPart& part, int rows, float* out) const {
+    const auto slot = [&](int p) {
+      return sums + (static_cast<std::size_t>(part.item) * part.count + p) * kNarrowRows * kCols;
+    };
+    float* mine = slot(part.index);
+    for (int i = threadIdx.x; i < rows * kCols; i += kThreads) mine[i] = out[i];
+    __threadfence();  // this part's sums are visible before its arrival is
+    __syncthreads();
+    auto* last = reinterpret_cast<int*>(out + kNarrowRows * kCols);
+    if (threadIdx.x == 0) *last = arrive(part) ? 1 : 0;
+    __syncthreads();
+    if (*last == 0) return false;
+    __threadfence();  // the other parts' sums, published before their arrivals, are read after
+    for (int i = threadIdx.x; i < rows * kCols; i += kThreads) {
+      float total = 0.0f;
+      for (int p = 0; p < part.count; ++p) total += p == part.index ? out[i] : __ldcg(slot(p) + i);
+      out[i] = total;
+    }
+    __syncthreads();
+    return true;
+  }
+};
+
 // The narrow form of the tile, for chunks of at most kNarrowRows rows (a decode round gives most
 // experts a few): the same slabs, decoded weight tile and promotion as tile_mma, with the operands
 // swapped (out^T = W x^T): the 128 weight rows are the mma's M side, a 16 x 16 A tile per warp,
@@ -339,9 +413,12 @@ __device__ inline void accumulators_from(const float* out, int rows, Accumulator
 // tile nearly empty; here a warp runs 1 or 2 mma per 16 of K instead of 8, so a slab costs little
 // beyond its copy and decode. Each warp's sums go to shared memory and come back in tile_mma's
 // layout. `smem` is the tile's shared memory (kSmemBytes<P>), laid out as NarrowSmem<P>.
+// With part.count > 1 this CTA sums only its part's slabs (SplitPart); returns whether it holds
+// the tile's sums in acc (the part that arrived last), else acc is unset.
 template <Precision P, class ARow, class BRow>
-__device__ __forceinline__ void tile_narrow(void* smem, int rows, std::int64_t k_total, ARow a_row,
-                                            BRow b_row, Accumulators& acc) {
+__device__ __forceinline__ bool tile_narrow(void* smem, int rows, std::int64_t k_total,
+                                            const SplitPart& part, const SplitSums& split,
+                                            ARow a_row, BRow b_row, Accumulators& acc) {
   auto& s = *static_cast<NarrowSmem<P>*>(smem);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
   const int w0 = warp * (kCols / (kThreads / 32));  // the warp's 16 weight rows
@@ -352,7 +429,7 @@ __device__ __forceinline__ void tile_narrow(void* smem, int rows, std::int64_t k
   zero(sums);
   constexpr bool kApart = kScaleApart<P>;
   for_each_slab<P, kApart>(
-      s, rows, k_total, a_row, b_row,
+      s, rows, part.slabs(k_total), a_row, b_row,
       [&](const typename NarrowSmem<P>::Stage& st, const std::uint16_t(*b)[kStride]) {
         // kApart: a partial sum per 32 of K (a block), scaled by its weight row's block scale.
         float part[kApart ? 2 : 1][2][4];
@@ -387,7 +464,7 @@ __device__ __forceinline__ void tile_narrow(void* smem, int rows, std::int64_t k
       });
   // for_each_slab ended with a barrier: its shared memory is free to hold the [rows][kCols] sums.
   auto* out = static_cast<float*>(smem);
-  static_assert(sizeof(NarrowSmem<P>) >= sizeof(float) * kNarrowRows * kCols);
+  static_assert(sizeof(NarrowSmem<P>) >= sizeof(float) * kNarrowRows * kCols + sizeof(int));
 #pragma unroll
   for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -396,17 +473,22 @@ __device__ __forceinline__ void tile_narrow(void* smem, int rows, std::int64_t k
       if (r < rows) out[r * kCols + c] = sums[0][n][v];
     }
   __syncthreads();
+  if (part.count > 1 && !split.gather(part, rows, out)) return false;
   accumulators_from(out, rows, acc);
+  return true;
 }
 
-// The tile of a chunk: its narrow form for chunks of at most kNarrowRows rows, else tile_mma.
+// The tile of a chunk, or a part of its K (SplitPart): its narrow form for chunks of at most
+// kNarrowRows rows, else tile_mma (which never splits: part 0 sums the whole tile, the others
+// nothing). Returns whether this CTA holds the tile's sums in acc; only it runs the epilogue.
 template <Precision P, class ARow, class BRow>
-__device__ __forceinline__ void tile_sums(Smem<P>& s, int rows, std::int64_t k_total, ARow a_row,
+__device__ __forceinline__ bool tile_sums(Smem<P>& s, int rows, std::int64_t k_total,
+                                          const SplitPart& part, const SplitSums& split, ARow a_row,
                                           BRow b_row, Accumulators& acc) {
-  if (rows <= kNarrowRows)
-    tile_narrow<P>(&s, rows, k_total, a_row, b_row, acc);
-  else
-    tile_mma<P>(s, rows, k_total, a_row, b_row, acc);
+  if (rows <= kNarrowRows) return tile_narrow<P>(&s, rows, k_total, part, split, a_row, b_row, acc);
+  if (part.index != 0) return false;
+  tile_mma<P>(s, rows, k_total, a_row, b_row, acc);
+  return true;
 }
 
 }  // namespace epmoe::cuda::experts::mma

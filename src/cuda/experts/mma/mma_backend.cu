@@ -10,14 +10,18 @@ struct Scratch {
   float* h;
   std::uint16_t* h16;
   float* h_scale;
+  float* split_sums;
+  unsigned long long* split_arrivals;
 };
 Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pairs,
-                      std::size_t* bytes) {
+                      std::size_t split_slots, std::size_t* bytes) {
   ScratchCursor cursor{base};
   Scratch s{};
   s.h = cursor.take<float>(pairs * static_cast<std::size_t>(e.intermediate));
   s.h16 = cursor.take<std::uint16_t>(pairs * static_cast<std::size_t>(e.intermediate));
   s.h_scale = cursor.take<float>(pairs);
+  s.split_sums = cursor.take<float>(split_slots * kNarrowRows * kCols);
+  s.split_arrivals = cursor.take<unsigned long long>(split_slots);
   *bytes = cursor.used;
   return s;
 }
@@ -45,17 +49,24 @@ std::string MmaBackend::can_implement(const LayerConfig& config) {
 
 MmaBackend::MmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)), weights_(problem_) {
-  slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
-  EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
-  const Scratch s = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  h_ = s.h;
-  h16_ = s.h16;
-  h_scale_ = s.h_scale;
   shapes_ = per_bucket(config, [&](const Knobs& k) {
     return Shapes{fc1_shape(problem_, device, k.num_sms),
                   quantize_h_shape(problem_, device, k.num_sms),
                   fc2_shape(problem_, device, k.num_sms)};
   });
+  // A decode round's split tiles (steps.cuh, for_each_item_part): a slot per CTA the device runs
+  // at once (two per SM, all SMs whatever num_sms says, so the split never depends on a knob).
+  split_slots_ = static_cast<std::uint32_t>(2 * grid_sms(device, 0));
+  slice_scratch(nullptr, problem_, max_pairs(config), split_slots_, &scratch_bytes_);
+  EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
+  const Scratch s =
+      slice_scratch(scratch_memory_, problem_, max_pairs(config), split_slots_, &scratch_bytes_);
+  h_ = s.h;
+  h16_ = s.h16;
+  h_scale_ = s.h_scale;
+  split_sums_ = s.split_sums;
+  split_arrivals_ = s.split_arrivals;
+  EPMOE_CUDA_CHECK(cudaMemset(split_arrivals_, 0, sizeof(unsigned long long) * split_slots_));
 }
 
 MmaBackend::~MmaBackend() {

@@ -40,7 +40,8 @@ class MmaBackend final : public ExpertBackend {
   // What its steps take for a round (its kernels', and the persistent round kernel's).
   const ExpertProblem& problem() const { return problem_; }
   Params params(const ExpertStep& step) const {
-    return Params{step, problem_, weights_.weights(), biases_.biases(), h_, h16_, h_scale_};
+    return Params{step, problem_, weights_.weights(), biases_.biases(), h_,
+                  h16_, h_scale_, split_sums_,        split_arrivals_,  split_slots_};
   }
 
  private:
@@ -52,6 +53,9 @@ class MmaBackend final : public ExpertBackend {
   float* h_ = nullptr;
   std::uint16_t* h16_ = nullptr;
   float* h_scale_ = nullptr;
+  float* split_sums_ = nullptr;
+  unsigned long long* split_arrivals_ = nullptr;
+  std::uint32_t split_slots_ = 0;
   // Fixed tiles (block_m / block_n / stages are not read); grids per bucket from num_sms.
   struct Shapes {
     KernelShape fc1, quantize_h, fc2;

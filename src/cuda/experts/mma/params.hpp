@@ -21,6 +21,11 @@ struct Params {
   float* h;            // [max_pairs, I] SwiGLU output per pair, quantized in place
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs]
+  // A decode round's split tiles (bf16_mma_tile.cuh, SplitSums): each part's sums, and each item's
+  // arrival word; split_slots of each (two per SM of the device).
+  float* split_sums;                   // [split_slots][16][128]
+  unsigned long long* split_arrivals;  // [split_slots]
+  std::uint32_t split_slots;
 };
 
 // FC1 + SwiGLU per (expert, chunk of rows, tile of 64 intermediate columns) -> h.

@@ -14,6 +14,34 @@
 
 namespace epmoe::cuda::experts::mma {
 
+// This CTA's work items, as for_each_chunk_tile (common.cuh) walks them, but a round whose items
+// fill at most half of `slots` (the device's CTA slots, two per SM; a decode round: qwen3-30b-a3b
+// at T = 1 has 96 FC1 items for 264) splits each item's K into up to kMaxParts parts of at least
+// kMinPartSlabs slabs, a CTA each (SplitPart), so more of the GPU works and each CTA's chain of
+// slabs is shorter. The split depends on the round's items and the device, never on the grid
+// (Knobs::num_sms), so a knob does not change the sums' order. item(chunk, tile, part) for each.
+inline constexpr std::uint32_t kMaxParts = 4, kMinPartSlabs = 2;
+template <class Item>
+__device__ __forceinline__ void for_each_item_part(const ExpertInputs& in,
+                                                   std::int64_t local_experts, std::uint32_t tiles,
+                                                   std::int64_t k_total, std::uint32_t slots,
+                                                   Item item) {
+  const std::uint32_t items = in.chunk_offset[local_experts] * tiles;
+  const std::uint32_t room = items == 0 ? 1u : slots / items;
+  const auto slabs = static_cast<std::uint32_t>(k_total / kSlabK);
+  const std::uint32_t parts = max(1u, min(min(room, kMaxParts), slabs / kMinPartSlabs));
+  for (std::uint32_t w = blockIdx.x; w < items * parts; w += gridDim.x) {
+    const std::uint32_t i = w / parts;
+    item(find_chunk(in, local_experts, i / tiles), i % tiles,
+         SplitPart{static_cast<int>(w % parts), static_cast<int>(parts), i});
+  }
+}
+
+// The split sums of one step of a round: stamped with the round and the step.
+__device__ inline SplitSums split_sums(const Params& p, std::uint32_t round, int step) {
+  return SplitSums{p.split_sums, p.split_arrivals, 2 * round + static_cast<std::uint32_t>(step)};
+}
+
 // The tensor-core backend's FC1 and SwiGLU (docs/design.md §4.1). Work items are (chunk of up to
 // 64 rows of one expert, tile of 64 intermediate columns), tile fastest. The tile's 128 weight
 // rows interleave gate and up of each column (weight row c is gate row j0 + c / 2 for even c, up
@@ -37,8 +65,10 @@ __device__ inline void fc1_step(const Params& p) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const std::uint32_t tiles = static_cast<std::uint32_t>(inter / kFc1ColumnsPerTile);
-  for_each_chunk_tile(
-      in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+  const SplitSums split = split_sums(p, start.round, 0);
+  for_each_item_part(
+      in, p.problem.local_experts, tiles, hidden, p.split_slots,
+      [&](const Chunk chunk, std::uint32_t column_tile, const SplitPart& part) {
         const std::int64_t j0 = std::int64_t{column_tile} * kFc1ColumnsPerTile;
         stage_chunk_rows(in, chunk, x_row_of,
                          [&](std::uint32_t pair) { return x_row_of_pair(in, pair); });
@@ -47,14 +77,15 @@ __device__ inline void fc1_step(const Params& p) {
         };
 
         Accumulators acc;
-        tile_sums<P>(
-            *reinterpret_cast<Smem<P>*>(smem), chunk.rows, hidden,
-            [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
-            [&](int c) {
-              return weight_row<P>(p.weights.w13, chunk.expert,
-                                   (c % 2 == 0 ? 0 : inter) + j0 + c / 2);
-            },
-            acc);
+        if (!tile_sums<P>(
+                *reinterpret_cast<Smem<P>*>(smem), chunk.rows, hidden, part, split,
+                [&](int r) { return in.x16 + static_cast<std::size_t>(x_row_of[r]) * hidden; },
+                [&](int c) {
+                  return weight_row<P>(p.weights.w13, chunk.expert,
+                                       (c % 2 == 0 ? 0 : inter) + j0 + c / 2);
+                },
+                acc))
+          return;  // another part of the tile runs the epilogue
         // Epilogue: v = 0, 1 are gate and up of one column, for row lane / 4; v = 2, 3 for row + 8.
         const WarpTile tile = warp_tile();
         const float w_divisor = p.weights.w13.divisor[chunk.expert];
@@ -119,8 +150,10 @@ __device__ inline void fc2_step(const Params& p) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
     const auto tiles = static_cast<std::uint32_t>((hidden + kCols - 1) / kCols);
-    for_each_chunk_tile(
-        in, p.problem.local_experts, tiles, [&](const Chunk chunk, std::uint32_t column_tile) {
+    const SplitSums split = split_sums(p, round, 1);
+    for_each_item_part(
+        in, p.problem.local_experts, tiles, inter, p.split_slots,
+        [&](const Chunk chunk, std::uint32_t column_tile, const SplitPart& part) {
           const std::int64_t c0 = std::int64_t{column_tile} * kCols;
           stage_chunk_rows(in, chunk, home_of,
                            [&](std::uint32_t pair) { return home_slot(p.step.home, round, pair); });
@@ -129,12 +162,13 @@ __device__ inline void fc2_step(const Params& p) {
           const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
           Accumulators acc;
-          tile_sums<P>(
-              *reinterpret_cast<Smem<P>*>(smem), chunk.rows, inter,
-              [&](int r) {
-                return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
-              },
-              [&](int c) { return weight_row<P>(p.weights.w2, chunk.expert, w_row(c)); }, acc);
+          if (!tile_sums<P>(
+                  *reinterpret_cast<Smem<P>*>(smem), chunk.rows, inter, part, split,
+                  [&](int r) {
+                    return p.h16 + (chunk.first_pair + r) * static_cast<std::size_t>(inter);
+                  },
+                  [&](int c) { return weight_row<P>(p.weights.w2, chunk.expert, w_row(c)); }, acc))
+            return;  // another part of the tile sends the rows home
           const WarpTile tile = warp_tile();
           const float w_divisor = p.weights.w2.divisor[chunk.expert];
           const float w_multiplier = p.weights.w2.multiplier[chunk.expert];
