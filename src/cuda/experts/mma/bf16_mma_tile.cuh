@@ -24,7 +24,8 @@
 //
 // A chunk of at most 16 rows takes the tile's narrow form (tile_narrow): the same slabs, with the
 // weight rows as the mma's M side and the chunk's rows as its N side, so a decode round's few
-// rows cost a slab's copy and decode rather than a 64-row tile of mma.
+// rows cost a slab's copy and decode rather than a 64-row tile of mma. In a round with few items
+// its K may be split over several CTAs (SplitPart, SplitSums; steps.cuh, for_each_item_part).
 #pragma once
 
 #include <cuda_runtime.h>
