@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# Each stage's wall time, so a slow CI run shows where its time went (CI's budget: 30 min).
+stage_start=$SECONDS
+stage_done() {
+  echo "== $1: $((SECONDS - stage_start)) s (total $SECONDS s)"
+  stage_start=$SECONDS
+}
 scripts/setup.sh
 export PATH=/usr/local/cuda/bin:$PATH
 build=${EPMOE_BUILD_DIR:-build/ci}
@@ -20,17 +26,21 @@ if ! "$python" -c "import nanobind, scikit_build_core, numpy, pytest, ml_dtypes"
     nanobind scikit-build-core numpy pytest ml_dtypes
 fi
 python=$("$python" -c "import sys; print(sys.executable)")
+stage_done "setup (system and Python packages)"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEPMOE_WERROR=ON -DEPMOE_BUILD_TESTS=ON \
   -DEPMOE_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python"
 cmake --build "$build" -j "$(nproc)"
+stage_done "build ($build)"
 
 status=0
 (cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@") || status=$?
+stage_done "ctest"
 
 # The module is assembled in $build/python/epmoe (python/CMakeLists.txt).
 echo "pytest tests/python (PYTHONPATH=$build/python)"
 PYTHONPATH="$build/python" "$python" -m pytest tests/python -q -p no:cacheprovider || status=$?
+stage_done "pytest"
 
 if [ "${EPMOE_TEST_PIP:-1}" = 1 ]; then
   # `pip install .` (pyproject.toml) into a fresh venv, CPU executor only, build dependencies from
@@ -46,6 +56,7 @@ if [ "${EPMOE_TEST_PIP:-1}" = 1 ]; then
   else
     echo "pip install . NOT checked: $python cannot create a venv"
   fi
+  stage_done "pip install . and pytest against it"
 fi
 if [ "${EPMOE_TEST_TSAN:-1}" = 1 ]; then
   # The round protocol's real threads (and rank processes) under ThreadSanitizer: the CPU
@@ -61,5 +72,6 @@ if [ "${EPMOE_TEST_TSAN:-1}" = 1 ]; then
     --output-on-failure -j "$(nproc)" \
     -R '^(HostExecutor|FaultTest|ReceivedCounts|MultiProcess|BadInput|BadArguments|RejectedForward|AfterAnError|LayerCreation|CreationSession)') \
     || status=$?
+  stage_done "ThreadSanitizer build and tests"
 fi
 exit $status
