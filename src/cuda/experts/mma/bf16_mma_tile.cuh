@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "cuda/experts/common.cuh"
+#include "cuda/experts/mma/split_plan.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "cuda/kernels.hpp"
 
@@ -151,10 +152,7 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
   }
 }
 
-// Slabs [first, first + count) of a tile's K.
-struct SlabRange {
-  int first, count;
-};
+// Every slab of a tile's K.
 __host__ __device__ inline SlabRange all_slabs(std::int64_t k_total) {
   return SlabRange{0, static_cast<int>(k_total / kSlabK)};
 }
@@ -350,8 +348,7 @@ struct SplitPart {
   int index = 0, count = 1;
   std::uint32_t item = 0;  // the tile's work item; its parts' sums are slots item * count + p
   __device__ SlabRange slabs(std::int64_t k_total) const {
-    const int n = static_cast<int>(k_total / kSlabK);
-    return SlabRange{index * n / count, (index + 1) * n / count - index * n / count};
+    return part_slabs(index, count, static_cast<int>(k_total / kSlabK));
   }
 };
 

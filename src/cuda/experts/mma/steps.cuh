@@ -17,19 +17,18 @@ namespace epmoe::cuda::experts::mma {
 // This CTA's work items, as for_each_chunk_tile (common.cuh) walks them, but a round whose items
 // fill at most half of `slots` (the device's CTA slots, two per SM; a decode round: qwen3-30b-a3b
 // at T = 1 has 96 FC1 items for 264) splits each item's K into up to kMaxParts parts of at least
-// kMinPartSlabs slabs, a CTA each (SplitPart), so more of the GPU works and each CTA's chain of
-// slabs is shorter. The split depends on the round's items and the device, never on the grid
-// (Knobs::num_sms), so a knob does not change the sums' order. item(chunk, tile, part) for each.
-inline constexpr std::uint32_t kMaxParts = 4, kMinPartSlabs = 2;
+// kMinPartSlabs slabs (split_parts, split_plan.hpp), a CTA each (SplitPart), so more of the GPU
+// works and each CTA's chain of slabs is shorter. The split depends on the round's items and the
+// device, never on the grid (Knobs::num_sms), so a knob does not change the sums' order.
+// item(chunk, tile, part) for each.
 template <class Item>
 __device__ __forceinline__ void for_each_item_part(const ExpertInputs& in,
                                                    std::int64_t local_experts, std::uint32_t tiles,
                                                    std::int64_t k_total, std::uint32_t slots,
                                                    Item item) {
   const std::uint32_t items = in.chunk_offset[local_experts] * tiles;
-  const std::uint32_t room = items == 0 ? 1u : slots / items;
-  const auto slabs = static_cast<std::uint32_t>(k_total / kSlabK);
-  const std::uint32_t parts = max(1u, min(min(room, kMaxParts), slabs / kMinPartSlabs));
+  const std::uint32_t parts =
+      split_parts(items, static_cast<std::uint32_t>(k_total / kSlabK), slots);
   for (std::uint32_t w = blockIdx.x; w < items * parts; w += gridDim.x) {
     const std::uint32_t i = w / parts;
     item(find_chunk(in, local_experts, i / tiles), i % tiles,
