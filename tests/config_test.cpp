@@ -582,6 +582,16 @@ TEST(ConfigTokenBucket, BoundariesAre16And128And1024WithZeroInDecode) {
   EXPECT_EQ(token_bucket(kMaxTokensPerRank), TokenBucket::prefill);
 }
 
+TEST(ConfigTokenBucket, EachBucketsLargestTIsInItAndTheNextTIsNot) {
+  for (int b = 0; b + 1 < kNumTokenBuckets; ++b) {
+    const auto bucket = static_cast<TokenBucket>(b);
+    EXPECT_EQ(token_bucket(bucket_max_tokens(bucket)), bucket) << to_string(bucket);
+    EXPECT_EQ(token_bucket(bucket_max_tokens(bucket) + 1), static_cast<TokenBucket>(b + 1))
+        << to_string(bucket);
+  }
+  EXPECT_EQ(bucket_max_tokens(TokenBucket::prefill), std::numeric_limits<std::int64_t>::max());
+}
+
 TEST(ConfigTokenBucket, NegativeTokenCountIsRejected) {
   EXPECT_EQ(rejection([] { token_bucket(-1); }), "tokens=-1: must be >= 0");
 }

@@ -94,6 +94,9 @@ enum class TokenBucket : std::uint8_t { decode, small, medium, prefill };
 inline constexpr int kNumTokenBuckets = 4;
 // decode: T <= 16, small: T <= 128, medium: T <= 1024, prefill: larger.
 TokenBucket token_bucket(std::int64_t tokens);
+// The largest T of a bucket: 16, 128, 1024, and for prefill
+// std::numeric_limits<std::int64_t>::max().
+std::int64_t bucket_max_tokens(TokenBucket b);
 const char* to_string(TokenBucket b);
 
 // Tuned knobs, each with a documented range (see kKnobSpace), kept per token bucket. What reads

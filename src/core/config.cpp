@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <string_view>
 
 namespace epmoe {
@@ -201,6 +202,20 @@ const char* to_string(Activation a) {
       return "swiglu_oai";
   }
   return "unknown";
+}
+
+std::int64_t bucket_max_tokens(TokenBucket b) {
+  switch (b) {
+    case TokenBucket::decode:
+      return kDecodeMaxTokens;
+    case TokenBucket::small:
+      return kSmallMaxTokens;
+    case TokenBucket::medium:
+      return kMediumMaxTokens;
+    case TokenBucket::prefill:
+      break;
+  }
+  return std::numeric_limits<std::int64_t>::max();
 }
 
 const char* to_string(TokenBucket b) {

@@ -85,13 +85,13 @@ class CudaLayer final : public LayerImpl {
       base_.staged = backend_->staged_rows();
       EPMOE_CUDA_CHECK(cudaMalloc(&route_scratch_, route_scratch_bytes(base_)));
       base_.scratch = route_scratch(route_scratch_, base_);
-      // Every grid of the chain, once per token bucket from its num_sms knob (I5); forward picks
-      // the bucket of its T.
-      chain_ = per_bucket(config, [&](const Knobs& k) {
-        return ChainShapes{dispatch_shape(base_, device_, k.num_sms),
-                           experts_shape(base_, device_, k.num_sms),
-                           combine_shape(base_, device_, k.num_sms)};
-      });
+      // Every grid of the chain, once per token bucket from its num_sms knob and its largest T
+      // (I5); forward picks the bucket of its T.
+      for (int b = 0; b < kNumTokenBuckets; ++b) {
+        const auto bucket = static_cast<TokenBucket>(b);
+        chain_[b] =
+            round_shapes(base_, device_, config.knobs(bucket).num_sms, bucket_max_tokens(bucket));
+      }
       // The persistent round for the buckets whose knobs ask for it (Knobs::megakernel).
       for (int b = 0; b < kNumTokenBuckets; ++b) {
         const auto bucket = static_cast<TokenBucket>(b);
@@ -134,7 +134,7 @@ class CudaLayer final : public LayerImpl {
     // The knobs of T's bucket (docs/tuning.md#token-buckets): T is known here, from x's shape, so
     // the pick costs nothing on the device; a graph captured now keeps this bucket's launches.
     const TokenBucket bucket = token_bucket(a.tokens);
-    const ChainShapes& shapes = chain_[bucket_index(bucket)];
+    const RoundShapes& shapes = chain_[bucket_index(bucket)];
     RoundParams p = base_;
     p.tokens = a.tokens;
     p.x = a.x;
@@ -334,12 +334,7 @@ class CudaLayer final : public LayerImpl {
   std::unique_ptr<PersistentRound> persistent_;      // when a bucket's knobs ask for megakernel
   std::uint8_t* route_scratch_ = nullptr;            // route's and bucket's (kernels.hpp)
   RoundParams base_{};
-  struct ChainShapes {
-    KernelShape dispatch;
-    ExpertShapes experts;
-    KernelShape combine;
-  };
-  PerBucket<ChainShapes> chain_{};  // the round's grids per token bucket (the backend has its own)
+  PerBucket<RoundShapes> chain_{};  // the round's grids per token bucket (the backend has its own)
   std::uint32_t reset_epoch_ = 0;
   bool phase_timing_ = false;  // Layer::set_phase_timing (RoundState::timing on the device)
   mutable Health health_{};

@@ -1,6 +1,7 @@
 // Launchers of the CUDA executor's round kernels, one per phase of the round (docs/design.md §3),
 // each a plain function of the round's params struct and a stream; the expert GEMMs are a backend's
-// (experts/backend.hpp). Grids come from occupancy on the token bucket's SMs (I5), never from T.
+// (experts/backend.hpp). Grids come from occupancy on the token bucket's SMs, the round's own
+// kernels capped by the bucket's largest T (I5, round_shapes), never from T.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
@@ -121,6 +123,34 @@ void launch_experts(const RoundParams& p, const ExpertShapes& s, TokenBucket buc
 // Step 7: wait for every done, finish y, advance the round.
 KernelShape combine_shape(const RoundParams& p, int device, int num_sms);
 void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
+
+// The chain's own grids for one token bucket (I5): each from occupancy on the bucket's num_sms SMs
+// (the shapes above), then capped by the work the bucket's largest T can bring. dispatch and
+// combine take a token per CTA, so at most max_tokens CTAs; route a received row per CTA, so at
+// most world x max_tokens (every rank sending the bucket's largest T; more only makes each CTA
+// take more rows); bucket a received row per thread. Past those, CTAs would only take the
+// kernel's ticket (and, in route and combine, each wait for the peers' messages): on one H200 the
+// decode bucket's full grids cost 6-7 us of a 40 us idle round (bench/RESULTS.md, session 18).
+struct RoundShapes {
+  KernelShape dispatch;
+  ExpertShapes experts;
+  KernelShape combine;
+};
+inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms,
+                                std::int64_t max_tokens) {
+  const auto at_most = [](KernelShape s, std::int64_t ctas) {
+    s.grid = static_cast<int>(std::clamp<std::int64_t>(ctas, 1, s.grid));
+    return s;
+  };
+  const std::int64_t max_rows = max_tokens > std::numeric_limits<std::int64_t>::max() / p.world
+                                    ? max_tokens
+                                    : max_tokens * p.world;
+  const ExpertShapes experts = experts_shape(p, device, num_sms);
+  return RoundShapes{at_most(dispatch_shape(p, device, num_sms), max_tokens),
+                     ExpertShapes{at_most(experts.route, max_rows),
+                                  at_most(experts.bucket, (max_rows + kThreads - 1) / kThreads)},
+                     at_most(combine_shape(p, device, num_sms), max_tokens)};
+}
 
 // The collective reset(): two bounded meetings, own inboxes and the round state cleared between.
 // `outcome` (mapped host memory): 0 = ok, else 1 + the peer that did not arrive.
