@@ -38,17 +38,31 @@ struct Chunk {
   int rows;                  // 1..kChunkRows
 };
 
+// Found by the whole CTA (every thread calls it with the same `chunk`): thread t tests experts
+// t, t + blockDim.x, ... at once, and the one whose chunks hold it (an expert with none holds no
+// chunk) writes the answer to shared memory. So the lookup costs two rounds of loads, not the
+// log2(E) dependent ones of a binary search over chunk_offset (7 for 128 local experts), which
+// sat in front of every decode item's first slab (docs/design.md §4.1).
 __device__ inline Chunk find_chunk(const ExpertInputs& in, std::int64_t local_experts,
                                    std::uint32_t chunk) {
-  const int e = expert_holding(in.chunk_offset, local_experts, chunk);
-  const std::uint32_t first = in.pair_offset[e] + (chunk - in.chunk_offset[e]) * kChunkRows;
-  const std::uint32_t end = in.pair_offset[e + 1];
-  return Chunk{e, first, static_cast<int>(min(end - first, std::uint32_t{kChunkRows}))};
+  __shared__ Chunk found;
+  __syncthreads();  // every thread has read the previous item's answer
+  for (auto e = static_cast<std::int64_t>(threadIdx.x); e < local_experts; e += blockDim.x) {
+    const std::uint32_t begin = in.chunk_offset[e];
+    if (begin <= chunk && chunk < in.chunk_offset[e + 1]) {
+      const std::uint32_t first = in.pair_offset[e] + (chunk - begin) * kChunkRows;
+      found =
+          Chunk{static_cast<int>(e), first,
+                static_cast<int>(min(in.pair_offset[e + 1] - first, std::uint32_t{kChunkRows}))};
+    }
+  }
+  __syncthreads();
+  return found;
 }
 
 // This CTA's work items, grid-stride over (chunk, tile) with the tile fastest: item(chunk, tile)
-// for each. Every thread of the CTA walks the same items, so the body may use CTA barriers; it
-// returns to go on to the next item.
+// for each. Every thread of the CTA walks the same items (find_chunk needs them all), so the body
+// may use CTA barriers; it returns to go on to the next item.
 template <class Item>
 __device__ __forceinline__ void for_each_chunk_tile(const ExpertInputs& in,
                                                     std::int64_t local_experts, std::uint32_t tiles,
@@ -150,6 +164,11 @@ __device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
 __device__ inline void cp_async_16(void* smem, const void* global) {
   const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global) : "memory");
+}
+// 4 bytes (both addresses 4-byte aligned), through L1 (.ca: cp.async's .cg takes only 16).
+__device__ inline void cp_async_4(void* smem, const void* global) {
+  const auto s = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(global) : "memory");
 }
 __device__ inline void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");

@@ -81,10 +81,11 @@ __device__ inline std::uint32_t load_scale_codes(const WeightRow& w, std::int64_
     return 0;
 }
 
-// The block scale of group g (8 weights) of such a load, as a float. NVFP4's E4M3 scale goes
-// through the hardware's cvt (exact, NaN stays NaN) rather than the codec's branchy software
-// decode, which ran once per group of 8 weights (session 16: nvfp4's FC1 at T = 1 took 57 us
-// against mxfp4's 46 with the same E2M1 codes). Not yet run on a GPU.
+// The block scale of group g (8 weights) of a 16-byte load of a weight row, as a float, from the
+// load's block scale codes (`scale_codes`: one byte, or two for NVFP4, low byte first). NVFP4's
+// E4M3 scale goes through the hardware's cvt (exact, NaN stays NaN) rather than the codec's
+// branchy software decode, which ran once per group of 8 weights (session 16: nvfp4's FC1 at
+// T = 1 took 57 us against mxfp4's 46 with the same E2M1 codes; 43 us with the cvt, session 17).
 template <Precision P>
 __device__ inline float group_scale(std::uint32_t scale_codes, int g) {
   if constexpr (P == Precision::nvfp4)

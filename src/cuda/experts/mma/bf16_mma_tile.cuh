@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/mma/split_plan.hpp"
@@ -58,13 +59,27 @@ inline constexpr bool kScaleApart = PackedFormat<P>::kBlock == 32;
 
 // The shared memory of a tile: kDepth stages, each a slab of kARows rows and of the kCols weight
 // rows' codes, and for a packed precision the slab decoded to bf16.
+// Whether a precision's block scale codes come through the slab pipeline (for_each_slab): MXFP8
+// only. Its slabs waited for a plain load issued one slab ahead (session 18, one H200, qwen3 at
+// T = 1: 1.1 us per slab against bf16's 0.8 with twice the bytes); through the pipeline its
+// rounds took 7-10 % less. The FP4 formats' FC1 took 6-8 % more that way, their FC2 5 % less
+// (bench/RESULTS.md): they keep the plain load.
+template <Precision P>
+inline constexpr bool kScalesInPipeline = P == Precision::mxfp8;
+
+// Such a slab's block scale codes: one 4-byte word per thread, the aligned word holding the codes
+// of the half weight row it decodes.
+struct NoScaleWords {};
+struct ScaleWords {
+  std::uint32_t scale_words[kThreads];
+};
 template <Precision P, int kARows, int kDepth>
 struct SlabSmem {
   static constexpr bool kDirect = P == Precision::bf16;  // codes are the B operand
   static constexpr int kCodeBytes = kDirect ? 2 * kStride : kSlabK * PackedFormat<P>::kBits / 8;
   static constexpr int kStages = kDepth;
   static constexpr int kRowsA = kARows;
-  struct Stage {
+  struct Stage : std::conditional_t<kScalesInPipeline<P>, ScaleWords, NoScaleWords> {
     std::uint16_t a[kARows][kStride];
     alignas(16) std::uint8_t b_codes[kCols][kCodeBytes];  // a slab of each weight row
   };
@@ -75,24 +90,31 @@ struct SlabSmem {
 };
 template <Precision P>
 using Smem = SlabSmem<P, kRows, kStages>;
-// bf16 110,752; MXFP8 89,088; MXFP4 72,704; NVFP4 71,696: two CTAs per SM.
-template <Precision P>
-inline constexpr std::size_t kSmemBytes = sizeof(Smem<P>);
+// bf16 110,752; MXFP8 93,184; MXFP4 72,704; NVFP4 71,696.
 
-// The narrow tile (tile_narrow) stages 16 rows, not 64, so the same shared memory holds more
-// stages: bf16 5, MXFP8 6, MXFP4 / NVFP4 8 (at most 8), more bytes in flight for a decode round.
+// The narrow tile (tile_narrow) stages 16 rows, not 64, so it holds more stages: as many as fit in
+// the largest 64-row tile's shared memory (bf16's, which runs two CTAs per SM), at most 8: bf16 5,
+// MXFP8 7, MXFP4 / NVFP4 8, more bytes in flight for a decode round.
 inline constexpr int kNarrowRows = 16;
 template <Precision P>
 inline constexpr int kNarrowStages = [] {
   using S = SlabSmem<P, kNarrowRows, 1>;
   const std::size_t decoded = sizeof(S) - sizeof(typename S::Stage);
-  const auto fit = static_cast<int>((kSmemBytes<P> - decoded) / sizeof(typename S::Stage));
+  const auto fit =
+      static_cast<int>((sizeof(Smem<Precision::bf16>) - decoded) / sizeof(typename S::Stage));
   return fit < 8 ? fit : 8;
 }();
 template <Precision P>
 using NarrowSmem = SlabSmem<P, kNarrowRows, kNarrowStages<P>>;
-static_assert(kNarrowStages<Precision::bf16> == 5 && kNarrowStages<Precision::mxfp8> == 6 &&
+static_assert(kNarrowStages<Precision::bf16> == 5 && kNarrowStages<Precision::mxfp8> == 7 &&
               kNarrowStages<Precision::mxfp4> == 8 && kNarrowStages<Precision::nvfp4> == 8);
+
+// A kernel's dynamic shared memory: whichever form needs more (MXFP8: the narrow form's 100,096;
+// the others: the tile's): two CTAs per SM.
+template <Precision P>
+inline constexpr std::size_t kSmemBytes = sizeof(Smem<P>) > sizeof(NarrowSmem<P>)
+                                              ? sizeof(Smem<P>)
+                                              : sizeof(NarrowSmem<P>);
 
 // acc[mi][ni][v]: row = warp_row0 + 16 mi + lane / 4 + 8 (v / 2), col = warp_col0 + 8 ni +
 // 2 (lane % 4) + v % 2 (the mma C fragment).
@@ -124,11 +146,11 @@ __device__ inline void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std:
 }
 
 // Weights [32 half, 32 half + 32) of one weight row's slab (its codes in shared memory), with
-// the block scale codes load_scale_codes gave for them, decoded exactly into bf16 in `out` (the
-// row of the B tile). The values are bf16 values (packed_weights.hpp), so their fp32's top halves
-// are their bf16 codes: one byte permute per pair, no conversion instruction. Exact but for
-// values below bf16's normal range (2^-126, from MX block scales under about 2^-118), whose low
-// bits are cut, as the bf16 codes the tile read before were rounded there.
+// the block scale codes of that half row (for_each_slab's scale words), decoded exactly into bf16
+// in `out` (the row of the B tile). The values are bf16 values (packed_weights.hpp), so their
+// fp32's top halves are their bf16 codes: one byte permute per pair, no conversion instruction.
+// Exact but for values below bf16's normal range (2^-126, from MX block scales under about 2^-118),
+// whose low bits are cut, as the bf16 codes the tile read before were rounded there.
 __device__ inline std::uint32_t bf16x2_bits(float lo, float hi) {
   return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
 }
@@ -197,9 +219,30 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, SlabRange range, A
     row_src[j] =
         i < rows * kCopiesPerRow ? a_row(i / kCopiesPerRow) + 8 * (i % kCopiesPerRow) : nullptr;
   }
+  // Packed: this thread decodes weight row decode_row's half decode_half of each slab, with that
+  // half row's block scale codes: with kScalesInPipeline, copied with the slab's codes as the
+  // aligned 4-byte word holding them (the scales' slices are 256-byte aligned and padded, so the
+  // word is inside them); otherwise loaded one slab ahead.
+  const int decode_row = static_cast<int>(threadIdx.x) / 2, decode_half = threadIdx.x % 2;
+  const WeightRow decoded = kDirect ? WeightRow{} : b_row(decode_row);
+  constexpr int kScaleBlock = kDirect ? 1 : PackedFormat<P>::kBlock;
+  const auto scale_codes_at = [&](int slab) {
+    return decoded.scales +
+           (std::int64_t{range.first + slab} * kSlabK + decode_half * 32) / kScaleBlock;
+  };
+  const auto scale_codes_of = [&](int slab) {
+    return kDirect || slab >= slabs
+               ? 0u
+               : load_scale_codes<P>(decoded,
+                                     std::int64_t{range.first + slab} * kSlabK + decode_half * 32);
+  };
   auto load_slab = [&](int slab, int buffer) {
     const std::int64_t k0 = std::int64_t{range.first + slab} * kSlabK;
     Stage& st = s.stage[buffer];
+    if constexpr (kScalesInPipeline<P>)
+      cp_async_4(&st.scale_words[threadIdx.x],
+                 reinterpret_cast<const void*>(
+                     reinterpret_cast<std::uintptr_t>(scale_codes_at(slab)) & ~std::uintptr_t{3}));
 #pragma unroll
     for (int j = 0; j < kCodeCopiesPerThread; ++j) {
       const int i = static_cast<int>(threadIdx.x) + j * kThreads;
@@ -223,16 +266,7 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, SlabRange range, A
     cp_async_commit();
   }
 
-  // Packed: this thread decodes weight row decode_row's half decode_half of each slab.
-  const int decode_row = static_cast<int>(threadIdx.x) / 2, decode_half = threadIdx.x % 2;
-  const WeightRow decoded = kDirect ? WeightRow{} : b_row(decode_row);
-  const auto scale_codes_of = [&](int slab) {
-    return kDirect || slab >= slabs
-               ? 0u
-               : load_scale_codes<P>(decoded,
-                                     std::int64_t{range.first + slab} * kSlabK + decode_half * 32);
-  };
-  std::uint32_t scale_codes = scale_codes_of(0);
+  std::uint32_t scale_codes = kScalesInPipeline<P> ? 0u : scale_codes_of(0);
   for (int slab = 0; slab < slabs; ++slab) {
     cp_async_wait<kDepth - 2>();
     __syncthreads();  // slab landed for every thread; everyone is done with slab - 1's buffer
@@ -243,8 +277,12 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, SlabRange range, A
     const std::uint16_t(*b)[kStride] =
         kDirect ? reinterpret_cast<const std::uint16_t(*)[kStride]>(st.b_codes) : s.b;
     if constexpr (!kDirect) {
-      const std::uint32_t codes = scale_codes;
-      scale_codes = scale_codes_of(slab + 1);  // in flight while this slab is decoded and summed
+      std::uint32_t codes = scale_codes;
+      if constexpr (kScalesInPipeline<P>)
+        codes = st.scale_words[threadIdx.x] >>
+                (8 * (reinterpret_cast<std::uintptr_t>(scale_codes_at(slab)) & 3));
+      else
+        scale_codes = scale_codes_of(slab + 1);  // in flight while this slab is decoded and summed
       if constexpr (kScaleInSums) {
         decode_half_row<P, false>(st.b_codes[decode_row], decode_half, codes, s.b[decode_row]);
         s.half_row_scale[decode_row][decode_half] = group_scale<P>(codes, 0);
