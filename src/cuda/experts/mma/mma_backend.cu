@@ -1,6 +1,7 @@
 #include "cuda/experts/mma/mma_backend.hpp"
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/mma/bf16_mma_tile.cuh"
 
 namespace epmoe::cuda::experts::mma {
@@ -82,7 +83,8 @@ void MmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket, cudaStre
   const Shapes& s = shapes_[bucket_index(bucket)];
   const Params p = params(step);
   mma::launch_fc1(p, s.fc1, stream);
-  mma::launch_quantize_h(p, s.quantize_h, stream);
+  // NVFP4's row scale needs the whole h row: a step of its own; the others' FC1 applies it.
+  if (!fc1_epilogue_quantizes(problem_.precision)) mma::launch_quantize_h(p, s.quantize_h, stream);
 }
 
 void MmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket, cudaStream_t stream) const {

@@ -49,6 +49,51 @@ __device__ inline SplitSums split_sums(const Params& p, std::uint32_t round, int
 // Its kernels: two CTAs per SM (at most 110 KB of shared memory each), so at most 128 registers.
 inline constexpr int kFc1ColumnsPerTile = kCols / 2;  // intermediate columns (gate + up each)
 
+// FC1's epilogue where FC2's input quantization point is local (fc1_epilogue_quantizes): h's
+// values of this CTA's tile (fc1_step's h[mi][half][ni]) go to h16 as FC2's bf16 codes, with
+// h_scale 1, so there is no fp32 h and no quantize_h step. An MXFP8 block of 32 columns spans two
+// warps' 16 (warp columns 0-1, 2-3): each quad of lanes holding a row's columns takes their amax
+// (a max of |h|'s bit patterns, as the row codec does), and the two warps swap theirs through
+// `amax` ([kRows][4] words of the tile's shared memory, free after tile_sums; the next item's
+// slab pipeline starts with a barrier). Called by every thread of the CTA.
+__device__ inline void store_fc2_input(const Params& p, const Chunk& chunk, std::int64_t j0,
+                                       const WarpTile& tile, const float (&h)[kMTiles][2][kNTiles],
+                                       std::uint32_t* amax) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int group = tile.col0 / kWarpCols;  // the warp's 16 columns of the tile's 64
+  std::uint32_t row_amax[kMTiles][2];
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      std::uint32_t bits = 0;
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+        bits = max(bits, formats::float_bits(h[mi][half][ni]) & formats::kF32AbsMask);
+      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 1));
+      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 2));
+      row_amax[mi][half] = bits;
+      if (lane % 4 == 0) amax[(tile.row0 + 16 * mi + lane / 4 + 8 * half) * 4 + group] = bits;
+    }
+  __syncthreads();
+  const std::int64_t inter = p.problem.intermediate;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+      const std::uint32_t block_amax = max(row_amax[mi][half], amax[r * 4 + (group ^ 1)]);
+      if (r >= chunk.rows) continue;
+      const std::size_t pair = chunk.first_pair + r;
+      std::uint16_t* row = p.h16 + pair * static_cast<std::size_t>(inter) + j0;
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+        row[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] =
+            fc2_input_code(p.problem.precision, p.problem.rounding, h[mi][half][ni], block_amax);
+      if (j0 == 0 && group == 0 && lane % 4 == 0) p.h_scale[pair] = 1.0f;
+    }
+}
+
 // The activation and the weights' precision are template arguments: each kernel holds one
 // activation's and one format's code (registers).
 template <Activation kActivation, Precision P>
@@ -94,14 +139,16 @@ __device__ inline void fc1_step(const Params& p) {
             p.biases.b13 == nullptr
                 ? nullptr
                 : p.biases.b13 + static_cast<std::size_t>(chunk.expert) * 2 * inter + j0;
+        // h[mi][half][ni]: the activation of row tile.row0 + 16 mi + lane / 4 + 8 half, column
+        // (tile.col0 + 8 ni + 2 (lane % 4)) / 2 of the tile's 64 (rows past the chunk: unused).
+        float h[kMTiles][2][kNTiles];
 #pragma unroll
         for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-            if (r >= chunk.rows) continue;
             // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
-            const float x_scale = in.x_scale[x_row_of[r]];
+            const float x_scale = r < chunk.rows ? in.x_scale[x_row_of[r]] : 1.0f;
 #pragma unroll
             for (int ni = 0; ni < kNTiles; ++ni) {
               const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
@@ -110,10 +157,24 @@ __device__ inline void fc1_step(const Params& p) {
               const float up =
                   math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_divisor * w_multiplier,
                                b13 == nullptr ? nullptr : b13 + inter, column);
-              h_of(r)[column] = static_cast<float>(
+              h[mi][half][ni] = static_cast<float>(
                   math::activation(kActivation, gate, up, p.problem.swiglu_limit));
             }
           }
+        if constexpr (fc1_epilogue_quantizes(P)) {
+          store_fc2_input(p, chunk, j0, tile, h, reinterpret_cast<std::uint32_t*>(smem));
+        } else {
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
+              if (r >= chunk.rows) continue;
+#pragma unroll
+              for (int ni = 0; ni < kNTiles; ++ni)
+                h_of(r)[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] = h[mi][half][ni];
+            }
+        }
       });
 }
 
