@@ -54,13 +54,14 @@ inline constexpr int kFc1ColumnsPerTile = kCols / 2;  // intermediate columns (g
 // h_scale 1, so there is no fp32 h and no quantize_h step. An MXFP8 block of 32 columns spans two
 // warps' 16 (warp columns 0-1, 2-3): each quad of lanes holding a row's columns takes their amax
 // (a max of |h|'s bit patterns, as the row codec does), and the two warps swap theirs through
-// `amax` ([kRows][4] words of the tile's shared memory, free after tile_sums; the next item's
-// slab pipeline starts with a barrier). Called by every thread of the CTA.
+// `amax` ([kRows][4] words of the tile's shared memory, free once every thread is past tile_sums;
+// the next item's slab pipeline starts with a barrier). Called by every thread of the CTA.
 __device__ inline void store_fc2_input(const Params& p, const Chunk& chunk, std::int64_t j0,
                                        const WarpTile& tile, const float (&h)[kMTiles][2][kNTiles],
                                        std::uint32_t* amax) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int group = tile.col0 / kWarpCols;  // the warp's 16 columns of the tile's 64
+  __syncthreads();  // every thread has read its sums out of the tile's shared memory
   std::uint32_t row_amax[kMTiles][2];
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi)
