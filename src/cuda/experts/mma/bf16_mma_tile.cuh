@@ -128,6 +128,16 @@ __device__ inline WarpTile warp_tile() {
   return WarpTile{(warp / 4) * kWarpRows, (warp % 4) * kWarpCols};
 }
 
+// f(mi, half, r) for each row r of this thread's accumulators: acc[mi][ni][2 half + v].
+template <class F>
+__device__ __forceinline__ void for_each_fragment_row(const WarpTile& tile, F f) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) f(mi, half, tile.row0 + 16 * mi + lane / 4 + 8 * half);
+}
+
 __device__ inline std::uint32_t smem_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }

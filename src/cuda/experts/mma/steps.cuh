@@ -63,36 +63,29 @@ __device__ inline void store_fc2_input(const Params& p, const Chunk& chunk, std:
   const int group = tile.col0 / kWarpCols;  // the warp's 16 columns of the tile's 64
   __syncthreads();  // every thread has read its sums out of the tile's shared memory
   std::uint32_t row_amax[kMTiles][2];
+  for_each_fragment_row(tile, [&](int mi, int half, int r) {
+    std::uint32_t bits = 0;
 #pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      std::uint32_t bits = 0;
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-        bits = max(bits, formats::float_bits(h[mi][half][ni]) & formats::kF32AbsMask);
-      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 1));
-      bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 2));
-      row_amax[mi][half] = bits;
-      if (lane % 4 == 0) amax[(tile.row0 + 16 * mi + lane / 4 + 8 * half) * 4 + group] = bits;
-    }
+    for (int ni = 0; ni < kNTiles; ++ni)
+      bits = max(bits, formats::float_bits(h[mi][half][ni]) & formats::kF32AbsMask);
+    bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 1));
+    bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, 2));
+    row_amax[mi][half] = bits;
+    if (lane % 4 == 0) amax[r * 4 + group] = bits;
+  });
   __syncthreads();
   const std::int64_t inter = p.problem.intermediate;
+  for_each_fragment_row(tile, [&](int mi, int half, int r) {
+    const std::uint32_t block_amax = max(row_amax[mi][half], amax[r * 4 + (group ^ 1)]);
+    if (r >= chunk.rows) return;
+    const std::size_t pair = chunk.first_pair + r;
+    std::uint16_t* row = p.h16 + pair * static_cast<std::size_t>(inter) + j0;
 #pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-      const std::uint32_t block_amax = max(row_amax[mi][half], amax[r * 4 + (group ^ 1)]);
-      if (r >= chunk.rows) continue;
-      const std::size_t pair = chunk.first_pair + r;
-      std::uint16_t* row = p.h16 + pair * static_cast<std::size_t>(inter) + j0;
-#pragma unroll
-      for (int ni = 0; ni < kNTiles; ++ni)
-        row[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] =
-            fc2_input_code(p.problem.precision, p.problem.rounding, h[mi][half][ni], block_amax);
-      if (j0 == 0 && group == 0 && lane % 4 == 0) p.h_scale[pair] = 1.0f;
-    }
+    for (int ni = 0; ni < kNTiles; ++ni)
+      row[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] =
+          fc2_input_code(p.problem.precision, p.problem.rounding, h[mi][half][ni], block_amax);
+    if (j0 == 0 && group == 0 && lane % 4 == 0) p.h_scale[pair] = 1.0f;
+  });
 }
 
 // The activation and the weights' precision are template arguments: each kernel holds one
@@ -143,38 +136,30 @@ __device__ inline void fc1_step(const Params& p) {
         // h[mi][half][ni]: the activation of row tile.row0 + 16 mi + lane / 4 + 8 half, column
         // (tile.col0 + 8 ni + 2 (lane % 4)) / 2 of the tile's 64 (rows past the chunk: unused).
         float h[kMTiles][2][kNTiles];
+        for_each_fragment_row(tile, [&](int mi, int half, int r) {
+          // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+          const float x_scale = r < chunk.rows ? in.x_scale[x_row_of[r]] : 1.0f;
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-            // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
-            const float x_scale = r < chunk.rows ? in.x_scale[x_row_of[r]] : 1.0f;
-#pragma unroll
-            for (int ni = 0; ni < kNTiles; ++ni) {
-              const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
-              const float gate = math::biased(
-                  acc[mi][ni][2 * half] / x_scale / w_divisor * w_multiplier, b13, column);
-              const float up =
-                  math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_divisor * w_multiplier,
-                               b13 == nullptr ? nullptr : b13 + inter, column);
-              h[mi][half][ni] = static_cast<float>(
-                  math::activation(kActivation, gate, up, p.problem.swiglu_limit));
-            }
+          for (int ni = 0; ni < kNTiles; ++ni) {
+            const int column = (tile.col0 + 8 * ni + 2 * (lane % 4)) / 2;
+            const float gate = math::biased(
+                acc[mi][ni][2 * half] / x_scale / w_divisor * w_multiplier, b13, column);
+            const float up =
+                math::biased(acc[mi][ni][2 * half + 1] / x_scale / w_divisor * w_multiplier,
+                             b13 == nullptr ? nullptr : b13 + inter, column);
+            h[mi][half][ni] =
+                static_cast<float>(math::activation(kActivation, gate, up, p.problem.swiglu_limit));
           }
+        });
         if constexpr (fc1_epilogue_quantizes(P)) {
           store_fc2_input(p, chunk, j0, tile, h, reinterpret_cast<std::uint32_t*>(smem));
         } else {
+          for_each_fragment_row(tile, [&](int mi, int half, int r) {
+            if (r >= chunk.rows) return;
 #pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-              if (r >= chunk.rows) continue;
-#pragma unroll
-              for (int ni = 0; ni < kNTiles; ++ni)
-                h_of(r)[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] = h[mi][half][ni];
-            }
+            for (int ni = 0; ni < kNTiles; ++ni)
+              h_of(r)[(tile.col0 + 8 * ni + 2 * (lane % 4)) / 2] = h[mi][half][ni];
+          });
         }
       });
 }
@@ -237,27 +222,23 @@ __device__ inline void fc2_step(const Params& p) {
           const float* b2 = p.biases.b2 == nullptr
                                 ? nullptr
                                 : p.biases.b2 + static_cast<std::size_t>(chunk.expert) * hidden;
+          for_each_fragment_row(tile, [&](int mi, int half, int r) {
+            if (r >= chunk.rows) return;
+            // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
+            const float h_scale = p.h_scale[chunk.first_pair + r];
 #pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi)
+            for (int ni = 0; ni < kNTiles; ++ni)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int r = tile.row0 + 16 * mi + lane / 4 + 8 * half;
-              if (r >= chunk.rows) continue;
-              // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
-              const float h_scale = p.h_scale[chunk.first_pair + r];
-#pragma unroll
-              for (int ni = 0; ni < kNTiles; ++ni)
-#pragma unroll
-                for (int v = 0; v < 2; ++v) {
-                  const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
-                  if (c < hidden) {
-                    send_home(
-                        p.step.home, home_of[r], c,
-                        math::biased(acc[mi][ni][2 * half + v] / h_scale / w_divisor * w_multiplier,
-                                     b2, c));
-                  }
+              for (int v = 0; v < 2; ++v) {
+                const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
+                if (c < hidden) {
+                  send_home(
+                      p.step.home, home_of[r], c,
+                      math::biased(acc[mi][ni][2 * half + v] / h_scale / w_divisor * w_multiplier,
+                                   b2, c));
                 }
-            }
+              }
+          });
         });
   });
 }
