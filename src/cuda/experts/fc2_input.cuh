@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/experts/fc2_input_code.hpp"
 #include "cuda/experts/inputs.hpp"
 #include "cuda/row_codec.cuh"
 #include "protocol/wire.hpp"
@@ -28,26 +29,6 @@ __device__ inline void quantize_h_row(const RowGroup& g, const ExpertProblem& pr
                                          problem.rounding, smem, scratch);
   to_bf16_codes(g, h, problem.intermediate, s_enc, h16);
   if (g.rank == 0) *h_scale = s_enc;
-}
-
-// Whether FC2's input quantization point is local to 32 columns of h, so FC1's epilogue can apply
-// it from registers (activation formats bf16 and MXFP8: the layer's bf16, mxfp8 and mxfp4), or
-// needs the whole row (NVFP4's row scale; fp8_block128's 128-runs): then a step of its own.
-EPMOE_HD constexpr bool fc1_epilogue_quantizes(Precision precision) {
-  const Precision f = protocol::activation_format(precision);
-  return f == Precision::bf16 || f == Precision::mxfp8;
-}
-
-// One element of h at that point (fc1_epilogue_quantizes): the bf16 code quantize_h_row gives it,
-// bf16(decode(encode(v))), from v and the bit-pattern max of |x| over its MXFP8 block of 32
-// (abs_max_bits; unused for bf16). The row scale of these formats is 1.
-__device__ inline std::uint16_t fc2_input_code(Precision precision, ScaleRounding rounding, float v,
-                                               std::uint32_t block_amax_bits) {
-  using namespace formats;
-  if (protocol::activation_format(precision) == Precision::bf16) return float_to_bf16(v);
-  const std::uint8_t code = mxfp8_scale_code(bits_float(block_amax_bits), rounding);
-  return float_to_bf16(
-      mxfp8_decode_value(mxfp8_encode_value(v, code, mxfp8_inverse_scale(code)), code));
 }
 
 // fp8_block128's FC2 input for an E4M3 GEMM: the h row's wire encoding (the codes and their 1 x 128
