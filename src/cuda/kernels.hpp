@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <limits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/round_grid_caps.hpp"
 #include "cuda/round_params.hpp"
 #include "epmoe/config.hpp"
 
@@ -125,12 +125,10 @@ KernelShape combine_shape(const RoundParams& p, int device, int num_sms);
 void launch_combine(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // The chain's own grids for one token bucket (I5): each from occupancy on the bucket's num_sms SMs
-// (the shapes above), then capped by the work the bucket's largest T can bring. dispatch and
-// combine take a token per CTA, so at most max_tokens CTAs; route a received row per CTA, so at
-// most world x max_tokens (every rank sending the bucket's largest T; more only makes each CTA
-// take more rows); bucket a received row per thread. Past those, CTAs would only take the
-// kernel's ticket (and, in route and combine, each wait for the peers' messages): on one H200 the
-// decode bucket's full grids cost 6-7 us of a 40 us idle round (bench/RESULTS.md, session 18).
+// (the shapes above), then capped by the work the bucket's largest T can bring (round_grid_caps).
+// Past those, CTAs would only take the kernel's ticket (and, in route and combine, each wait for
+// the peers' messages): on one H200 the decode bucket's full grids cost 6-7 us of a 40 us idle
+// round (bench/RESULTS.md, session 18).
 struct RoundShapes {
   KernelShape dispatch;
   ExpertShapes experts;
@@ -142,14 +140,12 @@ inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms,
     s.grid = static_cast<int>(std::clamp<std::int64_t>(ctas, 1, s.grid));
     return s;
   };
-  const std::int64_t max_rows = max_tokens > std::numeric_limits<std::int64_t>::max() / p.world
-                                    ? max_tokens
-                                    : max_tokens * p.world;
+  const RoundGridCaps caps = round_grid_caps(max_tokens, p.world, kThreads);
   const ExpertShapes experts = experts_shape(p, device, num_sms);
-  return RoundShapes{at_most(dispatch_shape(p, device, num_sms), max_tokens),
-                     ExpertShapes{at_most(experts.route, max_rows),
-                                  at_most(experts.bucket, (max_rows + kThreads - 1) / kThreads)},
-                     at_most(combine_shape(p, device, num_sms), max_tokens)};
+  return RoundShapes{at_most(dispatch_shape(p, device, num_sms), caps.per_token),
+                     ExpertShapes{at_most(experts.route, caps.per_row),
+                                  at_most(experts.bucket, caps.per_row_thread)},
+                     at_most(combine_shape(p, device, num_sms), caps.per_token)};
 }
 
 // The collective reset(): two bounded meetings, own inboxes and the round state cleared between.
