@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# A/B of the working tree against an earlier commit on one GPU machine, in one device call: the
+# same `epmoe bench` arguments run on both builds in alternating turns, so the difference between
+# them is measured on the same GPU, not across calls. Two steps:
+#
+#   bench/ab.sh prepare BASE_REV     # here: the base commit's files into .bench_ab/base
+#                                    # (git archive; ignored by git, so pass it to the device tool
+#                                    # as carry, with .gpu_deps)
+#   bench/ab.sh run [--turns N] [--tests] -- <epmoe bench arguments>   # on the GPU machine
+#
+# `run` builds `epmoe` from the working tree (build/ab-new) and from .bench_ab/base (build/ab-base)
+# at the same time (Release, no tests; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as
+# bench/run_all.sh does), optionally runs the GPU tests on the working tree (`--tests`:
+# EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh), then N turns (2) of base and new with the arguments
+# after `--` (each writes --json <side>_<turn>.json and its table), and packs everything into one
+# $OUT/ab.tgz (the device tool returns only a few files). The table lines of every turn are printed
+# last, so the call's output tail holds the numbers.
+#   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
+#           --precisions mxfp8,nvfp4 --tokens 1,16,64 --phases --rounds 30
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+dir=.bench_ab
+
+if [ "${1:-}" = prepare ]; then
+  rev=${2:?usage: bench/ab.sh prepare BASE_REV}
+  git rev-parse --verify --quiet "$rev^{commit}" >/dev/null || { echo "no commit $rev"; exit 1; }
+  grep -qxF "/$dir/" .git/info/exclude 2>/dev/null || echo "/$dir/" >>.git/info/exclude
+  rm -rf "$dir/base" && mkdir -p "$dir/base"
+  git archive "$rev" | tar -x -C "$dir/base" || exit 1
+  git rev-parse --short "$rev" >"$dir/base/.ab_rev"
+  echo "base $(cat "$dir/base/.ab_rev") in $dir/base; carry: [\".gpu_deps\", \"$dir\"]"
+  exit 0
+fi
+
+[ "${1:-}" = run ] || { sed -n '2,21p' "$0"; exit 2; }
+shift
+turns=2 tests=0
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  case $1 in
+    --turns) turns=$2; shift 2 ;;
+    --tests) tests=1; shift ;;
+    *) echo "unknown option $1"; exit 2 ;;
+  esac
+done
+[ "${1:-}" = -- ] && shift
+[ -d "$dir/base" ] || { echo "no $dir/base: run 'bench/ab.sh prepare BASE_REV' here and carry $dir"; exit 1; }
+out=${OUT:-bench/out}/ab
+mkdir -p "$out"
+start=$(date +%s)
+elapsed() { echo $(($(date +%s) - start)); }
+deps=${EPMOE_GPU_DEPS:-.gpu_deps}
+nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
+[ -n "$nccl_root" ] && [ -f "$nccl_root/include/nccl.h" ] || { echo "NCCL wheel not found; set NCCL_ROOT"; exit 1; }
+export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
+extra=()
+[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
+[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
+build() {  # source dir, build dir
+  cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
+    -DNCCL_ROOT="$nccl_root" "${extra[@]}" && cmake --build "$2" -j "$jobs" --target epmoe_cli
+}
+build . build/ab-new >"$out/build_new.log" 2>&1 &
+new_pid=$!
+build "$dir/base" build/ab-base >"$out/build_base.log" 2>&1
+base_rc=$?
+wait "$new_pid"
+new_rc=$?
+if [ "$base_rc" -ne 0 ] || [ "$new_rc" -ne 0 ]; then
+  tail -20 "$out/build_base.log" "$out/build_new.log"
+  echo "BUILD FAILED (base rc=$base_rc, new rc=$new_rc)"
+  pack
+  exit 1
+fi
+echo "built both in $(elapsed) s (base $(cat "$dir/base/.ab_rev" 2>/dev/null || echo '?'))"
+nvidia-smi -L
+
+tests_rc=0
+if [ "$tests" = 1 ]; then
+  EPMOE_GPU_TESTS_ONLY=1 OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
+  tests_rc=$?
+  echo "GPU tests rc=$tests_rc at $(elapsed) s: $(grep -E '^\[ *(PASSED|FAILED) *\]' "$out/tests.log" | tr '\n' ' ')"
+fi
+
+for turn in $(seq 1 "$turns"); do
+  for side in base new; do
+    build/ab-$side/tools/epmoe bench "$@" --json "$out/${side}_$turn.json" >"$out/${side}_$turn.txt" 2>&1 ||
+      echo "$side turn $turn: epmoe bench rc=$?"
+  done
+done
+for turn in $(seq 1 "$turns"); do
+  for side in base new; do
+    echo "== $side, turn $turn"
+    grep -E '^[a-z0-9][a-z0-9.:-]* +[0-9]+ +[a-z0-9_]+ +(staged|in_kernel_reduce) ' \
+      "$out/${side}_$turn.txt" | cut -c1-220
+  done
+done
+pack
+echo "== done at $(elapsed) s; every file in ${OUT:-bench/out}/ab.tgz"
+exit "$tests_rc"
