@@ -49,15 +49,7 @@ out=${OUT:-bench/out}/ab
 mkdir -p "$out"
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
-deps=${EPMOE_GPU_DEPS:-.gpu_deps}
-nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
-[ -n "$nccl_root" ] && [ -f "$nccl_root/include/nccl.h" ] || { echo "NCCL wheel not found; set NCCL_ROOT"; exit 1; }
-export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
-extra=()
-[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
-[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
+source scripts/gpu_env.sh || exit 1
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
 build() {  # source dir, build dir

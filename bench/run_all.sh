@@ -66,17 +66,7 @@ fi_s=0
 
 # ---- build: as tests/gpu/run.sh does (NCCL from the wheel, CLI11 carried in .gpu_deps), but only
 # the `epmoe` tool, without tests or fault switches.
-nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
-if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then
-  echo "NCCL wheel not found (python3 -c 'import nvidia.nccl'); set NCCL_ROOT"
-  exit 1
-fi
-export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
-extra=()
-[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
-[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
+source scripts/gpu_env.sh || exit 1
 bin=build/bench-gpu/tools/epmoe
 echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from $nccl_root)"
 mkdir -p build
