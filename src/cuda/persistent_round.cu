@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     grid_barrier(p);
     experts::mma::fc1_step<kActivation, P>(e);
     grid_barrier(p);
-    if (!experts::fc1_epilogue_quantizes(e.problem.precision)) {  // NVFP4: the whole h row
+    if constexpr (!experts::fc1_epilogue_quantizes(P)) {  // NVFP4: the whole h row
       experts::mma::quantize_h_step(e);
       grid_barrier(p);
     }

@@ -69,14 +69,14 @@ __device__ inline WeightRow weight_row(const PackedMatrices& m, std::int64_t exp
     return WeightRow{codes, m.scales + r * (m.cols / PackedFormat<P>::kBlock)};
 }
 
-// The block scale codes of the 16-byte load holding weights k.. of `w` (k a multiple of
-// kWeightsPer16B): one byte, or two for NVFP4 (low byte first); 0 for bf16.
+// The block scale codes at `at` (a weight row's scales, at the block of the 16-byte load they
+// scale): one byte, or two for NVFP4 (low byte first); 0 for bf16.
 template <Precision P>
-__device__ inline std::uint32_t load_scale_codes(const WeightRow& w, std::int64_t k) {
+__device__ inline std::uint32_t load_scale_codes(const std::uint8_t* at) {
   if constexpr (P == Precision::nvfp4)
-    return __ldg(reinterpret_cast<const std::uint16_t*>(w.scales + k / formats::kNvfp4Block));
+    return __ldg(reinterpret_cast<const std::uint16_t*>(at));
   else if constexpr (PackedFormat<P>::kBlock != 0)
-    return __ldg(w.scales + k / PackedFormat<P>::kBlock);
+    return __ldg(at);
   else
     return 0;
 }

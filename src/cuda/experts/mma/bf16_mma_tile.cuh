@@ -57,12 +57,10 @@ static_assert(kThreads == 2 * kCols, "a packed slab is decoded by a thread per h
 template <Precision P>
 inline constexpr bool kScaleApart = PackedFormat<P>::kBlock == 32;
 
-// The shared memory of a tile: kDepth stages, each a slab of kARows rows and of the kCols weight
-// rows' codes, and for a packed precision the slab decoded to bf16.
 // Whether a precision's block scale codes come through the slab pipeline (for_each_slab): MXFP8
 // only. Its slabs waited for a plain load issued one slab ahead (session 18, one H200, qwen3 at
 // T = 1: 1.1 us per slab against bf16's 0.8 with twice the bytes); through the pipeline its
-// rounds took 7-10 % less. The FP4 formats' FC1 took 6-8 % more that way, their FC2 5 % less
+// rounds took 7-12 % less. The FP4 formats' FC1 took 6-8 % more that way, their FC2 5 % less
 // (bench/RESULTS.md): they keep the plain load.
 template <Precision P>
 inline constexpr bool kScalesInPipeline = P == Precision::mxfp8;
@@ -73,6 +71,9 @@ struct NoScaleWords {};
 struct ScaleWords {
   std::uint32_t scale_words[kThreads];
 };
+// The shared memory of a tile: kDepth stages, each a slab of kARows rows and of the kCols weight
+// rows' codes (and, kScalesInPipeline, their scale words), and for a packed precision the slab
+// decoded to bf16.
 template <Precision P, int kARows, int kDepth>
 struct SlabSmem {
   static constexpr bool kDirect = P == Precision::bf16;  // codes are the B operand
@@ -241,10 +242,7 @@ __device__ __forceinline__ void for_each_slab(S& s, int rows, SlabRange range, A
            (std::int64_t{range.first + slab} * kSlabK + decode_half * 32) / kScaleBlock;
   };
   const auto scale_codes_of = [&](int slab) {
-    return kDirect || slab >= slabs
-               ? 0u
-               : load_scale_codes<P>(decoded,
-                                     std::int64_t{range.first + slab} * kSlabK + decode_half * 32);
+    return kDirect || slab >= slabs ? 0u : load_scale_codes<P>(scale_codes_at(slab));
   };
   auto load_slab = [&](int slab, int buffer) {
     const std::int64_t k0 = std::int64_t{range.first + slab} * kSlabK;

@@ -18,7 +18,9 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
                       std::size_t split_slots, std::size_t* bytes) {
   ScratchCursor cursor{base};
   Scratch s{};
-  s.h = cursor.take<float>(pairs * static_cast<std::size_t>(e.intermediate));
+  // fp32 h only where a quantize_h step reads it (NVFP4); the others' FC1 writes h16 itself.
+  if (!fc1_epilogue_quantizes(e.precision))
+    s.h = cursor.take<float>(pairs * static_cast<std::size_t>(e.intermediate));
   s.h16 = cursor.take<std::uint16_t>(pairs * static_cast<std::size_t>(e.intermediate));
   s.h_scale = cursor.take<float>(pairs);
   s.split_sums = cursor.take<float>(split_slots * kNarrowRows * kCols);

@@ -18,7 +18,8 @@ struct Params {
   ExpertProblem problem;
   Weights weights;
   Biases biases;       // fp32, never quantized; nullptr = none
-  float* h;            // [max_pairs, I] SwiGLU output per pair, quantized in place
+  float* h;            // [max_pairs, I] SwiGLU output per pair, quantized in place (NVFP4;
+                       // nullptr where FC1's epilogue quantizes: fc1_epilogue_quantizes)
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs]
   // A decode round's split tiles (bf16_mma_tile.cuh, SplitSums): each part's sums, and each item's
