@@ -422,10 +422,11 @@ class Layer(_ext._Layer):
     FC1's output before the activation and to FC2's output, never quantized; they count in
     :attr:`resident_weight_bytes`. The layer quantizes the weights to ``precision`` and keeps
     its own copy, whose size in bytes is :attr:`resident_weight_bytes`: the CUDA executor holds
-    fp32 values with ``expert_math="exact"``, the precision's own codes and scales with
-    ``"tensor_core"`` (MXFP8 1 + 1/32 bytes per weight, NVFP4 0.5 + 1/16, MXFP4 0.5 + 1/32, bf16
-    2), and bf16 codes plus one fp32 scale per matrix with ``"wgmma"`` (E4M3 codes and tile scales
-    for ``fp8_block128``); the CPU executor fp32 values and one scale per matrix.
+    the precision's own codes and scales with ``expert_math="exact"`` and ``"tensor_core"``
+    (MXFP8 1 + 1/32 bytes per weight, NVFP4 0.5 + 1/16, MXFP4 0.5 + 1/32, bf16 2, fp8_block128 1
+    plus an fp32 per 128 x 128 tile), and bf16 codes plus one fp32 scale per matrix with
+    ``"wgmma"`` (E4M3 codes and tile scales for ``fp8_block128``); the CPU executor fp32 values
+    and one scale per matrix.
 
     Teardown: :meth:`close` (or ``with epmoe.Layer(...) as layer:``, or dropping the last
     reference) destroys the layer. On the CUDA executor that is collective (NCCL window

@@ -593,23 +593,21 @@ TEST(GpuWeights, DevicePreparationIsBitIdenticalToTheHostForEveryPrecisionAndBac
           auto backend = cuda::experts::make_expert_backend(config, 0);
           backend->prepare(given, nullptr);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          // Resident in the precision: decoded, the reference's values bit for bit.
           if (math == ExpertMath::exact) {
-            const auto& w = dynamic_cast<cuda::experts::exact::ExactBackend&>(*backend).weights();
-            EXPECT_EQ(first_difference(from_device(w.w13, want.w13.size()), want.w13, 2 * I * H),
-                      "")
+            const auto& exact = dynamic_cast<cuda::experts::exact::ExactBackend&>(*backend);
+            EXPECT_EQ(first_difference(exact.decoded_w13_on_host(), want.w13, 2 * I * H), "")
                 << "w13";
-            EXPECT_EQ(first_difference(from_device(w.w2, want.w2.size()), want.w2, H * I), "")
-                << "w2";
-            EXPECT_GE(backend->weight_bytes(), (want.w13.size() + want.w2.size()) * 4);
-          } else {  // resident in the precision: decoded, the reference's values bit for bit
+            EXPECT_EQ(first_difference(exact.decoded_w2_on_host(), want.w2, H * I), "") << "w2";
+          } else {
             const auto& mma = dynamic_cast<cuda::experts::mma::MmaBackend&>(*backend);
             EXPECT_EQ(first_difference(mma.decoded_on_host(mma.weights().w13), want.w13, 2 * I * H),
                       "")
                 << "w13";
             EXPECT_EQ(first_difference(mma.decoded_on_host(mma.weights().w2), want.w2, H * I), "")
                 << "w2";
-            test::expect_format_size(backend->weight_bytes(), c.precision, E * 3 * H * I, E);
           }
+          test::expect_format_size(backend->weight_bytes(), c.precision, E * 3 * H * I, E);
           if (c.precision == Precision::nvfp4) {  // the tiny-amax matrices reach the clamp
             EXPECT_EQ(want.w13_s_enc[1], formats::kFloatMax) << "expert 1's w13 s_enc clamps";
             EXPECT_EQ(want.w13_s_enc[2], 1.0f) << "an all-zero matrix has s_enc 1";
@@ -692,13 +690,11 @@ TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
       const std::size_t biases = (b13.size() + b2.size()) * sizeof(float);
       const std::size_t params =
           static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-      if (math == ExpertMath::tensor_core)  // resident in the precision (mxfp8)
+      if (math == ExpertMath::wgmma)  // bf16 codes
+        EXPECT_GE(layer.resident_weight_bytes(), params * 2 + biases) << to_string(math);
+      else  // resident in the precision (mxfp8)
         test::expect_format_size(layer.resident_weight_bytes() - biases, Precision::mxfp8,
                                  static_cast<std::int64_t>(params), kShape.num_experts);
-      else
-        EXPECT_GE(layer.resident_weight_bytes(),
-                  params * (math == ExpertMath::exact ? 4 : 2) + biases)
-            << to_string(math);
     }
     {
       Layer layer(*comms[0], config, device);
@@ -727,12 +723,12 @@ TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {
                                    {kShape.num_experts, kShape.hidden, kShape.intermediate})});
     const std::size_t params =
         static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-    if (math == ExpertMath::tensor_core) {  // NVFP4 as it is: 0.5 B + an E4M3 per 16
+    if (math != ExpertMath::wgmma) {  // NVFP4 as it is: 0.5 B + an E4M3 per 16
       test::expect_format_size(layer.resident_weight_bytes(), Precision::nvfp4,
                                static_cast<std::int64_t>(params), kShape.num_experts);
       continue;
     }
-    const std::size_t per_weight = math == ExpertMath::exact ? 4 : 2;  // decoded / bf16 codes
+    const std::size_t per_weight = 2;  // wgmma: bf16 codes
     EXPECT_GE(layer.resident_weight_bytes(), params * per_weight) << to_string(math);
     EXPECT_LE(layer.resident_weight_bytes(), params * per_weight + 4096) << to_string(math);
   }

@@ -84,13 +84,6 @@ PackedWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* byt
   return w;
 }
 
-template <class T>
-std::vector<T> to_host(const T* p, std::size_t n) {
-  std::vector<T> v(n);
-  if (n > 0) EPMOE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-
 }  // namespace
 
 DevicePackedWeights::DevicePackedWeights(const ExpertProblem& problem) : problem_(problem) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "cuda/cuda_check.hpp"
 #include "epmoe/tensor.hpp"
 
 namespace epmoe::cuda::experts {
@@ -51,5 +52,14 @@ void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaSt
 // ceil(rows / 128) * tile_cols; edge tiles cover what is there. Order-free, so bit-exact.
 std::int64_t fp8_block128_tiles(std::int64_t rows, std::int64_t cols);
 void launch_tile_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
+
+// n elements of device memory `p`, copied to the host (synchronous): the weight holders' decodes
+// on the host, for tests against the reference's values.
+template <class T>
+std::vector<T> to_host(const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) EPMOE_CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
 
 }  // namespace epmoe::cuda::experts

@@ -14,8 +14,9 @@ namespace {
 
 inline constexpr int kColumnsPerTile = kTileCols / 2;  // intermediate columns (gate + up each)
 
-// The activation is a template argument: each kernel holds one activation's code (registers).
-template <Activation kActivation>
+// The activation and the weights' precision are template arguments: each kernel holds one
+// activation's and one format's code (registers).
+template <Activation kActivation, Precision P>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in the staged x
@@ -37,19 +38,18 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
           return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
         };
 
-        const float* w13 =
-            p.weights.w13 + static_cast<std::size_t>(chunk.expert) * 2 * inter * hidden;
+        const Matrices<P>& w13 = fc1_matrices<P>(p.weights);
         const WarpRole role = warp_role(chunk.rows);
         Accumulators acc;
         tile_gemm(
-            *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, hidden,
+            *reinterpret_cast<TileSmem<P>*>(smem), role, chunk.rows, hidden,
             [&](int r) { return in.x + static_cast<std::size_t>(x_row_of[r]) * hidden; },
             [&](int c) {
               const std::int64_t row =
                   c < kColumnsPerTile ? j0 + c : inter + j0 + c - kColumnsPerTile;
-              return w13 + row * hidden;
+              return tile_weight_row<P>(w13, chunk.expert, row);
             },
-            acc);
+            matrix_factors<P>(w13, chunk.expert), acc);
 
         // Epilogue (k group 0 of each row group): the activation of the float-rounded (biased) gate
         // and up. b13 is indexed as w13's rows: gate j0 + column, up I + j0 + column.
@@ -77,14 +77,20 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
 
 KernelShape fc1_shape(const ExpertProblem& problem, int device, int num_sms) {
   return with_activation(problem.activation, [&](auto activation) {
-    return occupancy_shape(f64_fc1_kernel<decltype(activation)::value>, kTileSmemBytes, device,
-                           num_sms);
+    return with_precision(problem.precision, [&](auto precision) {
+      constexpr Precision P = decltype(precision)::value;
+      return occupancy_shape(f64_fc1_kernel<decltype(activation)::value, P>, kTileSmemBytes<P>,
+                             device, num_sms);
+    });
   });
 }
 
 void launch_fc1(const Params& p, const KernelShape& s, cudaStream_t stream) {
   with_activation(p.problem.activation, [&](auto activation) {
-    launch_chained(f64_fc1_kernel<decltype(activation)::value>, s, stream, p);
+    with_precision(p.problem.precision, [&](auto precision) {
+      launch_chained(f64_fc1_kernel<decltype(activation)::value, decltype(precision)::value>, s,
+                     stream, p);
+    });
   });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -12,6 +12,7 @@
 namespace epmoe::cuda::experts::exact {
 namespace {
 
+template <Precision P>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kTileRows];
@@ -30,13 +31,14 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
           // stored.
           const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-          const float* w2 = p.weights.w2 + static_cast<std::size_t>(chunk.expert) * hidden * inter;
+          const Matrices<P>& w2 = fc2_matrices<P>(p.weights);
           const WarpRole role = warp_role(chunk.rows);
           Accumulators acc;
           tile_gemm(
-              *reinterpret_cast<TileSmem*>(smem), role, chunk.rows, inter,
+              *reinterpret_cast<TileSmem<P>*>(smem), role, chunk.rows, inter,
               [&](int r) { return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter); },
-              [&](int c) { return w2 + w_row(c) * inter; }, acc);
+              [&](int c) { return tile_weight_row<P>(w2, chunk.expert, w_row(c)); },
+              matrix_factors<P>(w2, chunk.expert), acc);
 
           // Epilogue (k group 0 of each row group): each lane stores its columns, 32 apart, so a
           // warp's stores to a row are contiguous.
@@ -60,12 +62,17 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
 
 }  // namespace
 
-KernelShape fc2_shape(int device, int num_sms) {
-  return occupancy_shape(f64_fc2_kernel, kTileSmemBytes, device, num_sms);
+KernelShape fc2_shape(const ExpertProblem& problem, int device, int num_sms) {
+  return with_precision(problem.precision, [&](auto precision) {
+    constexpr Precision P = decltype(precision)::value;
+    return occupancy_shape(f64_fc2_kernel<P>, kTileSmemBytes<P>, device, num_sms);
+  });
 }
 
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream) {
-  launch_chained(f64_fc2_kernel, s, stream, p);
+  with_precision(p.problem.precision, [&](auto precision) {
+    launch_chained(f64_fc2_kernel<decltype(precision)::value>, s, stream, p);
+  });
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,16 +4,35 @@
 #include <cuda_runtime.h>
 
 #include "cuda/experts/biases.hpp"
+#include "cuda/experts/fp8_block_weights.hpp"
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/packed_weights.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::exact {
 
-// Its prepared weights: decode(encode(w)) of every matrix, in fp32 (docs/design.md §6).
+// Its prepared weights, resident in the layer's precision: packed (bf16, MXFP8, MXFP4, NVFP4;
+// packed_weights.hpp) or fp8_block128's codes and tile scales (fp8_block_weights.hpp); the other is
+// unused. The tile decodes them per slab (f64_tile.cuh).
 struct Weights {
-  float* w13;  // [E_local, 2I, H] gate rows then up rows
-  float* w2;   // [E_local, H, I]
+  PackedWeights packed;
+  Fp8BlockWeights fp8;
 };
+// FC1's and FC2's matrices of precision P.
+template <Precision P>
+__host__ __device__ inline const auto& fc1_matrices(const Weights& w) {
+  if constexpr (P == Precision::fp8_block128)
+    return w.fp8.w13;
+  else
+    return w.packed.w13;
+}
+template <Precision P>
+__host__ __device__ inline const auto& fc2_matrices(const Weights& w) {
+  if constexpr (P == Precision::fp8_block128)
+    return w.fp8.w2;
+  else
+    return w.packed.w2;
+}
 
 struct Params {
   ExpertStep step;
@@ -32,7 +51,7 @@ KernelShape quantize_h_shape(const ExpertProblem& problem, int device, int num_s
 void launch_quantize_h(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 // FC2 per (expert, chunk, tile of 128 hidden columns), results home; the last CTA publishes done.
-KernelShape fc2_shape(int device, int num_sms);
+KernelShape fc2_shape(const ExpertProblem& problem, int device, int num_sms);
 void launch_fc2(const Params& p, const KernelShape& s, cudaStream_t stream);
 
 }  // namespace epmoe::cuda::experts::exact

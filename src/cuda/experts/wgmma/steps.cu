@@ -5,6 +5,7 @@
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
+#include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/activation.hpp"
 #include "math/expert_row.hpp"  // math::biased, math::unscaled
 
@@ -25,14 +26,14 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
       p.fp8_fc1.sfa[e] = p.scratch.a8_scale + first * (hidden / kBlock);
-      p.fp8_fc1.b[e] = w.w13 + e * 2 * inter * hidden;
-      p.fp8_fc1.sfb[e] = w.w13_scale + e * (2 * inter / kBlock) * (hidden / kBlock);
+      p.fp8_fc1.b[e] = w.w13.codes + e * 2 * inter * hidden;
+      p.fp8_fc1.sfb[e] = w.w13.scales + formats::fp8_block128_tile(2 * inter, hidden, e, 0);
       p.fp8_fc1.d[e] = p.scratch.d + first * 2 * inter;
       p.fp8_fc2.problems[e] = GemmProblem{m, h, i};
       p.fp8_fc2.a[e] = p.scratch.h8 + first * inter;
       p.fp8_fc2.sfa[e] = p.scratch.h8_scale + first * (inter / kBlock);
-      p.fp8_fc2.b[e] = w.w2 + e * hidden * inter;
-      p.fp8_fc2.sfb[e] = w.w2_scale + e * (hidden / kBlock) * (inter / kBlock);
+      p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
+      p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
