@@ -1,8 +1,8 @@
-# Sourced by the GPU scripts that build epmoe themselves (bench/run_all.sh, bench/ab.sh): NCCL from
-# the wheel torch uses (its headers and library must match: the system's is another version),
-# CLI11 and CUTLASS headers from $EPMOE_GPU_DEPS (.gpu_deps, carried to the GPU machine), Ninja
-# when present. Sets deps, nccl_root, LD_LIBRARY_PATH, extra (cmake arguments) and generator;
-# returns 1, saying why, when the NCCL wheel is missing.
+# Sourced by the GPU scripts that build epmoe themselves (tests/gpu/run.sh, bench/run_all.sh,
+# bench/ab.sh): NCCL from the wheel torch uses (its headers and library must match: the system's
+# is another version), CLI11 and CUTLASS headers from $EPMOE_GPU_DEPS (.gpu_deps, carried to the
+# GPU machine), Ninja when present. Sets deps, nccl_root, LD_LIBRARY_PATH, extra (cmake arguments)
+# and generator; returns 1, saying why, when the NCCL wheel is missing.
 deps=${EPMOE_GPU_DEPS:-.gpu_deps}
 nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
 if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then

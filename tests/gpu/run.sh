@@ -14,26 +14,18 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
 out=${OUT:-build/gpu-logs}
 mkdir -p "$out"
-deps=${EPMOE_GPU_DEPS:-.gpu_deps}
 jobs=$(nproc)
 start=$(date +%s)
 
-# NCCL: the 2.28.9 wheel (headers and library must match exactly; /usr has 2.28.3 there).
-nccl_root=${NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
-if [ -z "$nccl_root" ] || [ ! -f "$nccl_root/include/nccl.h" ]; then
-  echo "NCCL wheel not found (python3 -c 'import nvidia.nccl'); set NCCL_ROOT"; exit 1
-fi
-[ -n "$nccl_root" ] && export LD_LIBRARY_PATH=$nccl_root/lib:${LD_LIBRARY_PATH:-}
-extra=()
+# NCCL from the wheel, CLI11 and CUTLASS from $EPMOE_GPU_DEPS, Ninja (sets deps, nccl_root, extra,
+# generator); googletest built from $deps when the machine has none.
+source scripts/gpu_env.sh || exit 1
 if [ ! -f /usr/include/gtest/gtest.h ] && [ -d "$deps/googletest" ]; then
   cmake -S "$deps/googletest" -B build/gtest -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_INSTALL_PREFIX="$PWD/build/gtest-prefix" >"$out/gtest_build.log" 2>&1 &&
     cmake --build build/gtest -j "$jobs" --target install >>"$out/gtest_build.log" 2>&1
   extra+=(-DCMAKE_PREFIX_PATH="$PWD/build/gtest-prefix")
 fi
-[ -d "$deps/cli11" ] && extra+=(-DCLI11_ROOT="$PWD/$deps/cli11")
-[ -d "$deps/cutlass/include" ] && extra+=(-DEPMOE_CUTLASS_INCLUDE="$PWD/$deps/cutlass/include")
-generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 
 echo "== build (nvcc $(nvcc --version | grep -o 'release [0-9.]*'), NCCL from ${nccl_root:-system})"
 if ! { cmake -S . -B build/gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
