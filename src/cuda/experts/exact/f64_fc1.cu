@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
           return p.h + (chunk.first_pair + r) * static_cast<std::size_t>(inter) + j0;
         };
 
-        const Matrices<P>& w13 = fc1_matrices<P>(p.weights);
+        const Matrices<P>& w13 = matrices<P>(p.weights.packed.w13, p.weights.fp8.w13);
         const WarpRole role = warp_role(chunk.rows);
         Accumulators acc;
         tile_gemm(

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
           // stored.
           const auto w_row = [&](int c) { return c0 + c < hidden ? c0 + c : hidden - 1; };
 
-          const Matrices<P>& w2 = fc2_matrices<P>(p.weights);
+          const Matrices<P>& w2 = matrices<P>(p.weights.packed.w2, p.weights.fp8.w2);
           const WarpRole role = warp_role(chunk.rows);
           Accumulators acc;
           tile_gemm(

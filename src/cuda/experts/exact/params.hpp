@@ -18,20 +18,14 @@ struct Weights {
   PackedWeights packed;
   Fp8BlockWeights fp8;
 };
-// FC1's and FC2's matrices of precision P.
+// One FC's matrices of precision P: `fp8` for fp8_block128, else `packed` (w13's or w2's of both).
 template <Precision P>
-__host__ __device__ inline const auto& fc1_matrices(const Weights& w) {
+__host__ __device__ inline const auto& matrices(const PackedMatrices& packed,
+                                                const Fp8BlockMatrices& fp8) {
   if constexpr (P == Precision::fp8_block128)
-    return w.fp8.w13;
+    return fp8;
   else
-    return w.packed.w13;
-}
-template <Precision P>
-__host__ __device__ inline const auto& fc2_matrices(const Weights& w) {
-  if constexpr (P == Precision::fp8_block128)
-    return w.fp8.w2;
-  else
-    return w.packed.w2;
+    return packed;
 }
 
 struct Params {
