@@ -47,24 +47,18 @@ Bf16CodeWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* b
 }  // namespace
 
 DeviceBf16CodeWeights::DeviceBf16CodeWeights(const ExpertProblem& problem, GateUp order)
-    : problem_(problem), order_(order) {
-  slice(nullptr, problem_, &bytes_);
-  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
-  weights_ = slice(memory_, problem_, &bytes_);
-}
-
-DeviceBf16CodeWeights::~DeviceBf16CodeWeights() {
-  cudaFree(memory_);
-}
+    : problem_(problem), order_(order), memory_([&](std::uint8_t* base, std::size_t* bytes) {
+        return slice(base, problem_, bytes);
+      }) {}
 
 void DeviceBf16CodeWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
   const std::int64_t interleave = order_ == GateUp::interleaved ? i : 0;
   prepare_fc_weights(
       local.w13, local.w13_quantized, 2 * i, h, problem_.precision, problem_.rounding,
-      StoreCodes{weights_.w13, weights_.w13_scale, 2 * i * h, h, interleave}, stream);
+      StoreCodes{weights().w13, weights().w13_scale, 2 * i * h, h, interleave}, stream);
   prepare_fc_weights(local.w2, local.w2_quantized, h, i, problem_.precision, problem_.rounding,
-                     StoreCodes{weights_.w2, weights_.w2_scale, h * i, i}, stream);
+                     StoreCodes{weights().w2, weights().w2_scale, h * i, i}, stream);
 }
 
 }  // namespace epmoe::cuda::experts

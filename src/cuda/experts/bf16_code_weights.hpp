@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/weights.hpp"  // DeviceSlices
 #include "epmoe/layer.hpp"
 
 namespace epmoe::cuda::experts {
@@ -30,23 +31,18 @@ struct Bf16CodeWeights {
 class DeviceBf16CodeWeights {
  public:
   explicit DeviceBf16CodeWeights(const ExpertProblem& problem, GateUp order = GateUp::stacked);
-  ~DeviceBf16CodeWeights();
-  DeviceBf16CodeWeights(const DeviceBf16CodeWeights&) = delete;
-  DeviceBf16CodeWeights& operator=(const DeviceBf16CodeWeights&) = delete;
 
   // This rank's experts (validated; bf16 or f32, host or this GPU) through the weight
   // quantization point of the layer's precision into bf16 codes, queued on `stream`.
   void prepare(const ExpertWeights& local, cudaStream_t stream);
 
-  const Bf16CodeWeights& weights() const { return weights_; }
-  std::size_t bytes() const { return bytes_; }
+  const Bf16CodeWeights& weights() const { return memory_.layout(); }
+  std::size_t bytes() const { return memory_.bytes(); }
 
  private:
   ExpertProblem problem_;
   GateUp order_;
-  std::uint8_t* memory_ = nullptr;
-  std::size_t bytes_ = 0;
-  Bf16CodeWeights weights_{};
+  DeviceSlices<Bf16CodeWeights> memory_;
 };
 
 }  // namespace epmoe::cuda::experts

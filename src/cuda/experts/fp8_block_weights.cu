@@ -41,22 +41,17 @@ Fp8BlockWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* b
 
 }  // namespace
 
-DeviceFp8BlockWeights::DeviceFp8BlockWeights(const ExpertProblem& problem) : problem_(problem) {
-  slice(nullptr, problem_, &bytes_);
-  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
-  weights_ = slice(memory_, problem_, &bytes_);
-}
-
-DeviceFp8BlockWeights::~DeviceFp8BlockWeights() {
-  cudaFree(memory_);
-}
+DeviceFp8BlockWeights::DeviceFp8BlockWeights(const ExpertProblem& problem)
+    : problem_(problem), memory_([&](std::uint8_t* base, std::size_t* bytes) {
+        return slice(base, problem_, bytes);
+      }) {}
 
 void DeviceFp8BlockWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
   prepare_fc_weights(local.w13, local.w13_quantized, 2 * i, h, problem_.precision,
-                     problem_.rounding, StoreFp8Codes{weights_.w13}, stream);
+                     problem_.rounding, StoreFp8Codes{weights().w13}, stream);
   prepare_fc_weights(local.w2, local.w2_quantized, h, i, problem_.precision, problem_.rounding,
-                     StoreFp8Codes{weights_.w2}, stream);
+                     StoreFp8Codes{weights().w2}, stream);
 }
 
 std::vector<float> DeviceFp8BlockWeights::decoded_on_host(const Fp8BlockMatrices& m) const {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/weights.hpp"  // DeviceSlices
 #include "epmoe/layer.hpp"
 
 namespace epmoe::cuda::experts {
@@ -31,16 +32,13 @@ struct Fp8BlockWeights {
 class DeviceFp8BlockWeights {
  public:
   explicit DeviceFp8BlockWeights(const ExpertProblem& problem);
-  ~DeviceFp8BlockWeights();
-  DeviceFp8BlockWeights(const DeviceFp8BlockWeights&) = delete;
-  DeviceFp8BlockWeights& operator=(const DeviceFp8BlockWeights&) = delete;
 
   // This rank's experts (values through the weight quantization point, or pre-quantized codes
   // copied as they are), queued on `stream`.
   void prepare(const ExpertWeights& local, cudaStream_t stream);
 
-  const Fp8BlockWeights& weights() const { return weights_; }
-  std::size_t bytes() const { return bytes_; }
+  const Fp8BlockWeights& weights() const { return memory_.layout(); }
+  std::size_t bytes() const { return memory_.bytes(); }
 
   // Every weight of `m` (one of weights()'s) decoded on the host from a copy of the device bytes,
   // [E_local, rows, cols] in fp32: for tests against the reference's values.
@@ -48,9 +46,7 @@ class DeviceFp8BlockWeights {
 
  private:
   ExpertProblem problem_;
-  std::uint8_t* memory_ = nullptr;
-  std::size_t bytes_ = 0;
-  Fp8BlockWeights weights_{};
+  DeviceSlices<Fp8BlockWeights> memory_;
 };
 
 }  // namespace epmoe::cuda::experts

@@ -86,17 +86,18 @@ PackedWeights slice(std::uint8_t* base, const ExpertProblem& e, std::size_t* byt
 
 }  // namespace
 
-DevicePackedWeights::DevicePackedWeights(const ExpertProblem& problem) : problem_(problem) {
-  if (!packable(problem_.precision))
+namespace {
+const ExpertProblem& packable_problem(const ExpertProblem& problem) {
+  if (!packable(problem.precision))
     throw Error(ErrorCode::internal, "DevicePackedWeights: fp8_block128 is not packed this way");
-  slice(nullptr, problem_, &bytes_);
-  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
-  weights_ = slice(memory_, problem_, &bytes_);
+  return problem;
 }
+}  // namespace
 
-DevicePackedWeights::~DevicePackedWeights() {
-  cudaFree(memory_);
-}
+DevicePackedWeights::DevicePackedWeights(const ExpertProblem& problem)
+    : problem_(packable_problem(problem)), memory_([&](std::uint8_t* base, std::size_t* bytes) {
+        return slice(base, problem_, bytes);
+      }) {}
 
 void DevicePackedWeights::prepare(const ExpertWeights& local, cudaStream_t stream) {
   const std::int64_t h = problem_.hidden, i = problem_.intermediate;
@@ -113,8 +114,8 @@ void DevicePackedWeights::prepare(const ExpertWeights& local, cudaStream_t strea
                        block == 0 ? kWeightBlock : block};
   };
   prepare_fc_weights(local.w13, local.w13_quantized, 2 * i, h, p, problem_.rounding,
-                     store(weights_.w13), stream);
-  prepare_fc_weights(local.w2, local.w2_quantized, h, i, p, problem_.rounding, store(weights_.w2),
+                     store(weights().w13), stream);
+  prepare_fc_weights(local.w2, local.w2_quantized, h, i, p, problem_.rounding, store(weights().w2),
                      stream);
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/weights.hpp"  // DeviceSlices
 #include "epmoe/layer.hpp"
 
 namespace epmoe::cuda::experts {
@@ -49,17 +50,14 @@ struct PackedWeights {
 class DevicePackedWeights {
  public:
   explicit DevicePackedWeights(const ExpertProblem& problem);
-  ~DevicePackedWeights();
-  DevicePackedWeights(const DevicePackedWeights&) = delete;
-  DevicePackedWeights& operator=(const DevicePackedWeights&) = delete;
 
   // This rank's experts (validated; bf16 / f32 values, host or this GPU, through the weight
   // quantization point on the GPU; or codes and scales already in the precision, copied as they
   // are, never re-quantized), queued on `stream`; returns once `stream` has drained.
   void prepare(const ExpertWeights& local, cudaStream_t stream);
 
-  const PackedWeights& weights() const { return weights_; }
-  std::size_t bytes() const { return bytes_; }
+  const PackedWeights& weights() const { return memory_.layout(); }
+  std::size_t bytes() const { return memory_.bytes(); }
 
   // Every weight of `m` (one of weights()'s) decoded on the host from a copy of the device bytes,
   // [E_local, rows, cols] in fp32 (the formula above): for tests against the reference's values.
@@ -67,9 +65,7 @@ class DevicePackedWeights {
 
  private:
   ExpertProblem problem_;
-  std::uint8_t* memory_ = nullptr;
-  std::size_t bytes_ = 0;
-  PackedWeights weights_{};
+  DeviceSlices<PackedWeights> memory_;
 };
 
 }  // namespace epmoe::cuda::experts

@@ -53,6 +53,31 @@ void launch_matrix_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaSt
 std::int64_t fp8_block128_tiles(std::int64_t rows, std::int64_t cols);
 void launch_tile_amax(const RawMatrices& raw, std::uint32_t* amax_bits, cudaStream_t stream);
 
+// One device allocation holding a weight layout's slices, for the backends' weight holders:
+// slice(base, &bytes) cuts them from `base` (nullptr: sizes only) and returns the layout; it is
+// called once to size the allocation and once to cut it.
+template <class Layout>
+class DeviceSlices {
+ public:
+  template <class Slice>
+  explicit DeviceSlices(Slice slice) {
+    slice(nullptr, &bytes_);
+    EPMOE_CUDA_CHECK(cudaMalloc(&memory_, bytes_));
+    layout_ = slice(memory_, &bytes_);
+  }
+  ~DeviceSlices() { cudaFree(memory_); }
+  DeviceSlices(const DeviceSlices&) = delete;
+  DeviceSlices& operator=(const DeviceSlices&) = delete;
+
+  const Layout& layout() const { return layout_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::uint8_t* memory_ = nullptr;
+  std::size_t bytes_ = 0;
+  Layout layout_{};
+};
+
 // n elements of device memory `p`, copied to the host (synchronous): the weight holders' decodes
 // on the host, for tests against the reference's values.
 template <class T>
