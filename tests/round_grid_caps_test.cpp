@@ -36,14 +36,5 @@ TEST(RoundGridCaps, ThePrefillBucketsCapsSaturateAndNeverBind) {
   }
 }
 
-TEST(RoundGridCaps, QuantizeHTakesAtMostTheRowsTimesTopKPairsAndSaturates) {
-  const RoundGridCaps decode = round_grid_caps(bucket_max_tokens(TokenBucket::decode), 2, 256);
-  EXPECT_EQ(pairs_cap(decode, 8), 256);  // 2 ranks x 16 tokens x 8 entries
-  EXPECT_EQ(pairs_cap(round_grid_caps(1, 1, 256), 1), 1);
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  EXPECT_EQ(pairs_cap(round_grid_caps(bucket_max_tokens(TokenBucket::prefill), 8, 256), 8), kMax);
-  EXPECT_EQ(pairs_cap(round_grid_caps(kMax / 4, 1, 256), 8), kMax);  // the product would wrap
-}
-
 }  // namespace
 }  // namespace epmoe::cuda

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
@@ -60,31 +59,17 @@ KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num
 // are built once at creation, and each forward picks its bucket's from T on the host.
 template <class T>
 using PerBucket = std::array<T, kNumTokenBuckets>;
-// make(knobs), or make(knobs, bucket) where it takes the bucket too.
 template <class Make>
 auto per_bucket(const LayerConfig& config, Make make) {
-  const auto make_one = [&](TokenBucket b) {
-    if constexpr (std::is_invocable_v<Make, const Knobs&, TokenBucket>)
-      return make(config.knobs(b), b);
-    else
-      return make(config.knobs(b));
-  };
-  PerBucket<decltype(make_one(TokenBucket::decode))> out{};
-  for (int b = 0; b < kNumTokenBuckets; ++b) out[b] = make_one(static_cast<TokenBucket>(b));
+  PerBucket<decltype(make(config.knobs(TokenBucket::decode)))> out{};
+  for (int b = 0; b < kNumTokenBuckets; ++b)
+    out[b] = make(config.knobs(static_cast<TokenBucket>(b)));
   return out;
 }
 // `s` with at most `ctas` CTAs (and at least one).
 inline KernelShape at_most(KernelShape s, std::int64_t ctas) {
   s.grid = static_cast<int>(std::clamp<std::int64_t>(ctas, 1, s.grid));
   return s;
-}
-// A quantize-h step's grid in a token bucket: it takes an h row (a received pair) per CTA, so at
-// most the pairs the bucket's largest T can bring (round_grid_caps), whatever the occupancy.
-inline KernelShape quantize_h_grid(KernelShape occupancy, const LayerConfig& config,
-                                   TokenBucket bucket) {
-  return at_most(occupancy,
-                 pairs_cap(round_grid_caps(bucket_max_tokens(bucket), config.world(), kThreads),
-                           static_cast<int>(config.shape().top_k)));
 }
 inline int bucket_index(TokenBucket b) {
   return static_cast<int>(b);

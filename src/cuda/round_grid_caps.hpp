@@ -2,8 +2,8 @@
 // round_shapes in kernels.hpp): plain arithmetic, so the CPU tests check it
 // (tests/round_grid_caps_test.cpp). dispatch and combine take a token per CTA; route a received
 // row per CTA, at most world x the bucket's largest T (every rank sending that many); bucket a
-// received row per thread; the quantize-h steps a received pair per CTA (pairs_cap). The prefill
-// bucket has no largest T (the int64 maximum): its caps saturate and never bind.
+// received row per thread. The prefill bucket has no largest T (the int64 maximum): its caps
+// saturate and never bind.
 #pragma once
 
 #include <cstdint>
@@ -22,13 +22,6 @@ inline RoundGridCaps round_grid_caps(std::int64_t max_tokens, int world, int thr
   const std::int64_t rows = max_tokens > kMax / world ? kMax : max_tokens * world;
   return RoundGridCaps{max_tokens, rows,
                        rows / threads_per_cta + (rows % threads_per_cta != 0 ? 1 : 0)};
-}
-
-// A step that takes a received pair (row, top-k entry) per CTA (quantize-h): at most per_row x
-// top_k of them; saturating like the caps above.
-inline std::int64_t pairs_cap(const RoundGridCaps& caps, int top_k) {
-  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
-  return caps.per_row > kMax / top_k ? kMax : caps.per_row * top_k;
 }
 
 }  // namespace epmoe::cuda

@@ -37,9 +37,9 @@ ExactBackend::ExactBackend(const LayerConfig& config, int device)
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   h_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
-  shapes_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
+  shapes_ = per_bucket(config, [&](const Knobs& k) {
     return Shapes{fc1_shape(problem_, device, k.num_sms),
-                  quantize_h_grid(quantize_h_shape(problem_, device, k.num_sms), config, bucket),
+                  quantize_h_shape(problem_, device, k.num_sms),
                   fc2_shape(problem_, device, k.num_sms)};
   });
 }

@@ -52,9 +52,9 @@ std::string MmaBackend::can_implement(const LayerConfig& config) {
 
 MmaBackend::MmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)), weights_(problem_) {
-  shapes_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
+  shapes_ = per_bucket(config, [&](const Knobs& k) {
     return Shapes{fc1_shape(problem_, device, k.num_sms),
-                  quantize_h_grid(quantize_h_shape(problem_, device, k.num_sms), config, bucket),
+                  quantize_h_shape(problem_, device, k.num_sms),
                   fc2_shape(problem_, device, k.num_sms)};
   });
   // A decode round's split tiles (steps.cuh, for_each_item_part): a slot per CTA the device runs
