@@ -101,14 +101,19 @@ TEST(SendHome, InKernelReduceAddsWeightTimesResultIntoTheTokensAccumulator) {
   EXPECT_EQ(b.combine.accumulator_row(0)[3], 0.0f);
 }
 
-TEST(SendHome, FourColumnsAtOnceStoreWhatFourSingleSendsStore) {
+TEST(SendHome, TwoOrFourColumnsAtOnceStoreWhatSingleSendsStore) {
   const float values[4] = {1.00390625f, -3.5f, 0.1f, 65504.0f};
   for (const Combine mode : {Combine::staged, Combine::in_kernel_reduce}) {
-    Buffer one(mode), four(mode);
+    const char* name = mode == Combine::staged ? "staged" : "in_kernel_reduce";
+    Buffer one(mode), four(mode), two(mode);
     const HomeSlot to{0, 1, 2, 0.75f};
     for (int i = 0; i < 4; ++i) send_home(one.combine, to, i, values[i]);
-    send_home4(four.combine, to, 0, values);
-    EXPECT_EQ(one.bytes, four.bytes) << (mode == Combine::staged ? "staged" : "in_kernel_reduce");
+    send_home_n<4>(four.combine, to, 0, values);
+    EXPECT_EQ(one.bytes, four.bytes) << name;
+    const float low[2] = {values[0], values[1]}, high[2] = {values[2], values[3]};
+    send_home_n<2>(two.combine, to, 1, high);  // columns 2, 3
+    send_home_n<2>(two.combine, to, 0, low);
+    EXPECT_EQ(one.bytes, two.bytes) << name;
   }
 }
 

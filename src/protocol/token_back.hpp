@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "epmoe/config.hpp"
 #include "formats/codec.hpp"
@@ -82,20 +83,22 @@ EPMOE_HD void send_home(const CombineBuffer& home, const HomeSlot& to, std::int6
     add_relaxed(&home.accumulator_row(to.token)[column], mul_rn(to.weight, value));
 }
 
-// send_home of four consecutive elements, columns 4 * column4 .. 4 * column4 + 3: staged, one
-// 8-byte store of their bf16 values (a staged row is H bf16, H a multiple of 64, from an aligned
-// base, so it is 8-byte aligned); in_kernel_reduce, four atomics, as send_home.
-EPMOE_HD void send_home4(const CombineBuffer& home, const HomeSlot& to, std::int64_t column4,
-                         const float (&values)[4]) {
+// send_home of N consecutive elements (N = 2 or 4), columns N * group .. N * group + N - 1:
+// staged, one 4- or 8-byte store of their bf16 values (a staged row is H bf16, H a multiple of 64,
+// from an aligned base, so it is 8-byte aligned); in_kernel_reduce, N atomics, as send_home.
+template <int N>
+EPMOE_HD void send_home_n(const CombineBuffer& home, const HomeSlot& to, std::int64_t group,
+                          const float (&values)[N]) {
+  static_assert(N == 2 || N == 4, "one 4- or 8-byte store");
+  using Word = std::conditional_t<N == 2, std::uint32_t, std::uint64_t>;
   if (home.mode == Combine::staged) {
-    std::uint16_t codes[4];
-    for (int i = 0; i < 4; ++i) codes[i] = formats::float_to_bf16(values[i]);
-    std::uint64_t packed = 0;
-    for (int i = 3; i >= 0; --i) packed = packed << 16 | codes[i];  // little-endian: codes[0] first
-    reinterpret_cast<std::uint64_t*>(home.staged_row(to.token, to.slot))[column4] = packed;
+    Word packed = 0;
+    for (int i = N - 1; i >= 0; --i)  // little-endian: values[0] first
+      packed = static_cast<Word>(packed << 16 | formats::float_to_bf16(values[i]));
+    reinterpret_cast<Word*>(home.staged_row(to.token, to.slot))[group] = packed;
     return;
   }
-  for (int i = 0; i < 4; ++i) send_home(home, to, 4 * column4 + i, values[i]);
+  for (int i = 0; i < N; ++i) send_home(home, to, N * group + i, values[i]);
 }
 
 // Step 7, on the home rank once every done has arrived: y[token, column] as bf16.

@@ -128,12 +128,13 @@ __device__ inline void send_home(const TokenBackTarget& p, const HomeSlot& home,
       out);
 }
 
-// Four consecutive elements home at once (protocol::send_home4): columns 4 * column4 .. + 3.
-__device__ inline void send_home4(const TokenBackTarget& p, const HomeSlot& home,
-                                  std::int64_t column4, const float (&out)[4]) {
-  protocol::send_home4(
+// N (2 or 4) consecutive elements home at once (protocol::send_home_n): columns N * group .. + N-1.
+template <int N>
+__device__ inline void send_home_n(const TokenBackTarget& p, const HomeSlot& home,
+                                   std::int64_t group, const float (&out)[N]) {
+  protocol::send_home_n<N>(
       protocol::combine_buffer(p.peer_windows[home.rank], p.layout, p.top_k, p.combine), home,
-      column4, out);
+      group, out);
 }
 
 // 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one

@@ -229,18 +229,19 @@ __device__ inline void fc2_step(const Params& p) {
             if (r >= chunk.rows) return;
             // One scale at a time: the product of two NVFP4 s_enc (tiny-amax rows) can overflow.
             const float h_scale = p.h_scale[chunk.first_pair + r];
+        // A fragment's two columns are consecutive, the first even: one 4-byte bf16 pair
+        // (staged); H is even, so both or neither are past it.
 #pragma unroll
-            for (int ni = 0; ni < kNTiles; ++ni)
+            for (int ni = 0; ni < kNTiles; ++ni) {
+              const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4);
+              if (c >= hidden) continue;
+              float out[2];
 #pragma unroll
-              for (int v = 0; v < 2; ++v) {
-                const std::int64_t c = c0 + tile.col0 + 8 * ni + 2 * (lane % 4) + v;
-                if (c < hidden) {
-                  send_home(
-                      p.step.home, home_of[r], c,
-                      math::biased(acc[mi][ni][2 * half + v] / h_scale / w_divisor * w_multiplier,
-                                   b2, c));
-                }
-              }
+              for (int v = 0; v < 2; ++v)
+                out[v] = math::biased(
+                    acc[mi][ni][2 * half + v] / h_scale / w_divisor * w_multiplier, b2, c + v);
+              send_home_n<2>(p.step.home, home_of[r], c / 2, out);
+            }
           });
         });
   });

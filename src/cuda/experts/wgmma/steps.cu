@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
 }
 
 // One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
-// both scales, b2, the result home (send_home4), four columns per lane per step; the last CTA
+// both scales, b2, the result home (send_home_n), four columns per lane per step; the last CTA
 // publishes done to every rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
   fc2_round<Stamps::end_only>(p.step, [&](std::uint32_t round) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 #pragma unroll
           for (int i = 0; i < 4; ++i)
             out[i] = math::biased(math::unscaled(sums[i], h_scale, w_scale), b2, 4 * c4 + i);
-          send_home4(p.step.home, home, c4, out);
+          send_home_n<4>(p.step.home, home, c4, out);
         }
       }
     }
