@@ -6,8 +6,8 @@
 
 #include "cuda/experts/bf16_code_weights.hpp"
 #include "cuda/experts/biases.hpp"
-#include "cuda/experts/inputs.hpp"
 #include "cuda/experts/fp8_block_weights.hpp"
+#include "cuda/experts/inputs.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cuda/kernels.hpp"
 
