@@ -39,7 +39,15 @@ def load(paths):
         if doc.get("schema") not in SCHEMAS:
             sys.exit(f"{path}: not an {' or '.join(SCHEMAS)} file (schema {doc.get('schema')!r})")
         meta.append((path, doc))
-        (gemm if doc["schema"] == "epmoe-bench-gemm/1" else points).extend(doc["points"])
+        if doc["schema"] == "epmoe-bench-gemm/1":
+            gemm.extend(doc["points"])
+            continue
+        # Points whose ranks ran different T (`epmoe bench --tokens 0/64`: tokens_by_rank, no
+        # tokens_per_rank) have no place on a T axis: left out of the plots and tables, said so.
+        per_rank = [p for p in doc["points"] if p.get("tokens_per_rank") is None]
+        if per_rank:
+            print(f"{path}: {len(per_rank)} point(s) with a T per rank left out", file=sys.stderr)
+        points.extend(p for p in doc["points"] if p.get("tokens_per_rank") is not None)
     return points, gemm, meta
 
 

@@ -133,7 +133,8 @@ struct Point {
   Precision precision = Precision::bf16;
   Combine combine = Combine::staged;
   ExpertMath math = ExpertMath::exact;
-  std::int64_t tokens = 0;
+  std::int64_t tokens = 0;         // the largest rank's T (counts.max())
+  TokenCounts counts;              // every rank's T, or each rank's (--tokens 0/64)
   std::string status = "pending";  // ok | skipped | error
   std::string note;
   std::string check = "skipped";  // pass | fail | skipped (per config, repeated on its points)
@@ -229,9 +230,10 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
         cp.plan(o, pi, last_ms, last_t > 0 ? double(T) / double(last_t) : double(T));
     if (!plan) return;
     const int warmup = plan->warmup, rounds = plan->rounds;
-    const std::vector<Routing> routing = uniform_routing(s, T, world, warmup + rounds, o.seed);
+    const std::vector<Routing> routing =
+        uniform_routing(s, pt.counts, world, warmup + rounds, o.seed);
     try {
-      const RoundTimes times = time_rounds(*cluster, routing, data, T, warmup, rounds,
+      const RoundTimes times = time_rounds(*cluster, routing, data, pt.counts, warmup, rounds,
                                            o.max_point_s, st.backend, o.phases, o.graph);
       pt.warmup = warmup;
       std::vector<Traffic> per_round;
@@ -271,8 +273,8 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
       last_ms = pt.p50;
       last_t = T;
       char detail[200];
-      std::snprintf(detail, sizeof detail, "%s T=%lld: %.3f ms", what.c_str(),
-                    static_cast<long long>(T), pt.p50);
+      std::snprintf(detail, sizeof detail, "%s T=%s: %.3f ms", what.c_str(),
+                    pt.counts.label().c_str(), pt.p50);
       cp.done(detail);
     } catch (const std::exception& e) {
       cp.fail(pi, e, "the layer failed at an earlier T of this config");
@@ -294,9 +296,9 @@ void print_table(const std::vector<Point>& points, bool phases) {
   std::printf("check\n");
   for (const Point& p : points) {
     const std::string math = std::string(to_string(p.math)) + (p.megakernel ? "*" : "");
-    std::printf("%-22s %2d %-5s %-16s %-11s %5lld ", p.model->label().c_str(), p.world,
+    std::printf("%-22s %2d %-5s %-16s %-11s %5s ", p.model->label().c_str(), p.world,
                 to_string(p.precision), to_string(p.combine), math.c_str(),
-                static_cast<long long>(p.tokens));
+                p.counts.label().c_str());
     if (print_unless_ok(p)) continue;
     const double sec = p.p50 * 1e-3;
     const double tbps = p.traffic.weight_bytes / p.world / sec / 1e12;
@@ -319,6 +321,17 @@ std::string knob_file_in_use() {
   return env == nullptr ? "" : env;
 }
 
+// The JSON's T: "tokens_per_rank": T where every rank ran T; where the ranks ran different T
+// (--tokens 0/64), null and "tokens_by_rank": [T0, T1, ...], so that no reader files such a
+// round under one T.
+std::string tokens_per_rank(const TokenCounts& t) {
+  if (!t.per_rank()) return std::to_string(t.by_rank[0]);
+  std::string out = "null, \"tokens_by_rank\": [";
+  for (std::size_t r = 0; r < t.by_rank.size(); ++r)
+    out += (r > 0 ? ", " : "") + std::to_string(t.by_rank[r]);
+  return out + "]";
+}
+
 void write_json(const std::string& path, const BenchOptions& o, Backend backend, const Ceilings& c,
                 const std::vector<Point>& points, double total_s) {
   const std::string settings = std::string(", \"routing\": \"uniform top-k, 5% slots dropped\"") +
@@ -336,10 +349,10 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
           << ", \"math\": " << json_str(to_string(p.math))
           << ", \"megakernel\": " << (p.megakernel ? "true" : "false")
           << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"world\": " << p.world
-          << ", \"tokens_per_rank\": " << p.tokens << ", \"status\": " << json_str(p.status)
-          << ", \"note\": " << json_str(p.note) << ", \"check\": " << json_str(p.check)
-          << ", \"warmup\": " << p.warmup << ", \"rounds\": " << p.latency_ms.size()
-          << ", \"latency_ms_p50\": " << json_num(p.p50)
+          << ", \"tokens_per_rank\": " << tokens_per_rank(p.counts)
+          << ", \"status\": " << json_str(p.status) << ", \"note\": " << json_str(p.note)
+          << ", \"check\": " << json_str(p.check) << ", \"warmup\": " << p.warmup
+          << ", \"rounds\": " << p.latency_ms.size() << ", \"latency_ms_p50\": " << json_num(p.p50)
           << ", \"latency_ms_p90\": " << json_num(p.p90)
           << ", \"latency_ms_min\": " << json_num(p.min)
           << ", \"weight_bytes\": " << json_num(p.traffic.weight_bytes)
@@ -373,8 +386,8 @@ int bench(const BenchOptions& o) {
   const auto start = Clock::now();
   validate_sweep_options(o);
 
-  const std::vector<std::int64_t> tokens = parse_counts(o.tokens, "--tokens", 0, "T");
-  const std::int64_t max_tokens = std::max<std::int64_t>(1, tokens.back());
+  const std::vector<TokenCounts> tokens = parse_token_counts(o.tokens, "--tokens", 0);
+  const std::int64_t max_tokens = std::max<std::int64_t>(1, tokens.back().max());
 
   std::vector<Model> models = parse_models(o);
   const std::vector<Precision> precisions = parse_precisions(o.precisions);
@@ -395,6 +408,12 @@ int bench(const BenchOptions& o) {
     }
   }
   if (worlds.empty()) reject("--worlds: give at least one world size");
+  for (const TokenCounts& t : tokens)
+    for (int w : worlds)
+      if (t.per_rank() && static_cast<int>(t.by_rank.size()) != w)
+        reject("--tokens: " + t.label() + " gives " + std::to_string(t.by_rank.size()) +
+               " ranks' T, but --worlds has " + std::to_string(w) +
+               ": a per-rank T needs exactly one count per rank of every world");
   const Backend backend = choose_backend(o.executor, 1);  // auto: the GPUs when there is one
   if (o.phases && backend != Backend::cuda_nccl)
     reject("--phases: per-phase timing stamps the GPU clock; the CPU executor has none");
@@ -458,14 +477,15 @@ int bench(const BenchOptions& o) {
                 continue;
               if (mk && x != ExpertMath::tensor_core) continue;
               Config cfg{m, w, p, c, x, mk, {}};
-              for (std::int64_t t : tokens) {
+              for (const TokenCounts& t : tokens) {
                 Point pt;
                 pt.model = &models[m];
                 pt.world = w;
                 pt.precision = p;
                 pt.combine = c;
                 pt.math = x;
-                pt.tokens = t;
+                pt.tokens = t.max();
+                pt.counts = t;
                 cfg.points.push_back(points.size());
                 points.push_back(pt);
               }
@@ -516,7 +536,9 @@ Subcommand add_bench_command(CLI::App& parent) {
       "docs/bench.md defines every column.\nExit status: 0 ok, 1 a check failed or a point "
       "errored, 2 bad options.");
   add_sweep_options(*cmd, *o);
-  cmd->add_option("--tokens", o->tokens, "comma list of T (tokens per rank)")
+  cmd->add_option("--tokens", o->tokens,
+                  "comma list of T (tokens per rank), or of T0/T1/... (each rank's T: 0/64 is "
+                  "rank 0 idle, rank 1 at 64; needs one count per rank of every --worlds)")
       ->capture_default_str();
   cmd->add_option("--combines", o->combines, "comma list of staged, in_kernel_reduce")
       ->capture_default_str();

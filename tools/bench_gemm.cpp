@@ -146,8 +146,9 @@ void run_gemm_config(GemmSweep& st, const Model& model, const ModelData& data, P
     try {
       const std::vector<Routing> routing(static_cast<std::size_t>(plan.warmup + plan.rounds),
                                          harness::make_balanced_routing(s, pt.rows));
-      const RoundTimes times = time_rounds(*cluster, routing, data, pt.tokens, plan.warmup,
-                                           plan.rounds, o.max_point_s, st.backend, phases);
+      const RoundTimes times =
+          time_rounds(*cluster, routing, data, TokenCounts{{pt.tokens}}, plan.warmup, plan.rounds,
+                      o.max_point_s, st.backend, phases);
       pt.warmup = plan.warmup;
       std::vector<double> forward_ms, fc1_us, fc2_us;
       for (int i = plan.warmup; i < plan.warmup + times.timed; ++i) {

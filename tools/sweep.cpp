@@ -130,6 +130,46 @@ std::vector<std::int64_t> parse_counts(const std::string& text, const std::strin
   return out;
 }
 
+std::int64_t TokenCounts::max() const {
+  return *std::max_element(by_rank.begin(), by_rank.end());
+}
+
+std::string TokenCounts::label() const {
+  std::string out;
+  for (std::size_t r = 0; r < by_rank.size(); ++r)
+    out += (r > 0 ? "/" : "") + std::to_string(by_rank[r]);
+  return out;
+}
+
+std::vector<TokenCounts> parse_token_counts(const std::string& text, const std::string& option,
+                                            std::int64_t min) {
+  std::vector<TokenCounts> out;
+  for (const auto& item : split(text)) {
+    TokenCounts t;
+    std::size_t at = 0;
+    while (true) {
+      const std::size_t slash = item.find('/', at);
+      const std::string count = item.substr(at, slash == std::string::npos ? slash : slash - at);
+      const std::int64_t v = parse_int(count, option);
+      if (v < min)
+        reject(option + ": " + item + ": " + count + " must be >= " + std::to_string(min));
+      t.by_rank.push_back(v);
+      if (slash == std::string::npos) break;
+      at = slash + 1;
+    }
+    out.push_back(t);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TokenCounts& a, const TokenCounts& b) { return a.max() < b.max(); });
+  std::vector<TokenCounts> unique;
+  for (const TokenCounts& t : out)
+    if (std::none_of(unique.begin(), unique.end(),
+                     [&](const TokenCounts& u) { return u.by_rank == t.by_rank; }))
+      unique.push_back(t);
+  if (unique.empty()) reject(option + ": give at least one T");
+  return unique;
+}
+
 std::vector<Precision> parse_precisions(const std::string& text) {
   std::vector<Precision> out;
   for (const auto& p : split(text)) out.push_back(parse_precision(p, "--precisions"));
@@ -473,14 +513,15 @@ std::size_t slowest_rank(const RoundTimes& times, std::size_t round) {
   return slowest;
 }
 
-std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, int world,
+std::vector<Routing> uniform_routing(const LayerShape& s, const TokenCounts& tokens, int world,
                                      int rounds, std::uint64_t seed) {
   std::vector<Routing> routing;
   for (int i = 0; i < rounds; ++i)
     for (int r = 0; r < world; ++r) {
-      harness::Rng rng(seed * 1000003 + static_cast<std::uint64_t>(tokens) * 7777 +
+      const std::int64_t t = tokens.of(r);
+      harness::Rng rng(seed * 1000003 + static_cast<std::uint64_t>(t) * 7777 +
                        static_cast<std::uint64_t>(i * world + r));
-      routing.push_back(harness::make_routing(s, 1, tokens, harness::Routing::uniform, 0, rng));
+      routing.push_back(harness::make_routing(s, 1, t, harness::Routing::uniform, 0, rng));
     }
   return routing;
 }
@@ -489,8 +530,8 @@ std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, i
 // rank's host work never counts against its peers); returns per-rank latencies per round.
 
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
-                       std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
-                       [[maybe_unused]] bool phases, [[maybe_unused]] bool graph) {
+                       const TokenCounts& token_counts, int warmup, int rounds, double cap_s,
+                       Backend backend, [[maybe_unused]] bool phases, [[maybe_unused]] bool graph) {
   const int world = cluster.world();
   const LayerShape& s = cluster.layer(0).config().shape();
   RoundTimes out;
@@ -506,6 +547,7 @@ RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, co
   const auto h = static_cast<std::size_t>(s.hidden);
   run_on_rank_threads(world, [&](int rank) {
     const auto r = static_cast<std::size_t>(rank);
+    const std::int64_t tokens = token_counts.of(rank);
     try {
       Layer& layer = cluster.layer(rank);
       std::vector<std::uint16_t> y(

@@ -70,6 +70,22 @@ std::int64_t parse_int(const std::string& text, const std::string& what);
 std::vector<std::int64_t> parse_counts(const std::string& text, const std::string& option,
                                        std::int64_t min, const std::string& name,
                                        const std::string& unit = "");
+
+// A point's T: one count for every rank, or one count per rank ("0/64": rank 0 idle while rank 1
+// runs 64 tokens, as ranks under DP attention do).
+struct TokenCounts {
+  std::vector<std::int64_t> by_rank;  // one entry: every rank's
+  std::int64_t of(int rank) const {
+    return by_rank.size() == 1 ? by_rank[0] : by_rank[static_cast<std::size_t>(rank)];
+  }
+  std::int64_t max() const;
+  bool per_rank() const { return by_rank.size() > 1; }
+  std::string label() const;  // "64", or "0/64"
+};
+// --tokens: a comma list of T, or of T0/T1/... (one per rank), each >= min; sorted by their
+// largest T, then as written; duplicates dropped.
+std::vector<TokenCounts> parse_token_counts(const std::string& text, const std::string& option,
+                                            std::int64_t min);
 std::vector<Precision> parse_precisions(const std::string& text);  // --precisions
 std::vector<ExpertMath> parse_maths(const std::string& text);      // --math
 
@@ -153,14 +169,15 @@ struct RoundTimes {
 // `graph` (CUDA): every rank captures one forward of T tokens into a CUDA graph first, and each
 // round replays it (cudaGraphLaunch between the events) with that round's routing copied in.
 RoundTimes time_rounds(Cluster& cluster, const std::vector<Routing>& routing, const ModelData& data,
-                       std::int64_t tokens, int warmup, int rounds, double cap_s, Backend backend,
-                       bool phases, bool graph = false);
+                       const TokenCounts& tokens, int warmup, int rounds, double cap_s,
+                       Backend backend, bool phases, bool graph = false);
 // The rank whose forward took longest in `round` (the round's latency is that rank's).
 std::size_t slowest_rank(const RoundTimes& times, std::size_t round);
-// Uniform random top-k for `rounds` rounds of `world` ranks at T tokens each, in time_rounds'
-// order (routing[round * W + rank]), drawn as harness::make_random_batch draws it; each draw's
-// seed depends on (seed, T, round, rank) only, so every config of a sweep sees the same rounds.
-std::vector<Routing> uniform_routing(const LayerShape& s, std::int64_t tokens, int world,
+// Uniform random top-k for `rounds` rounds of `world` ranks at their T, in time_rounds' order
+// (routing[round * W + rank]), drawn as harness::make_random_batch draws it; each draw's seed
+// depends on (seed, the rank's T, round, rank) only, so every config of a sweep sees the same
+// rounds.
+std::vector<Routing> uniform_routing(const LayerShape& s, const TokenCounts& tokens, int world,
                                      int rounds, std::uint64_t seed);
 
 // How many rounds a point runs, from the previous point's p50 scaled linearly by `scale` (this

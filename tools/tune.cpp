@@ -203,9 +203,9 @@ int tune(const TuneOptions& o) {
       if (t == 0) continue;
       try {
         const std::vector<Routing> routing =
-            uniform_routing(model.shape, t, o.ranks, o.warmup + o.rounds, o.seed);
-        const RoundTimes times =
-            time_rounds(*made.cluster, routing, *data, t, o.warmup, o.rounds, 1e9, backend, false);
+            uniform_routing(model.shape, TokenCounts{{t}}, o.ranks, o.warmup + o.rounds, o.seed);
+        const RoundTimes times = time_rounds(*made.cluster, routing, *data, TokenCounts{{t}},
+                                             o.warmup, o.rounds, 1e9, backend, false);
         std::vector<double> ms_rounds;
         for (int i = o.warmup; i < o.warmup + times.timed; ++i) {
           const auto round = static_cast<std::size_t>(i);
