@@ -29,7 +29,6 @@
 #include "cuda/experts/fp8_block_weights.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "cuda/kernels.hpp"
-#include "formats/nvfp4_block_decode.hpp"
 #include "formats/quantized_weights.hpp"  // fp8_block128_tile
 
 namespace epmoe::cuda::experts::exact {
@@ -105,25 +104,44 @@ __device__ inline MatrixFactors matrix_factors(const Matrices<P>& m, std::int64_
     return MatrixFactors{};
 }
 
+// NVFP4's weights take few values per matrix: a magnitude (3 bits of E2M1) times a block scale
+// (8 bits of E4M3), divided by the matrix's divisor (and times its multiplier). A tile computes
+// the 2048 of its matrix once (kNvfp4Values, 8 divisions per thread) and decodes by looking them
+// up: one IEEE division per weight per slab made NVFP4's exact round 2-3x slower than MXFP4's
+// (session 19). The value of nibble n with block scale code c is +-values[c << 3 | (n & 7)].
+inline constexpr int kNvfp4Values = 256 << 3;
+struct NoNvfp4Values {};
+struct Nvfp4Values {
+  float nvfp4_values[kNvfp4Values];
+};
+// Fills `values` (every thread of the CTA; a barrier must follow before they are read) with
+// exactly what the reference decodes (formats::nvfp4_decode_value, then the multiplier).
+__device__ inline void fill_nvfp4_values(float* values, MatrixFactors f) {
+  for (int i = static_cast<int>(threadIdx.x); i < kNvfp4Values; i += kThreads) {
+    float v = formats::nvfp4_decode_value(static_cast<std::uint8_t>(i & 7),
+                                          static_cast<std::uint8_t>(i >> 3), f.divisor);
+    if (f.multiplier != 1.0f) v *= f.multiplier;
+    values[i] = v;
+  }
+}
+
 // 32 weights of a row (half of a slab) from their codes in shared memory to fp32, each the value
 // the reference decodes: the code times its block scale (decode8: exact for bf16 / MX;
-// fp8_block128's e4m3 * scale rounds once, as fp8_block128_decode_value); NVFP4's with two
-// divisions per block of 16 (formats/nvfp4_block_decode.hpp: one IEEE division per weight made
-// NVFP4's exact round 2-3x slower, session 19). `scale_word`: the aligned 4-byte word holding the
-// half row's first scale code, shifted down to it (fp8_block128: the fp32 scale's bits).
+// fp8_block128's e4m3 * scale rounds once, as fp8_block128_decode_value); NVFP4's from the
+// matrix's values (fill_nvfp4_values). `scale_word`: the aligned 4-byte word holding the half
+// row's first scale code, shifted down to it (fp8_block128: the fp32 scale's bits).
 template <Precision P>
 __device__ inline void decode_half_row(const std::uint8_t* codes, std::uint32_t scale_word,
-                                       MatrixFactors f, float* out) {
+                                       const float* nvfp4_values, float* out) {
   if constexpr (P == Precision::nvfp4) {
     const uint4 v = *reinterpret_cast<const uint4*>(codes);  // 32 E2M1: two blocks of 16
     const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int block = 0; block < 2; ++block) {
-      const formats::Nvfp4BlockDecoder decoder = formats::nvfp4_block_decoder(
-          static_cast<std::uint8_t>(scale_word >> (8 * block)), f.divisor, f.multiplier);
-#pragma unroll
-      for (int j = 16 * block; j < 16 * block + 16; ++j)
-        out[j] = formats::nvfp4_block_decode(decoder, words[j / 8] >> (4 * (j % 8)) & 0xFu);
+    for (int j = 0; j < 32; ++j) {
+      const std::uint32_t nibble = (words[j / 8] >> (4 * (j % 8))) & 0xFu;
+      const std::uint32_t scale_code = (scale_word >> (8 * (j / 16))) & 0xFFu;
+      const float value = nvfp4_values[scale_code << 3 | (nibble & 7u)];
+      out[j] = nibble & 8u ? -value : value;
     }
   } else {
     constexpr Precision kDecodeAs = P == Precision::fp8_block128 ? Precision::mxfp8 : P;
@@ -145,11 +163,11 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, std::uint32_t 
   }
 }
 
-// Shared memory of one CTA (bf16 178,176 bytes, 8-bit codes 153,600, FP4 141,312), the same for
-// every model (K is tiled), under the 227 KB an sm_90 CTA may use. The float64 k-group partials
-// alias the stages once the pipeline is drained.
+// Shared memory of one CTA (bf16 178,176 bytes, 8-bit codes 153,600, MXFP4 141,312, NVFP4
+// 149,504), the same for every model (K is tiled), under the 227 KB an sm_90 CTA may use. The
+// float64 k-group partials alias the stages once the pipeline is drained.
 template <Precision P>
-struct TileSmem {
+struct TileSmem : std::conditional_t<P == Precision::nvfp4, Nvfp4Values, NoNvfp4Values> {
   static constexpr int kCodeBytes = kSlabK * kCodeBits<P> / 8;  // a weight row's slab
   // An odd number of 16-byte units per row: the 8 rows a quarter warp decodes at once (decode_row)
   // fall in different banks.
@@ -174,7 +192,7 @@ inline constexpr std::size_t kTileSmemBytes = sizeof(TileSmem<P>);
 static_assert(kTileSmemBytes<Precision::bf16> == 178'176 &&
                   kTileSmemBytes<Precision::mxfp8> == 153'600 &&
                   kTileSmemBytes<Precision::mxfp4> == 141'312 &&
-                  kTileSmemBytes<Precision::nvfp4> == 141'312,
+                  kTileSmemBytes<Precision::nvfp4> == 149'504,
               "the sizes the comment above gives");
 
 using Accumulators = double[kRowsPerWarp][kColsPerLane];
@@ -243,6 +261,11 @@ __device__ __forceinline__ void tile_gemm(TileSmem<P>& s, const WarpRole& role, 
     for (int q = 0; q < kColsPerLane; ++q) acc[i][q] = 0.0;
 
   __syncthreads();  // the previous tile is done with `s`
+  float* nvfp4_values = nullptr;
+  if constexpr (P == Precision::nvfp4) {
+    nvfp4_values = s.nvfp4_values;
+    fill_nvfp4_values(nvfp4_values, factors);  // read after the first slab's barrier
+  }
   // NOTES: one commit per stage even when there is no slab left, so "all but kStages - 2 groups
   // done" always means "the slab about to be used has landed".
   for (int slab = 0; slab < kStages - 1; ++slab) {
@@ -272,7 +295,7 @@ __device__ __forceinline__ void tile_gemm(TileSmem<P>& s, const WarpRole& role, 
                       (8 * (reinterpret_cast<std::uintptr_t>(scale_codes_at(slab)) & 3))
                 : 0u;
     decode_half_row<P>(&st.w_codes[decode_row][Smem::kCodeBytes / 2 * decode_half], scale_word,
-                       factors, &s.w[decode_row][32 * decode_half]);
+                       nvfp4_values, &s.w[decode_row][32 * decode_half]);
     __syncthreads();
 
     for (int k = k_begin; k < k_begin + k_per_group; k += 4) {
