@@ -28,10 +28,10 @@ inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs)
 std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // The precisions whose wgmma FC1 applies the activation in its epilogue (grouped_gemm.hpp,
-// Bf16GluGroupedGemm): bf16, mxfp8 and mxfp4. constexpr: the kernels ask it too.
+// Bf16GluGroupedGemm): bf16 only (MXFP8, MXFP4 and NVFP4 run the packed-weight GEMM, whose
+// epilogue stores fp32). constexpr: the kernels ask it too.
 constexpr bool wgmma_fc1_activates(Precision precision) {
-  return precision == Precision::bf16 || precision == Precision::mxfp8 ||
-         precision == Precision::mxfp4;
+  return precision == Precision::bf16;
 }
 
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,

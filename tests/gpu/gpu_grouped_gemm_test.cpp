@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "formats/codec.hpp"
 #include "math/activation.hpp"
 #include "math/expert_row.hpp"  // math::biased
@@ -343,6 +344,96 @@ TEST(GpuGroupedGemm, Fc1EpilogueActivatesAsTheHostDoesOnBothTiles) {
     const std::vector<std::uint16_t> narrow = check_glu_gemm(c, GluTile::m64_n128_k64);
     EXPECT_EQ(wide, narrow) << to_string(c.precision);
   }
+}
+
+// The packed-weight GEMM (packed_gemm.hpp) against float64 over the decoded weights: random codes
+// and block scales in each packed format (no NaN codes; scales where every decoded weight is a
+// normal bf16), N not a multiple of its 128-row weight tile (rows past N clamped, never stored),
+// K = 192 (fewer k tiles than pipeline stages) and 1024, groups of 0, 1, 65 (a token tile and
+// one row) and 130 rows, on every SM and on 3 persistent CTAs (each walks several tiles). The
+// products are exact in fp32 (bf16 x bf16), so fp32 accumulation noise bounds the error; a wrong
+// swizzle, scale, row, k tile or group is off by O(1).
+struct PackedCase {
+  Precision precision;
+  int n, k;
+};
+std::vector<float> run_packed_gemm(const PackedCase& c, int sms) {
+  using cuda::experts::PackedMatrices;
+  using cuda::experts::wgmma::PackedGroupedGemm;
+  const int n = c.n, k = c.k;
+  const Groups g({0, 1, 65, 130, 0});
+  const int bits = c.precision == Precision::mxfp8 ? 8 : 4;
+  const int block = c.precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
+  const std::size_t weights = static_cast<std::size_t>(g.count()) * n * k;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * k);
+  for (auto& v : a) v = formats::float_to_bf16(normal(rng));
+  std::vector<std::uint8_t> codes(weights * bits / 8), scales(weights / block);
+  for (auto& v : codes) {
+    v = static_cast<std::uint8_t>(byte(rng));
+    if (bits == 8 && formats::e4m3_is_nan(v)) v = 0x7e;
+  }
+  for (auto& v : scales)  // MX: 2^-8 .. 2^7; NVFP4: E4M3 scales 2^-3 .. 2^4 (codes 32..94)
+    v = static_cast<std::uint8_t>(c.precision == Precision::nvfp4 ? 32 + byte(rng) % 63
+                                                                  : 119 + byte(rng) % 16);
+  const auto decoded = [&](std::size_t at) {  // weight `at` of [groups, N, K]
+    const std::uint8_t s = scales[at / block];
+    if (c.precision == Precision::mxfp8)
+      return static_cast<double>(formats::e4m3_to_float(codes[at])) * formats::e8m0_to_float(s);
+    const std::uint8_t nibble = (codes[at / 2] >> (4 * (at % 2))) & 0xF;
+    return static_cast<double>(formats::e2m1_to_float(nibble)) * (c.precision == Precision::nvfp4
+                                                                      ? formats::e4m3_to_float(s)
+                                                                      : formats::e8m0_to_float(s));
+  };
+  const DeviceCopy<std::uint16_t> a_dev(a);
+  const DeviceCopy<std::uint8_t> codes_dev(codes), scales_dev(scales);
+  const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
+  PackedMatrices w{codes_dev.ptr, scales_dev.ptr, nullptr, nullptr, n, k};
+
+  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0);
+  std::vector<const std::uint16_t*> a_ptr;
+  std::vector<float*> d_ptr;
+  for (int group = 0; group < g.count(); ++group) {
+    a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
+    d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
+  }
+  upload(gemm.arrays().problems, g.problems(n, k));
+  upload(gemm.arrays().a, a_ptr);
+  upload(gemm.arrays().d, d_ptr);
+  gemm.run(w, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int col, int i) {
+    return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
+           decoded((static_cast<std::size_t>(group) * n + col) * k + i);
+  });
+  std::printf("packed GEMM %s N=%d K=%d on %d CTAs: worst |D - exact| / sum|a w| = %.3g\n",
+              to_string(c.precision), n, k, sms, worst);
+  EXPECT_LT(worst, 1e-5) << to_string(c.precision) << " N=" << n << " K=" << k;
+  return d;
+}
+
+TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  for (const PackedCase& c :
+       {PackedCase{Precision::mxfp8, 320, 192}, PackedCase{Precision::mxfp8, 256, 1024},
+        PackedCase{Precision::mxfp4, 320, 1024}, PackedCase{Precision::nvfp4, 320, 1024}}) {
+    const std::vector<float> all = run_packed_gemm(c, sm_count());
+    const std::vector<float> three = run_packed_gemm(c, 3);
+    EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
+        << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
+  }
+}
+
+// What the constructor refuses, naming the argument.
+TEST(GpuGroupedGemm, PackedGemmRefusesWhatItCannotTake) {
+  using cuda::experts::wgmma::PackedGroupedGemm;
+  EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::bf16, 4, 256, 256), nullptr);
+  EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::mxfp8, 4, 256, 96), nullptr);
+  EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::mxfp8, 0, 256, 256), nullptr);
+  EXPECT_EQ(PackedGroupedGemm::cannot_take(Precision::nvfp4, 4, 320, 192), nullptr);
 }
 
 }  // namespace

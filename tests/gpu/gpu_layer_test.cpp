@@ -690,11 +690,9 @@ TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
       const std::size_t biases = (b13.size() + b2.size()) * sizeof(float);
       const std::size_t params =
           static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-      if (math == ExpertMath::wgmma)  // bf16 codes
-        EXPECT_GE(layer.resident_weight_bytes(), params * 2 + biases) << to_string(math);
-      else  // resident in the precision (mxfp8)
-        test::expect_format_size(layer.resident_weight_bytes() - biases, Precision::mxfp8,
-                                 static_cast<std::int64_t>(params), kShape.num_experts);
+      // resident in the precision (mxfp8), every backend
+      test::expect_format_size(layer.resident_weight_bytes() - biases, Precision::mxfp8,
+                               static_cast<std::int64_t>(params), kShape.num_experts);
     }
     {
       Layer layer(*comms[0], config, device);
@@ -723,14 +721,9 @@ TEST(GpuWeights, LayerReportsItsResidentWeightBytes) {
                                    {kShape.num_experts, kShape.hidden, kShape.intermediate})});
     const std::size_t params =
         static_cast<std::size_t>(kShape.num_experts * 3 * kShape.intermediate * kShape.hidden);
-    if (math != ExpertMath::wgmma) {  // NVFP4 as it is: 0.5 B + an E4M3 per 16
-      test::expect_format_size(layer.resident_weight_bytes(), Precision::nvfp4,
-                               static_cast<std::int64_t>(params), kShape.num_experts);
-      continue;
-    }
-    const std::size_t per_weight = 2;  // wgmma: bf16 codes
-    EXPECT_GE(layer.resident_weight_bytes(), params * per_weight) << to_string(math);
-    EXPECT_LE(layer.resident_weight_bytes(), params * per_weight + 4096) << to_string(math);
+    // NVFP4 as it is, every backend: 0.5 B + an E4M3 per 16
+    test::expect_format_size(layer.resident_weight_bytes(), Precision::nvfp4,
+                             static_cast<std::int64_t>(params), kShape.num_experts);
   }
 }
 

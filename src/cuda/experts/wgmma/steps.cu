@@ -1,5 +1,5 @@
 // The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
-// activate (nvfp4 and fp8_block128: the other precisions' FC1 epilogue activates) and home. Each
+// activate (every precision but bf16, whose FC1 epilogue activates) and home. Each
 // joins the round like every kernel of the chain (nothing at all when this rank's round already
 // failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
@@ -37,6 +37,15 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
+    if (p.packed()) {
+      p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
+      p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
+      p.packed_fc2.problems[e] = GemmProblem{m, h, i};
+      p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
+      p.packed_fc2.d[e] = p.scratch.d + first * hidden;
+      continue;
+    }
     if (p.glu()) {
       p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
@@ -54,6 +63,26 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
     p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
     p.fc2.d[e] = p.scratch.d + first * hidden;
   }
+}
+
+// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: bf16
+// codes over their matrix scale; packed codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode
+// multiplier (1 and 1 for MX); fp8's GEMM applied its block scales.
+struct WeightFactors {
+  float divisor = 1.0f, multiplier = 1.0f;
+};
+__device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
+  if (p.packed()) {
+    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
+    return WeightFactors{m.divisor[e], m.multiplier[e]};
+  }
+  if (p.fp8()) return WeightFactors{};
+  return WeightFactors{fc1 ? p.weights.w13_scale[e] : p.weights.w2_scale[e], 1.0f};
+}
+// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
+__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
+  const float v = math::unscaled(sum, row_scale, w.divisor);
+  return w.multiplier != 1.0f ? v * w.multiplier : v;
 }
 
 // One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (fp8) the
@@ -134,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
     const int e = expert_of_pair(in, problem.local_experts, pair);
     // fp8: the GEMM applied both scales (per k128 block).
     const float x_scale = p.fp8() ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
-    const float w_scale = p.fp8() ? 1.0f : p.weights.w13_scale[e];
+    const WeightFactors w = weight_factors(p, true, e);
     // I is a multiple of 64, so each half of the row is float4-aligned.
     const auto* gate4 =
         reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter);
@@ -163,9 +192,8 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
         for (int k = 0; k < 4; ++k) {
           const std::int64_t j = 4 * j4 + k;
           out[k] = math::activation_f32(
-              problem.activation, math::biased(math::unscaled(gates[k], x_scale, w_scale), b13, j),
-              math::biased(math::unscaled(ups[k], x_scale, w_scale), b13_up, j),
-              problem.swiglu_limit);
+              problem.activation, math::biased(unscaled(gates[k], x_scale, w), b13, j),
+              math::biased(unscaled(ups[k], x_scale, w), b13_up, j), problem.swiglu_limit);
         }
         reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
       }
@@ -202,7 +230,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
       const float h_scale = p.fp8() || p.glu() ? 1.0f : p.scratch.h_scale[pair];
-      const float w_scale = p.fp8() ? 1.0f : p.weights.w2_scale[e];
+      const WeightFactors w = weight_factors(p, false, e);
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
       const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
@@ -219,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
           float out[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            out[i] = math::biased(math::unscaled(sums[i], h_scale, w_scale), b2, 4 * c4 + i);
+            out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
           send_home_n<4>(p.step.home, home, c4, out);
         }
       }

@@ -8,7 +8,9 @@
 #include "cuda/experts/biases.hpp"
 #include "cuda/experts/fp8_block_weights.hpp"
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "cuda/kernels.hpp"
 
 namespace epmoe::cuda::experts::wgmma {
@@ -35,18 +37,27 @@ struct Scratch {
 EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
   return problem.precision == Precision::fp8_block128;
 }
+// MXFP8, MXFP4 and NVFP4 weights stay packed in their format (packed_weights.hpp) and run
+// PackedGroupedGemm; bf16 runs CUTLASS's GEMMs over its codes.
+EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
+  return problem.precision == Precision::mxfp8 || problem.precision == Precision::mxfp4 ||
+         problem.precision == Precision::nvfp4;
+}
 
 struct Params {
   ExpertStep step;
   ExpertProblem problem;
-  Bf16CodeWeights weights;      // !fp8
-  Fp8BlockWeights fp8_weights;  // fp8
-  Biases biases;                // fp32, never quantized; nullptr = none
+  Bf16CodeWeights weights;       // bf16
+  PackedWeights packed_weights;  // packed
+  Fp8BlockWeights fp8_weights;   // fp8
+  Biases biases;                 // fp32, never quantized; nullptr = none
   Scratch scratch;
-  GluGemmArrays glu_fc1;                  // FC1 with the activation (fc1_epilogue_activates)
-  GroupedGemmArrays fc1, fc2;             // the GEMMs' device arrays, written by plan (!fp8)
-  Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;  // (fp8)
+  GluGemmArrays glu_fc1;                    // FC1 with the activation (fc1_epilogue_activates)
+  GroupedGemmArrays fc1, fc2;               // the GEMMs' device arrays, written by plan (bf16)
+  PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
+  Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
+  EPMOE_HD bool packed() const { return runs_packed(problem); }
   EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }
 };
 

@@ -49,6 +49,15 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
   const int h = static_cast<int>(s.hidden), i = static_cast<int>(s.intermediate);
   const ExpertProblem problem = expert_problem(config);
   const bool fp8 = runs_e4m3(problem);
+  if (runs_packed(problem)) {
+    const int experts = static_cast<int>(problem.local_experts);
+    if (const char* why = PackedGroupedGemm::cannot_take(problem.precision, experts, 2 * i, h))
+      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
+             ": FC1: " + why;
+    if (const char* why = PackedGroupedGemm::cannot_take(problem.precision, experts, h, i))
+      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
+             ": FC2: " + why;
+  }
   const auto cannot_take =
       fp8 ? Fp8BlockwiseGroupedGemm::cannot_take : Bf16GroupedGemm::cannot_take;
   if (fc1_epilogue_activates(problem))
@@ -75,6 +84,8 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)) {
   if (fp8())
     fp8_weights_ = std::make_unique<DeviceFp8BlockWeights>(problem_);
+  else if (packed())
+    packed_weights_ = std::make_unique<DevicePackedWeights>(problem_);
   else
     weights_ = std::make_unique<DeviceBf16CodeWeights>(
         problem_, fc1_epilogue_activates(problem_) ? GateUp::interleaved : GateUp::stacked);
@@ -101,6 +112,17 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         });
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
+  } else if (packed()) {
+    const PackedGemms& g = find_or_make(
+        packed_gemms_, [&](const PackedGemms& p) { return p.fc1->sm_count() == sms; },
+        [&] {
+          return PackedGemms{
+              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, 2 * i, h, sms,
+                                                  device),
+              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i, sms, device)};
+        });
+    run.packed_fc1 = g.fc1.get();
+    run.packed_fc2 = g.fc2.get();
   } else {
     const Bf16Tile tile = bf16_tile(k);
     const auto gemm = [&](int n, int kk) {
@@ -139,7 +161,8 @@ Bf16Tile WgmmaBackend::tile(TokenBucket bucket) const {
 
 int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.fc2 != nullptr ? run.fc2->sm_count() : run.fp8_fc1->sm_count();
+  if (run.fc2 != nullptr) return run.fc2->sm_count();
+  return run.packed_fc2 != nullptr ? run.packed_fc2->sm_count() : run.fp8_fc1->sm_count();
 }
 
 WgmmaBackend::~WgmmaBackend() {
@@ -147,7 +170,10 @@ WgmmaBackend::~WgmmaBackend() {
 }
 
 std::size_t WgmmaBackend::weight_bytes() const {
-  return (fp8() ? fp8_weights_->bytes() : weights_->bytes()) + biases_.bytes();
+  const std::size_t bytes = fp8()      ? fp8_weights_->bytes()
+                            : packed() ? packed_weights_->bytes()
+                                       : weights_->bytes();
+  return bytes + biases_.bytes();
 }
 
 std::size_t WgmmaBackend::scratch_bytes() const {
@@ -155,12 +181,15 @@ std::size_t WgmmaBackend::scratch_bytes() const {
   for (const auto& g : glu_gemms_) bytes += g->device_bytes();
   for (const auto& g : gemms_) bytes += g->device_bytes();
   for (const Fp8Gemms& g : fp8_gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
+  for (const PackedGemms& g : packed_gemms_) bytes += g.fc1->device_bytes() + g.fc2->device_bytes();
   return bytes;
 }
 
 void WgmmaBackend::prepare(const ExpertWeights& local, cudaStream_t stream) {
   if (fp8())
     fp8_weights_->prepare(local, stream);
+  else if (packed())
+    packed_weights_->prepare(local, stream);
   else
     weights_->prepare(local, stream);
   biases_.prepare(local, stream);
@@ -176,6 +205,10 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.fp8_weights = fp8_weights_->weights();
     p.fp8_fc1 = run.fp8_fc1->arrays();
     p.fp8_fc2 = run.fp8_fc2->arrays();
+  } else if (p.packed()) {
+    p.packed_weights = packed_weights_->weights();
+    p.packed_fc1 = run.packed_fc1->arrays();
+    p.packed_fc2 = run.packed_fc2->arrays();
   } else {
     p.weights = weights_->weights();
     if (run.glu_fc1 != nullptr)
@@ -201,6 +234,8 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
   }
   if (p.fp8())
     run.fp8_fc1->run(stream);
+  else if (p.packed())
+    run.packed_fc1->run(p.packed_weights.w13, stream);
   else
     run.fc1->run(stream);
   launch_activate(p, run.shapes, stream);
@@ -209,11 +244,14 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
 void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
+  const Params p = params(step, run);
   if (fp8())
     run.fp8_fc2->run(stream);
+  else if (packed())
+    run.packed_fc2->run(p.packed_weights.w2, stream);
   else
     run.fc2->run(stream);
-  launch_home(params(step, run), run.shapes, stream);
+  launch_home(p, run.shapes, stream);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -1,25 +1,29 @@
 // The Hopper backend (LayerOptions::expert_math = wgmma; docs/design.md §4.1): the expert GEMMs as
-// CUTLASS SM90 grouped GEMMs (grouped_gemm.hpp: TMA, WGMMA, a persistent scheduler reading each
-// expert's row count on the device) on exact bf16 codes of the rows and weights with fp32
-// accumulation — the same operands as tensor_core, with Hopper's tensor-core path (its check rule
-// allows more outliers: reference::outlier_fraction).
+// SM90 grouped GEMMs (WGMMA, a persistent scheduler reading each expert's row count on the device)
+// on exact bf16 codes of the rows and weights with fp32 accumulation — the same operands as
+// tensor_core, with Hopper's tensor-core path (its check rule allows more outliers:
+// reference::outlier_fraction). bf16 and fp8_block128 run CUTLASS's (grouped_gemm.hpp: TMA);
+// MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
+// packed in their format into shared memory, exactly, for each k tile.
 // A round is six launches on the caller's stream (steps.cu), five where FC1's epilogue applies the
-// activation (bf16, mxfp8, mxfp4: fc1_epilogue_activates):
+// activation (bf16: fc1_epilogue_activates):
 //   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
 //   gather    each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
-//   activate  (nvfp4, fp8_block128) scales, b13, the activation, FC2's input quantization
+//   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
 //             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
 //   FC2       grouped GEMM: [pairs, H] fp32
 //   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
-// Weights as bf16 codes and one scale per matrix (bf16_code_weights.hpp; w13's gate and up rows
-// interleaved for the activating FC1) for every precision but fp8_block128, which runs E4M3 GEMMs
-// with its block scales instead (fp8_block_weights.hpp; the rows' codes straight from the wire).
-// Knobs, per token bucket: block_n = 256 runs the bf16 GEMMs that store fp32 on 128 x 256 tiles,
-// anything else on 128 x 128 (E4M3: always 128 x 128); block_m picks the activating FC1's tile
-// (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative);
-// num_sms sizes the GEMMs' persistent grids (CUTLASS's hw_info.sm_count) and the steps' grids.
+// Weights: bf16 as bf16 codes (bf16_code_weights.hpp; w13's gate and up rows interleaved for the
+// activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
+// layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
+// the rows' codes straight from the wire). Each takes the format's bytes.
+// Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
+// 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows x 64 token rows);
+// block_m picks bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128
+// cooperative); num_sms sizes the GEMMs' persistent grids (CUTLASS's hw_info.sm_count, the packed
+// GEMM's CTAs) and the steps' grids.
 // with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is
 // not read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
 // share their GEMMs.
@@ -32,6 +36,7 @@
 #include "cuda/experts/backend.hpp"
 #include "cuda/experts/bf16_code_weights.hpp"
 #include "cuda/experts/biases.hpp"
+#include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cuda/experts/wgmma/steps.hpp"
 
@@ -69,15 +74,19 @@ class WgmmaBackend final : public ExpertBackend {
     const Bf16GroupedGemm* fc2 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc1 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
+    const PackedGroupedGemm* packed_fc1 = nullptr;
+    const PackedGroupedGemm* packed_fc2 = nullptr;
     StepShapes shapes{};
   };
   BucketRun make_bucket_run(const Knobs& knobs, int device);
   Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
+  bool packed() const { return runs_packed(problem_); }
 
   ExpertProblem problem_;
-  // One kind of weights and GEMMs: bf16 codes, or (fp8_block128) E4M3 with block scales.
+  // One kind of weights and GEMMs: bf16 codes, packed, or (fp8_block128) E4M3 with block scales.
   std::unique_ptr<DeviceBf16CodeWeights> weights_;
+  std::unique_ptr<DevicePackedWeights> packed_weights_;
   std::unique_ptr<DeviceFp8BlockWeights> fp8_weights_;
   DeviceBiases biases_;
   struct Fp8Gemms {
@@ -86,6 +95,10 @@ class WgmmaBackend final : public ExpertBackend {
   std::vector<std::unique_ptr<Bf16GluGroupedGemm>> glu_gemms_;  // one per (tile, SM count)
   std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;         // one per (N, K, tile, SM count)
   std::vector<Fp8Gemms> fp8_gemms_;                             // one pair per SM count
+  struct PackedGemms {
+    std::unique_ptr<PackedGroupedGemm> fc1, fc2;
+  };
+  std::vector<PackedGemms> packed_gemms_;  // one pair per SM count
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};

@@ -1,0 +1,313 @@
+// The packed-weight grouped GEMM (packed_gemm.hpp): weights decoded to bf16 in shared memory and
+// fed to WGMMA, so they stay resident in their format. Written by hand (with CuTe's WGMMA atoms and
+// swizzled layouts) because CUTLASS 4's SM90 GEMMs cannot take MX's 32-wide or NVFP4's 16-wide
+// block scales along K (packed_gemm.hpp).
+//
+// The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
+// its B operand (N = 64 token rows), both K-major, so a decode round's few rows per expert fill
+// a 64-wide N tile instead of a 128-row M tile, and every weight is decoded once per 64 rows.
+//
+// Warp roles: none yet — all 8 warps load (cp.async, kStages deep), decode and multiply:
+//   load      each k tile's packed codes (16-byte cp.async), the aligned 4-byte word holding each
+//             weight row's block scale codes, and the token rows (zero-filled past M_e)
+//   decode    tile k + 1's codes to bf16 (decode8, the tensor_core tiles' exact decode) into the
+//             other of two swizzled W buffers, while WGMMA runs on tile k
+//   multiply  4 k16 WGMMAs per k tile per warpgroup, fp32 accumulators in registers
+//   store     D[m, n] from the accumulators, rows past M_e and columns past N left alone
+// A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
+// share a group's token rows); each CTA computes the groups' tile prefix from device memory once.
+#include <cub/block/block_scan.cuh>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/experts/backend.hpp"  // ScratchCursor
+#include "cuda/experts/common.cuh"   // cp_async_*
+#include "cuda/experts/packed_weights.cuh"
+#include "cuda/experts/wgmma/packed_gemm.hpp"
+#include "cuda/kernels.hpp"  // launch_chained
+#include "cuda/pdl.cuh"
+#include "cute/arch/mma_sm90.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"  // fence_view_async_shared
+#include "epmoe/errors.hpp"
+
+namespace epmoe::cuda::experts::wgmma {
+namespace {
+
+using namespace cute;
+
+constexpr int kRows = PackedGroupedGemm::kWeightRows;   // weight rows per tile (WGMMA's M)
+constexpr int kTokens = PackedGroupedGemm::kTokenRows;  // token rows per tile (WGMMA's N)
+constexpr int kTileK = 64;                              // one 128-byte swizzle atom of bf16
+constexpr int kStages = 4;
+constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory: 4 groups per thread
+static_assert(kThreads == 256 && kMaxGroups == 4 * kThreads, "one warpgroup per 64 weight rows");
+
+using Bf16 = cutlass::bfloat16_t;
+using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
+                                               GMMA::Major::K, GMMA::Major::K>());
+using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
+using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
+using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, _2>{}));
+using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
+
+// Element offset of (row, k) in a K-major 128-byte-swizzled tile of 64 bf16 per row (the layout
+// of Atom tiled along rows; the swizzle XORs the 16-byte chunk index with row % 8).
+__device__ __forceinline__ int swizzled(int row, int k) {
+  return row * kTileK + ((((k >> 3) ^ row) & 7) << 3) + (k & 7);
+}
+
+template <Precision P>
+struct Smem {
+  static constexpr int kCodeBytes = kTileK * PackedFormat<P>::kBits / 8;  // a weight row's k tile
+  alignas(1024) Bf16 w[2][kRows * kTileK];          // decoded weights, two buffers
+  alignas(1024) Bf16 x[kStages][kTokens * kTileK];  // token rows
+  alignas(16) std::uint8_t codes[kStages][kRows][kCodeBytes];
+  std::uint32_t scale_words[kStages][kRows];
+  int tile_end[kMaxGroups];  // tiles of groups 0..g, inclusive prefix
+};
+
+struct Args {
+  PackedGemmArrays arrays;
+  PackedMatrices w;
+  int groups, n, k;
+};
+
+// The group holding `tile` (tile_end is nondecreasing; tile < tile_end[groups - 1]).
+__device__ __forceinline__ int group_of(const int* tile_end, int groups, int tile) {
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (tile_end[mid] > tile)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+template <Precision P>
+__global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
+  using S = Smem<P>;
+  extern __shared__ std::uint8_t smem_raw[];
+  S& s = *reinterpret_cast<S*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
+                               ~std::uintptr_t{1023});
+  const int tid = static_cast<int>(threadIdx.x);
+  wait_for_previous_kernel();  // the plan kernel wrote the problems and pointers
+
+  const int n = args.n, k = args.k, groups = args.groups;
+  const int weight_blocks = (n + kRows - 1) / kRows;
+  {
+    using Scan = cub::BlockScan<int, kThreads>;
+    __shared__ typename Scan::TempStorage scan;
+    int tiles[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int g = 4 * tid + i;
+      tiles[i] =
+          g < groups ? weight_blocks * ((args.arrays.problems[g].m + kTokens - 1) / kTokens) : 0;
+    }
+    Scan(scan).InclusiveSum(tiles, tiles);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (4 * tid + i < groups) s.tile_end[4 * tid + i] = tiles[i];
+  }
+  __syncthreads();
+  const int tiles = s.tile_end[groups - 1];
+
+  TiledMma mma;
+  const auto thr = mma.get_thread_slice(tid);
+  Tensor sW = make_tensor(make_smem_ptr(&s.w[0][0]), LayoutW{});
+  Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), LayoutX{});
+  Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, buffer)
+  Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
+  Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
+
+  constexpr int kBlock = PackedFormat<P>::kBlock;
+  const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
+  const std::int64_t scale_row_bytes = k / kBlock;
+  const int k_tiles = k / kTileK;
+
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
+    const int g = group_of(s.tile_end, groups, tile);
+    const int local = tile - (g > 0 ? s.tile_end[g - 1] : 0);
+    const int n0 = local % weight_blocks * kRows, m0 = local / weight_blocks * kTokens;
+    const int m = args.arrays.problems[g].m;
+    const std::uint16_t* a = args.arrays.a[g];
+    const std::uint8_t* codes = args.w.codes + static_cast<std::int64_t>(g) * n * code_row_bytes;
+    const std::uint8_t* scales = args.w.scales + static_cast<std::int64_t>(g) * n * scale_row_bytes;
+
+    // load: k tile `kt` into stage `stage` (no commit)
+    const auto load = [&](int stage, int kt) {
+      constexpr int kChunksPerRow = S::kCodeBytes / 16;
+      for (int c = tid; c < kRows * kChunksPerRow; c += kThreads) {
+        const int row = c / kChunksPerRow, unit = c % kChunksPerRow;
+        const int weight_row = min(n0 + row, n - 1);  // past N: a copy of row N - 1, never stored
+        cp_async_16(&s.codes[stage][row][16 * unit],
+                    codes + weight_row * code_row_bytes + kt * S::kCodeBytes + 16 * unit);
+      }
+      if (tid < kRows) {
+        const int weight_row = min(n0 + tid, n - 1);
+        const std::uint8_t* at = scales + weight_row * scale_row_bytes + kt * (kTileK / kBlock);
+        cp_async_4(&s.scale_words[stage][tid],
+                   reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(at) & ~3ull));
+      }
+      for (int c = tid; c < kTokens * 8; c += kThreads) {  // 8 chunks of 16 bytes per row
+        const int row = c / 8, unit = c % 8;
+        Bf16* to = &s.x[stage][swizzled(row, 8 * unit)];
+        if (m0 + row < m)
+          cp_async_16(to, a + static_cast<std::int64_t>(m0 + row) * k + kt * kTileK + 8 * unit);
+        else
+          *reinterpret_cast<uint4*>(to) = uint4{0, 0, 0, 0};
+      }
+    };
+    // decode: stage `stage`'s codes into W buffer `buffer`; a thread per half weight row (32 k)
+    const auto decode = [&](int stage, int buffer, int kt) {
+      const int row = tid / 2, half = tid % 2;
+      const int weight_row = min(n0 + row, n - 1);
+      const std::uintptr_t scale_at = reinterpret_cast<std::uintptr_t>(
+          scales + weight_row * scale_row_bytes + kt * (kTileK / kBlock));
+      const std::uint32_t word = s.scale_words[stage][row] >> (8 * (scale_at & 3));
+      // this half's codes: MX one (byte `half`), NVFP4 two (bytes 2 half, 2 half + 1)
+      const std::uint32_t half_scales = word >> (kBlock == 32 ? 8 * half : 16 * half);
+      constexpr int kLoads = 32 * PackedFormat<P>::kBits / 8 / 16;  // 16-byte loads per half row
+      constexpr int kGroups = kWeightsPer16B<P> / 8;                // groups of 8 per load
+#pragma unroll
+      for (int load = 0; load < kLoads; ++load) {
+        const uint4 v = *reinterpret_cast<const uint4*>(
+            &s.codes[stage][row][S::kCodeBytes / 2 * half + 16 * load]);
+#pragma unroll
+        for (int gi = 0; gi < kGroups; ++gi) {
+          float f[8];
+          // NVFP4's one load is the half row: group_scale picks block gi / 2 of its two codes
+          decode8<P>(v, gi, group_scale<P>(half_scales, gi), f);
+          uint4 packed;
+          std::uint32_t* words = &packed.x;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            words[j] = formats::float_to_bf16(f[2 * j]) |
+                       static_cast<std::uint32_t>(formats::float_to_bf16(f[2 * j + 1])) << 16;
+          const int kk = 32 * half + kWeightsPer16B<P> * load + 8 * gi;
+          *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(row, kk)]) = packed;
+        }
+      }
+    };
+
+    for (int stage = 0; stage < kStages - 1; ++stage) {
+      if (stage < k_tiles) load(stage, stage);
+      cp_async_commit();
+    }
+    cp_async_wait<kStages - 2>();  // k tile 0
+    __syncthreads();
+    decode(0, 0, 0);
+    cutlass::arch::fence_view_async_shared();  // the W and X writes, before WGMMA reads them
+    __syncthreads();
+
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      warpgroup_fence_operand(accum);
+      warpgroup_arrive();
+#pragma unroll
+      for (int kb = 0; kb < size<2>(tCrW); ++kb) {
+        cute::gemm(mma, tCrW(_, _, kb, kt % 2), tCrX(_, _, kb, kt % kStages), accum);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+
+      // while it runs: k tile kt + 1 decoded into the other W buffer (WGMMA kt - 1 is done with
+      // it), and k tile kt + kStages - 1 loaded into the stage WGMMA kt - 1 read
+      cp_async_wait<kStages - 3>();  // k tile kt + 1
+      __syncthreads();
+      if (kt + 1 < k_tiles) decode((kt + 1) % kStages, (kt + 1) % 2, kt + 1);
+      cutlass::arch::fence_view_async_shared();
+      if (kt + kStages - 1 < k_tiles) load((kt + kStages - 1) % kStages, kt + kStages - 1);
+      cp_async_commit();
+
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(accum);
+      __syncthreads();  // every warpgroup is done with W buffer kt % 2 and stage kt % kStages
+    }
+
+    float* d = args.arrays.d[g];
+#pragma unroll
+    for (int i = 0; i < size(accum); ++i) {
+      const int col = n0 + get<0>(coord(i)), row = m0 + get<1>(coord(i));
+      if (row < m && col < n) d[static_cast<std::int64_t>(row) * n + col] = accum(i);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+template <Precision P>
+std::size_t smem_bytes() {
+  return sizeof(Smem<P>) + 1024;  // + the alignment of the dynamic allocation to 1024 bytes
+}
+
+template <class F>
+decltype(auto) with_precision(Precision p, F f) {
+  switch (p) {
+    case Precision::mxfp8:
+      return f(std::integral_constant<Precision, Precision::mxfp8>{});
+    case Precision::mxfp4:
+      return f(std::integral_constant<Precision, Precision::mxfp4>{});
+    default:
+      return f(std::integral_constant<Precision, Precision::nvfp4>{});
+  }
+}
+
+}  // namespace
+
+const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int n, int k) {
+  if (precision != Precision::mxfp8 && precision != Precision::mxfp4 &&
+      precision != Precision::nvfp4)
+    return "precision must be mxfp8, mxfp4 or nvfp4 (packed weights with block scales)";
+  if (groups < 1 || groups > kMaxGroups) return "groups must be 1..1024";
+  if (n < 1) return "N must be positive";
+  if (k < kTileK || k % kTileK != 0) return "K must be a positive multiple of 64 (the k tile)";
+  return nullptr;
+}
+
+PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count,
+                                     int device)
+    : precision_(precision), groups_(groups), n_(n), k_(k), sm_count_(sm_count) {
+  if (const char* why = cannot_take(precision, groups, n, k))
+    throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  sm_count_ = sm_count > 0 ? std::min(sm_count, sms) : sms;
+  smem_ = with_precision(precision, [&](auto p) {
+    constexpr Precision kP = decltype(p)::value;
+    const std::size_t bytes = smem_bytes<kP>();
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+    return bytes;
+  });
+  const auto g = static_cast<std::size_t>(groups);
+  ScratchCursor cursor{nullptr};
+  cursor.take<GemmProblem>(g);
+  cursor.take<const std::uint16_t*>(g);
+  cursor.take<float*>(g);
+  device_bytes_ = cursor.used;
+  EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
+  ScratchCursor slices{memory_};
+  arrays_.problems = slices.take<GemmProblem>(g);
+  arrays_.a = slices.take<const std::uint16_t*>(g);
+  arrays_.d = slices.take<float*>(g);
+  EPMOE_CUDA_CHECK(cudaMemset(memory_, 0, device_bytes_));
+}
+
+PackedGroupedGemm::~PackedGroupedGemm() {
+  cudaFree(memory_);
+}
+
+void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
+  const Args args{arrays_, weights, groups_, n_, k_};
+  with_precision(precision_, [&](auto p) {
+    launch_chained(packed_gemm_kernel<decltype(p)::value>, KernelShape{sm_count_, smem_}, stream,
+                   args);
+  });
+}
+
+}  // namespace epmoe::cuda::experts::wgmma

@@ -1,0 +1,68 @@
+// A grouped GEMM of the wgmma backend that reads the weights packed in the layer's format
+// (packed_weights.hpp: MXFP8, MXFP4 or NVFP4 codes and block scales), so they stay resident at
+// the format's size (docs/design.md §4.1). One group per local expert:
+//   D_e [M_e, N] = A_e [M_e, K] . decoded(W_e) [N, K]^T
+// A's rows are bf16 codes (the expert's staged rows), W_e is expert e's matrix of `weights`, D is
+// fp32, row-major, with every weight decoded as the tiles of `tensor_core` decode it: the code
+// times its block scale (E4M3 * 2^s, E2M1 * 2^s, E2M1 * E4M3), exact in bf16, without NVFP4's
+// per-matrix divisor and multiplier (the caller applies those to D). So D is the exact product sum
+// with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values.
+//
+// Why by hand: CUTLASS 4's SM90 mixed-input GEMMs take a scale group that is a multiple of the
+// tile's K (≥ 64), not MX's 32 or NVFP4's 16, and its blockwise-FP8 GEMMs a scale granularity of at
+// least 128 along K (docs/design.md §4.1). The kernel uses CuTe for the WGMMA atoms and their
+// shared memory layout; the loads, the decode and the schedule are its own (packed_gemm.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/experts/packed_weights.hpp"
+#include "cuda/experts/wgmma/grouped_gemm.hpp"  // GemmProblem
+
+namespace epmoe::cuda::experts::wgmma {
+
+// The device arrays the kernel reads, [groups] each; a round's kernel fills them before run().
+// problems[e].n and .k must be the GEMM's N and K (M = problems[e].m).
+struct PackedGemmArrays {
+  GemmProblem* problems;
+  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major
+  float** d;                // [M_e, N] row-major
+};
+
+class PackedGroupedGemm {
+ public:
+  // `groups` groups of N x K weights in `precision` (mxfp8, mxfp4 or nvfp4), at most `sm_count`
+  // persistent CTAs. Throws Error(unsupported) with cannot_take's reason.
+  PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device);
+  ~PackedGroupedGemm();
+  PackedGroupedGemm(const PackedGroupedGemm&) = delete;
+  PackedGroupedGemm& operator=(const PackedGroupedGemm&) = delete;
+
+  const PackedGemmArrays& arrays() const { return arrays_; }
+  std::size_t device_bytes() const { return device_bytes_; }
+  int sm_count() const { return sm_count_; }
+
+  // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
+  // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
+  // (programmatic dependent launch).
+  void run(const PackedMatrices& weights, cudaStream_t stream) const;
+
+  // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
+  static const char* cannot_take(Precision precision, int groups, int n, int k);
+
+  // Weight rows x token rows of the kernel's output tile (each group's M in blocks of the second).
+  static constexpr int kWeightRows = 128, kTokenRows = 64;
+
+ private:
+  Precision precision_;
+  int groups_, n_, k_, sm_count_;
+  std::size_t smem_ = 0;
+  PackedGemmArrays arrays_{};
+  std::uint8_t* memory_ = nullptr;
+  std::size_t device_bytes_ = 0;
+};
+
+}  // namespace epmoe::cuda::experts::wgmma
