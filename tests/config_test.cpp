@@ -465,8 +465,9 @@ std::pair<std::int32_t, std::int32_t> tile_after(Precision p, ExpertMath math, s
 TEST(WithKnobsWgmma, Bf16GemmsGet128Or64RowsAnd128Or256Columns) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::mxfp4}) {
-    // 64 rows: the ping-pong FC1 of the precisions whose FC1 epilogue activates (not nvfp4).
-    const std::int32_t rows = p == Precision::nvfp4 ? 128 : 64;
+    // 64 rows: the ping-pong FC1 of the precision whose FC1 epilogue activates (bf16; the packed
+    // formats run the packed-weight GEMM).
+    const std::int32_t rows = p == Precision::bf16 ? 64 : 128;
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 64), T(rows, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 128), T(rows, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 256), T(rows, 256)) << to_string(p);
@@ -531,9 +532,7 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)
       for (std::int32_t bn : kKnobSpace.block_n) {
-        const bool rows =
-            bm == 128 ||
-            (bm == 64 && (p == Precision::bf16 || p == Precision::mxfp8 || p == Precision::mxfp4));
+        const bool rows = bm == 128 || (bm == 64 && p == Precision::bf16);
         const bool shipped = rows && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
         EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
       }
