@@ -244,16 +244,13 @@ std::size_t smem_bytes() {
   return sizeof(Smem<P>) + 1024;  // + the alignment of the dynamic allocation to 1024 bytes
 }
 
+// Calls f(integral_constant<Precision, P>) with the GEMM's precision (with_packed_precision,
+// whose bf16 case cannot_take has refused: no bf16 kernel is instantiated).
 template <class F>
-decltype(auto) with_precision(Precision p, F f) {
-  switch (p) {
-    case Precision::mxfp8:
-      return f(std::integral_constant<Precision, Precision::mxfp8>{});
-    case Precision::mxfp4:
-      return f(std::integral_constant<Precision, Precision::mxfp4>{});
-    default:
-      return f(std::integral_constant<Precision, Precision::nvfp4>{});
-  }
+void with_block_scaled_precision(Precision p, F f) {
+  with_packed_precision(p, [&](auto precision) {
+    if constexpr (decltype(precision)::value != Precision::bf16) f(precision);
+  });
 }
 
 }  // namespace
@@ -276,13 +273,12 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   sm_count_ = sm_count > 0 ? std::min(sm_count, sms) : sms;
-  smem_ = with_precision(precision, [&](auto p) {
+  with_block_scaled_precision(precision, [&](auto p) {
     constexpr Precision kP = decltype(p)::value;
-    const std::size_t bytes = smem_bytes<kP>();
+    smem_ = smem_bytes<kP>();
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
-    return bytes;
+                                          static_cast<int>(smem_)));
   });
   const auto g = static_cast<std::size_t>(groups);
   ScratchCursor cursor{nullptr};
@@ -304,7 +300,7 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
   const Args args{arrays_, weights, groups_, n_, k_};
-  with_precision(precision_, [&](auto p) {
+  with_block_scaled_precision(precision_, [&](auto p) {
     launch_chained(packed_gemm_kernel<decltype(p)::value>, KernelShape{sm_count_, smem_}, stream,
                    args);
   });
