@@ -16,6 +16,8 @@
 //   store     D[m, n] from the accumulators, rows past M_e and columns past N left alone
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
 // share a group's token rows); each CTA computes the groups' tile prefix from device memory once.
+#include <cuda_bf16.h>
+
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/cuda_check.hpp"
@@ -39,7 +41,7 @@ using namespace cute;
 constexpr int kRows = PackedGroupedGemm::kWeightRows;   // weight rows per tile (WGMMA's M)
 constexpr int kTokens = PackedGroupedGemm::kTokenRows;  // token rows per tile (WGMMA's N)
 constexpr int kTileK = 64;                              // one 128-byte swizzle atom of bf16
-constexpr int kStages = 4;
+constexpr int kStages = 8;  // 6 k tiles in flight ahead of the one WGMMA reads
 constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory: 4 groups per thread
 static_assert(kThreads == 256 && kMaxGroups == 4 * kThreads, "one warpgroup per 64 weight rows");
 
@@ -182,12 +184,11 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
           float f[8];
           // NVFP4's one load is the half row: group_scale picks block gi / 2 of its two codes
           decode8<P>(v, gi, group_scale<P>(half_scales, gi), f);
+          // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
           uint4 packed;
-          std::uint32_t* words = &packed.x;
+          __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            words[j] = formats::float_to_bf16(f[2 * j]) |
-                       static_cast<std::uint32_t>(formats::float_to_bf16(f[2 * j + 1])) << 16;
+          for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
           const int kk = 32 * half + kWeightsPer16B<P> * load + 8 * gi;
           *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(row, kk)]) = packed;
         }
