@@ -504,7 +504,7 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
   ASSERT_EQ(notes.size(), 2u);
   EXPECT_EQ(notes[0],
             "block_m=64 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 "
-            "rows) for fp8_block128 (64-row FC1 tiles: bf16, mxfp8, mxfp4)");
+            "rows) for fp8_block128 (64-row FC1 tiles: bf16 only)");
   EXPECT_EQ(notes[1],
             "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
             "(E4M3 blockwise)");
