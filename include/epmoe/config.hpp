@@ -103,7 +103,7 @@ const char* to_string(TokenBucket b);
 // them (docs/tuning.md#knobs): the CUDA executor picks each forward's bucket from T on the host and
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
-//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles.
+//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles (bf16 layers).
 // token_back, stages and dispatch_warps are read by no code: they are reserved for the persistent
 // kernel's warp roles and planned GEMMs, validated, adjusted by with_knobs and compared across
 // ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile exact and
@@ -117,18 +117,19 @@ struct Knobs {
   // warps from a staging pool, or stored by the epilogue).
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64 or 128.
-  // wgmma's cooperative GEMMs take 128; for bf16, mxfp8 and mxfp4, 64 runs FC1 (whose epilogue
-  // activates) on 64 x 128 ping-pong tiles (FC2 stays 128-row). with_knobs moves 64 to 128 under
-  // wgmma for nvfp4 and fp8_block128.
+  // wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates) on
+  // 64 x 128 ping-pong tiles (FC2 stays 128-row). with_knobs moves 64 to 128 under wgmma for the
+  // other precisions (mxfp8, nvfp4 and mxfp4 run the packed-weight GEMM, whose one tile is 128
+  // weight rows x 64 token rows and reads no knob but num_sms).
   std::int32_t block_m = 64;
-  // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs its bf16 GEMMs that store
-  // fp32 (FC2, and NVFP4's FC1) on 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the
-  // activating FC1: 128 columns always; fp8_block128: 128 x 128 x 128 only); with_knobs moves 64
-  // to 128, and 256 to 128 for fp8_block128.
+  // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs bf16's FC2 GEMM on
+  // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the activating FC1: 128 columns always;
+  // fp8_block128: 128 x 128 x 128 only; not read for mxfp8, nvfp4, mxfp4); with_knobs moves 64 to
+  // 128, and 256 to 128 for fp8_block128.
   std::int32_t block_n = 128;
   // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
   // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating
-  // FC1's 128 x 128 and 64 x 128); a StageCount<N> per value
+  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8); a StageCount<N> per value
   // would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
   // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
