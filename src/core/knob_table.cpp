@@ -275,9 +275,9 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& sh
     if (k.block_m != block_m)
       note("block_m=" + std::to_string(k.block_m) +
            " -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 rows)" +
-           (k.block_m == 64 ? std::string(" for ") + to_string(precision) +
-                                  " (64-row FC1 tiles: bf16 only)"
-                            : std::string()));
+           (k.block_m == 64
+                ? std::string(" for ") + to_string(precision) + " (64-row FC1 tiles: bf16 only)"
+                : std::string()));
     if (k.block_n != block_n)
       note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(block_n) +
            ": expert_math=wgmma ships 128 x 128 tiles" +
