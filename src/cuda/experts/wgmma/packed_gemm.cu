@@ -41,7 +41,7 @@ using namespace cute;
 constexpr int kRows = PackedGroupedGemm::kWeightRows;   // weight rows per tile (WGMMA's M)
 constexpr int kTokens = PackedGroupedGemm::kTokenRows;  // token rows per tile (WGMMA's N)
 constexpr int kTileK = 64;                              // one 128-byte swizzle atom of bf16
-constexpr int kStages = 8;  // 6 k tiles in flight ahead of the one WGMMA reads
+constexpr int kStages = 8;        // 6 k tiles in flight ahead of the one WGMMA reads
 constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory: 4 groups per thread
 static_assert(kThreads == 256 && kMaxGroups == 4 * kThreads, "one warpgroup per 64 weight rows");
 
