@@ -154,6 +154,7 @@ class GpuKnobsWgmmaTile : public ::testing::TestWithParam<Precision> {};
 
 // block_n = 256 (block_m = 128) runs wgmma's bf16 GEMMs on the 128 x 256 x 64 tile; the same layer
 // on 128 x 128 gives the same bits. fp8_block128 ships 128 x 128 only: with_knobs moves 256 back.
+// (mxfp8, nvfp4 and mxfp4 run the packed-weight GEMM, which reads no block_n: nothing to compare.)
 TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit) {
   const Precision p = GetParam();
   if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
@@ -178,8 +179,7 @@ TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
-                         ::testing::Values(Precision::bf16, Precision::mxfp8, Precision::nvfp4,
-                                           Precision::mxfp4, Precision::fp8_block128),
+                         ::testing::Values(Precision::bf16, Precision::fp8_block128),
                          [](const auto& param_info) {
                            return std::string(to_string(param_info.param));
                          });
