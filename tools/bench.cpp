@@ -133,7 +133,6 @@ struct Point {
   Precision precision = Precision::bf16;
   Combine combine = Combine::staged;
   ExpertMath math = ExpertMath::exact;
-  std::int64_t tokens = 0;         // the largest rank's T (counts.max())
   TokenCounts counts;              // every rank's T, or each rank's (--tokens 0/64)
   std::string status = "pending";  // ok | skipped | error
   std::string note;
@@ -213,7 +212,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
     p->check = check;
     p->resident_bytes = resident_bytes;
     p->megakernel = st.backend == Backend::cuda_nccl &&
-                    cluster->layer(0).config().knobs_for(p->tokens).megakernel;
+                    cluster->layer(0).config().knobs_for(p->counts.max()).megakernel;
   }
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s, check %s\n", what.c_str(), prep_s,
                check.c_str());
@@ -224,7 +223,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   std::int64_t last_t = 0;
   for (std::size_t pi = 0; pi < points.size(); ++pi) {
     Point& pt = *points[pi];
-    const std::int64_t T = pt.tokens;
+    const std::int64_t T = pt.counts.max();  // the largest rank's
     // Estimate this point from the last one (latency grows at most linearly in T here).
     const std::optional<RoundPlan> plan =
         cp.plan(o, pi, last_ms, last_t > 0 ? double(T) / double(last_t) : double(T));
@@ -484,7 +483,6 @@ int bench(const BenchOptions& o) {
                 pt.precision = p;
                 pt.combine = c;
                 pt.math = x;
-                pt.tokens = t.max();
                 pt.counts = t;
                 cfg.points.push_back(points.size());
                 points.push_back(pt);
