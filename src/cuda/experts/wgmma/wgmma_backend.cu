@@ -48,26 +48,20 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
   const LayerShape& s = config.shape();
   const int h = static_cast<int>(s.hidden), i = static_cast<int>(s.intermediate);
   const ExpertProblem problem = expert_problem(config);
-  const bool fp8 = runs_e4m3(problem);
-  if (runs_packed(problem)) {
-    const int experts = static_cast<int>(problem.local_experts);
-    if (const char* why = PackedGroupedGemm::cannot_take(problem.precision, experts, 2 * i, h))
-      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
-             ": FC1: " + why;
-    if (const char* why = PackedGroupedGemm::cannot_take(problem.precision, experts, h, i))
-      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
-             ": FC2: " + why;
-  }
-  const auto cannot_take =
-      fp8 ? Fp8BlockwiseGroupedGemm::cannot_take : Bf16GroupedGemm::cannot_take;
-  if (fc1_epilogue_activates(problem))
-    if (const char* why = Bf16GluGroupedGemm::cannot_take(problem))
-      return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
-             ": FC1: " + why;
-  if (const char* why = cannot_take(2 * i, h))
-    return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) + ": FC1: " + why;
-  if (const char* why = cannot_take(h, i))
-    return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) + ": FC2: " + why;
+  const int experts = static_cast<int>(problem.local_experts);
+  // Why the GEMM that runs an FC of N x K in this precision cannot take it (nullptr: it can).
+  const auto cannot_take = [&](int n, int k) -> const char* {
+    if (runs_packed(problem))
+      return PackedGroupedGemm::cannot_take(problem.precision, experts, n, k);
+    if (runs_e4m3(problem)) return Fp8BlockwiseGroupedGemm::cannot_take(n, k);
+    return Bf16GroupedGemm::cannot_take(n, k);
+  };
+  const char* fc1 = fc1_epilogue_activates(problem) ? Bf16GluGroupedGemm::cannot_take(problem)
+                                                    : cannot_take(2 * i, h);
+  const char* fc2 = cannot_take(h, i);
+  if (fc1 != nullptr || fc2 != nullptr)
+    return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
+           (fc1 != nullptr ? std::string(": FC1: ") + fc1 : std::string(": FC2: ") + fc2);
   // with_knobs moves every bucket's tile onto one this backend ships; a config that bypassed it
   // would be named here.
   for (int b = 0; b < kNumTokenBuckets; ++b) {
