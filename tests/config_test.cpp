@@ -705,33 +705,38 @@ std::pair<int, int> marked(const std::string& d, const std::string& knob, const 
 // docs/design.md §5: a knob exists only if the code that runs reads it. token_back, stages and
 // dispatch_warps are read by no code and marked in each of the 4 buckets; num_sms (every chain
 // kernel's grid) and megakernel (the persistent round, or a refusal at creation) are read and
-// unmarked; block_m / block_n are read by the wgmma backend only, so marked under exact and
-// tensor_core. No caller-owned field is marked.
+// unmarked; block_m / block_n are read by the wgmma backend's bf16 GEMMs only, so marked under
+// exact and tensor_core, and under wgmma for every other precision (one tile each). No
+// caller-owned field is marked.
 TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
-  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
-    LayerOptions o;
-    o.expert_math = math;
-    const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4, o).describe();
-    const std::string not_yet = " (not read yet)";
-    const std::string not_here = std::string(" (not read by expert_math=") + to_string(math) + ")";
-    for (const char* knob : {"token_back=", "stages=", "dispatch_warps="})
-      EXPECT_EQ(marked(d, knob, not_yet), std::make_pair(4, 4)) << knob << " in " << d;
-    for (const char* knob : {"num_sms=", "megakernel="}) {
-      EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
-      EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
+  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
+    for (Precision p : {Precision::bf16, Precision::mxfp8}) {
+      LayerOptions o;
+      o.expert_math = math;
+      const std::string d = make_config(kQwen, p, 1, 4, o).describe();
+      const std::string not_yet = " (not read yet)";
+      const bool tiles_read = math == ExpertMath::wgmma && p == Precision::bf16;
+      const std::string not_here =
+          std::string(" (not read by expert_math=") + to_string(math) +
+          (math == ExpertMath::wgmma ? std::string(" with precision=") + to_string(p) : "") + ")";
+      for (const char* knob : {"token_back=", "stages=", "dispatch_warps="})
+        EXPECT_EQ(marked(d, knob, not_yet), std::make_pair(4, 4)) << knob << " in " << d;
+      for (const char* knob : {"num_sms=", "megakernel="}) {
+        EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
+        EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
+      }
+      for (const char* knob : {"block_m=", "block_n="}) {
+        EXPECT_EQ(marked(d, knob, not_here).first, tiles_read ? 0 : 4) << d;
+        EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
+      }
+      int marks = 0;
+      for (std::size_t at = d.find(" (not read"); at != std::string::npos;
+           at = d.find(" (not read", at + 1))
+        ++marks;
+      EXPECT_EQ(marks, (tiles_read ? 3 : 5) * kNumTokenBuckets) << d;
+      EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
+          << "a caller-owned field is marked: " << d;
     }
-    for (const char* knob : {"block_m=", "block_n="}) {
-      EXPECT_EQ(marked(d, knob, not_here).first, math == ExpertMath::wgmma ? 0 : 4) << d;
-      EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
-    }
-    int marks = 0;
-    for (std::size_t at = d.find(" (not read"); at != std::string::npos;
-         at = d.find(" (not read", at + 1))
-      ++marks;
-    EXPECT_EQ(marks, (math == ExpertMath::wgmma ? 3 : 5) * kNumTokenBuckets) << d;
-    EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
-        << "a caller-owned field is marked: " << d;
-  }
 }
 
 TEST(ConfigDescribe, IsTheSameOnEveryRank) {
@@ -805,7 +810,7 @@ TEST(ConfigDescribe, HasAStableFormat) {
       "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 (not "
       "read yet) num_sms=100 megakernel=false}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/6 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/7 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
             "expert_math=exact "

@@ -108,15 +108,21 @@ void check_options(const LayerOptions& o) {
 // marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
 // a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms and
 // megakernel (the persistent round, or a refusal at creation where the backend has none) with
-// every expert math and block_m / block_n with wgmma; the CPU executor reads none (its describe()
-// is the same line: ranks compare configs, not executors).
+// every expert math and block_m / block_n with wgmma for bf16 (its CUTLASS GEMMs' tiles; the
+// packed-weight GEMM of mxfp8 / nvfp4 / mxfp4 and fp8_block128's E4M3 GEMM have one tile each);
+// the CPU executor reads none (its describe() is the same line: ranks compare configs, not
+// executors).
 constexpr const char* kNotReadYet = " (not read yet)";
 
-std::string describe_knobs(const Knobs& k, ExpertMath math) {
-  // block_m / block_n: read by the wgmma backend only; exact and tensor_core run fixed tiles.
-  const std::string tile_mark =
-      math == ExpertMath::wgmma ? ""
-                                : std::string(" (not read by expert_math=") + to_string(math) + ")";
+std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision) {
+  // block_m / block_n: read by the wgmma backend's bf16 GEMMs only; exact and tensor_core run
+  // fixed tiles, and so do wgmma's GEMMs of the other precisions.
+  std::string tile_mark;
+  if (math != ExpertMath::wgmma)
+    tile_mark = std::string(" (not read by expert_math=") + to_string(math) + ")";
+  else if (precision != Precision::bf16)
+    tile_mark =
+        std::string(" (not read by expert_math=wgmma with precision=") + to_string(precision) + ")";
   return "{" + core::knob_fields(k, kNotReadYet, tile_mark) + "}";
 }
 
@@ -276,7 +282,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/6";
+  std::string s = "epmoe.config/7";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);
@@ -299,7 +305,7 @@ std::string LayerConfig::describe() const {
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     s += " knobs.";
     s += to_string(static_cast<TokenBucket>(b));
-    s += "=" + describe_knobs(knobs_[b], options_.expert_math);
+    s += "=" + describe_knobs(knobs_[b], options_.expert_math, precision_);
   }
   return s;
 }
