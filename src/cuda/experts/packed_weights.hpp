@@ -30,6 +30,12 @@ std::int64_t packed_row_bytes(Precision precision, std::int64_t n);
 int packed_block(Precision precision);
 // Whether a precision can be held this way (fp8_block128's 128 x 128 fp32 scales are not).
 bool packable(Precision precision);
+// The packable precisions with block scales (mxfp8, mxfp4, nvfp4): what the wgmma backend's
+// packed-weight GEMM runs.
+EPMOE_HD constexpr bool packed_with_block_scales(Precision precision) {
+  return precision == Precision::mxfp8 || precision == Precision::mxfp4 ||
+         precision == Precision::nvfp4;
+}
 
 // One FC's matrices of this rank's experts, [E_local, rows, cols] (cols = K), on the device.
 struct PackedMatrices {

@@ -257,8 +257,7 @@ void with_block_scaled_precision(Precision p, F f) {
 }  // namespace
 
 const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int n, int k) {
-  if (precision != Precision::mxfp8 && precision != Precision::mxfp4 &&
-      precision != Precision::nvfp4)
+  if (!packed_with_block_scales(precision))
     return "precision must be mxfp8, mxfp4 or nvfp4 (packed weights with block scales)";
   if (groups < 1 || groups > kMaxGroups) return "groups must be 1..1024";
   if (n < 1) return "N must be positive";

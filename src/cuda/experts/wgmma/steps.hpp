@@ -40,8 +40,7 @@ EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
 // MXFP8, MXFP4 and NVFP4 weights stay packed in their format (packed_weights.hpp) and run
 // PackedGroupedGemm; bf16 runs CUTLASS's GEMMs over its codes.
 EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
-  return problem.precision == Precision::mxfp8 || problem.precision == Precision::mxfp4 ||
-         problem.precision == Precision::nvfp4;
+  return packed_with_block_scales(problem.precision);
 }
 
 struct Params {
