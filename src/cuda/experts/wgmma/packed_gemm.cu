@@ -280,17 +280,18 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_)));
   });
-  const auto g = static_cast<std::size_t>(groups);
-  ScratchCursor cursor{nullptr};
-  cursor.take<GemmProblem>(g);
-  cursor.take<const std::uint16_t*>(g);
-  cursor.take<float*>(g);
-  device_bytes_ = cursor.used;
+  // The arrays sliced from one allocation; with base == nullptr only measured (ScratchCursor).
+  const auto slice = [g = static_cast<std::size_t>(groups)](std::uint8_t* base,
+                                                            std::size_t* bytes) {
+    ScratchCursor cursor{base};
+    PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
+                            cursor.take<float*>(g)};
+    *bytes = cursor.used;
+    return arrays;
+  };
+  slice(nullptr, &device_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
-  ScratchCursor slices{memory_};
-  arrays_.problems = slices.take<GemmProblem>(g);
-  arrays_.a = slices.take<const std::uint16_t*>(g);
-  arrays_.d = slices.take<float*>(g);
+  arrays_ = slice(memory_, &device_bytes_);
   EPMOE_CUDA_CHECK(cudaMemset(memory_, 0, device_bytes_));
 }
 
