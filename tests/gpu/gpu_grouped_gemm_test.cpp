@@ -229,12 +229,11 @@ TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
 // FC1 with the activation in its epilogue (Bf16GluGroupedGemm) against the host: w13 drawn in the
 // caller's order (gate rows, then up rows) and interleaved as the backend stores it, gate and up
 // summed in float64, rounded to fp32 (the accumulator), b13 and the activation, then FC2's input
-// quantization point (bf16, or MXFP8 blocks of 32 h columns, decoded: the bf16 codes FC2 reads).
+// quantization point (bf16: the codes FC2 reads).
 // The GPU's fp32 sums and __expf differ from that in the last bits, so a few elements may land on
 // the other side of a rounding boundary; a gate / up pairing, row, column, block or bias mistake
 // moves most of them.
 struct GluCase {
-  Precision precision;
   Activation activation;
   float limit;
   bool biases;
@@ -243,8 +242,8 @@ struct GluCase {
 std::vector<std::uint16_t> check_glu_gemm(const GluCase& c, GluTile tile) {
   const int h = 512, inter = 192, n = 2 * inter;
   const Groups g({0, 5, 300, 128, 0, 1});
-  ExpertProblem problem{h,      inter, g.count(), c.precision, ScaleRounding::rceil, c.activation,
-                        c.limit};
+  ExpertProblem problem{
+      h, inter, g.count(), Precision::bf16, ScaleRounding::rceil, c.activation, c.limit};
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * h);
@@ -304,14 +303,6 @@ std::vector<std::uint16_t> check_glu_gemm(const GluCase& c, GluTile tile) {
             math::activation_f32(c.activation, math::biased(static_cast<float>(gate), bias, j),
                                  math::biased(static_cast<float>(up), bias, inter + j), c.limit);
       }
-      if (c.precision != Precision::bf16)  // mxfp8, and mxfp4 layers' MXFP8 activations
-        for (int b = 0; b < inter; b += formats::kMxfp8Block) {
-          std::uint8_t codes[formats::kMxfp8Block], scale = 0;
-          formats::mxfp8_encode_block(&row[b], formats::kMxfp8Block, problem.rounding, codes,
-                                      &scale);
-          for (int j = 0; j < formats::kMxfp8Block; ++j)
-            row[b + j] = formats::mxfp8_decode_value(codes[j], scale);
-        }
       for (int j = 0; j < inter; ++j) {
         const std::uint16_t want = formats::float_to_bf16(row[j]);
         const std::uint16_t have = got[static_cast<std::size_t>(r) * inter + j];
@@ -323,11 +314,11 @@ std::vector<std::uint16_t> check_glu_gemm(const GluCase& c, GluTile tile) {
     }
   const double rel_l2 = std::sqrt(err2 / ref2);
   const std::size_t total = static_cast<std::size_t>(g.total) * inter;
-  std::printf("FC1 + %s %s%s, %s: %zu of %zu h elements differ from the host's, rel_l2 %.3g\n",
-              to_string(c.activation), to_string(c.precision), c.biases ? " + b13" : "",
-              to_string(tile), differ, total, rel_l2);
+  std::printf("FC1 + %s%s, %s: %zu of %zu h elements differ from the host's, rel_l2 %.3g\n",
+              to_string(c.activation), c.biases ? " + b13" : "", to_string(tile), differ, total,
+              rel_l2);
   EXPECT_LE(differ, total / 100);
-  EXPECT_LT(rel_l2, c.precision == Precision::bf16 ? 2e-3 : 2e-2);
+  EXPECT_LT(rel_l2, 2e-3);
   return got;
 }
 
@@ -336,14 +327,25 @@ std::vector<std::uint16_t> check_glu_gemm(const GluCase& c, GluTile tile) {
 TEST(GpuGroupedGemm, Fc1EpilogueActivatesAsTheHostDoesOnBothTiles) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   for (const GluCase& c :
-       {GluCase{Precision::bf16, Activation::swiglu, 0.0f, false},
-        GluCase{Precision::bf16, Activation::swiglu, 7.0f, true},
-        GluCase{Precision::mxfp8, Activation::swiglu, 0.0f, true},
-        GluCase{Precision::mxfp4, Activation::swiglu_oai, kSwigluOaiLimit, true}}) {
+       {GluCase{Activation::swiglu, 0.0f, false}, GluCase{Activation::swiglu, 7.0f, true},
+        GluCase{Activation::swiglu, 0.0f, true},
+        GluCase{Activation::swiglu_oai, kSwigluOaiLimit, true}}) {
     const std::vector<std::uint16_t> wide = check_glu_gemm(c, GluTile::m128_n128_k64);
     const std::vector<std::uint16_t> narrow = check_glu_gemm(c, GluTile::m64_n128_k64);
-    EXPECT_EQ(wide, narrow) << to_string(c.precision);
+    EXPECT_EQ(wide, narrow) << to_string(c.activation);
   }
+}
+
+// Only bf16 layers: the epilogue stores h as bf16, no other precision's FC2 input.
+TEST(GpuGroupedGemm, Fc1EpilogueRefusesEveryPrecisionButBf16) {
+  for (const Precision p :
+       {Precision::mxfp8, Precision::nvfp4, Precision::mxfp4, Precision::fp8_block128}) {
+    const ExpertProblem problem{512, 192, 4, p, ScaleRounding::rceil, Activation::swiglu, 0.0f};
+    EXPECT_NE(Bf16GluGroupedGemm::cannot_take(problem), nullptr) << to_string(p);
+  }
+  const ExpertProblem bf16{512, 192, 4, Precision::bf16, ScaleRounding::rceil, Activation::swiglu,
+                           0.0f};
+  EXPECT_EQ(Bf16GluGroupedGemm::cannot_take(bf16), nullptr);
 }
 
 // The packed-weight GEMM (packed_gemm.hpp) against float64 over the decoded weights: random codes

@@ -83,11 +83,9 @@ class Bf16GroupedGemm {
 // with gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j: GateUp::interleaved), so
 // each thread's accumulator pair (2j, 2j + 1) of a row is one h element. The epilogue adds b13,
 // applies the activation and FC2's input quantization point from registers and stores h as the
-// bf16 codes FC2 reads: no fp32 [pairs, 2I] round trip and no activate kernel. The backend runs it
-// for bf16 (fc1_epilogue_activates); it also quantizes h to MXFP8's 32-element blocks (a 128-wide
-// tile holds two of them per row), which mxfp8 and mxfp4 layers used until their weights stayed
-// packed (packed_gemm.hpp), tested on its own. NVFP4 needs the whole row's amax first,
-// fp8_block128 128 h columns (256 of FC1's).
+// bf16 codes FC2 reads: no fp32 [pairs, 2I] round trip and no activate kernel. bf16 layers only
+// (fc1_epilogue_activates): the other precisions' weights are not bf16 codes (packed_gemm.hpp,
+// the E4M3 GEMM), and their FC2 input is quantized in `activate`.
 struct GluGemmArrays {
   GemmProblem* problems;
   const std::uint16_t** a;  // bf16 codes [M, H]
@@ -124,7 +122,7 @@ class Bf16GluGroupedGemm {
 
   void run(cudaStream_t stream) const;
 
-  // Empty, or why the kernel cannot take this FC1 (I a multiple of 64; 16-byte rows).
+  // Empty, or why the kernel cannot take this FC1 (bf16; I a multiple of 64; 16-byte rows).
   static const char* cannot_take(const ExpertProblem& problem);
 
  private:

@@ -31,13 +31,12 @@ using LayoutB = cutlass::layout::ColumnMajor;  // [N, K]: w13, gate and up rows 
 constexpr int kAlignAB = 8;                    // 16 bytes: TMA
 using ClusterShape = Shape<_1, _1, _1>;
 using parts::kGroupCols;
-using parts::kQuad;
 
 // What the epilogue needs beyond the accumulators, fixed for the layer.
 struct GluArguments {
   std::uint16_t** h = nullptr;  // per group: bf16 codes [M, I]
   const float** b13 = nullptr;  // per group: [2I] or nullptr
-  ExpertProblem problem{};      // I, the activation, its clamp, FC2's input format
+  ExpertProblem problem{};      // I, the activation, its clamp
 };
 
 class GluEpilogue : public parts::NoSmemEpilogue<GluArguments> {
@@ -55,9 +54,7 @@ class GluEpilogue : public parts::NoSmemEpilogue<GluArguments> {
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     static_assert(is_static<FrgLayout>::value, "the accumulator layout is static");
     constexpr int kValues = decltype(size(acc))::value;
-    constexpr int kGroups = kValues / 4;           // column groups k per thread
-    constexpr int kBlocks = kGroups / kGroupCols;  // MXFP8 blocks per row (per tile)
-    static_assert(kValues % (4 * kGroupCols) == 0, "whole 32-column h blocks per tile");
+    constexpr int kGroups = kValues / 4;  // column groups k per thread
     const int m_count = get<0>(problem_mnkl);
     const int l_coord = static_cast<int>(get<3>(blk_coord));
     const ExpertProblem& problem = params_.problem;
@@ -70,46 +67,19 @@ class GluEpilogue : public parts::NoSmemEpilogue<GluArguments> {
         problem_mnkl, blk_shape, blk_coord, tiled_mma, thread_idx);
     const int q = place.quad_rank, row0 = place.row0, col0 = place.col0;
 
-    // h per accumulator pair (index half + 2 k), then (MXFP8) the amax of each (row half, block)
-    // over the quad.
+    // h per accumulator pair (index half + 2 k).
     float hv[kValues / 2];
-    std::uint32_t amax[2][kBlocks] = {};
 #pragma unroll
     for (int i = 0; i < kValues; i += 2) {
-      const int half = (i / 2) % 2, k = i / 4;
-      const std::int64_t j = (col0 + kGroupCols * k) / 2;
-      const float v =
-          math::activation_f32(problem.activation, math::biased(acc(i), b13, j),
-                               math::biased(acc(i + 1), b13_up, j), problem.swiglu_limit);
-      hv[i / 2] = v;
-      amax[half][k / kGroupCols] =
-          max(amax[half][k / kGroupCols], formats::float_bits(v) & formats::kF32AbsMask);
+      const std::int64_t j = (col0 + kGroupCols * (i / 4)) / 2;
+      hv[i / 2] = math::activation_f32(problem.activation, math::biased(acc(i), b13, j),
+                                       math::biased(acc(i + 1), b13_up, j), problem.swiglu_limit);
     }
-    const bool mxfp8 = protocol::activation_format(problem.precision) == Precision::mxfp8;
-    std::uint8_t code[2][kBlocks] = {};
-    if (mxfp8) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          std::uint32_t a = amax[half][b];
-          for (int offset = 1; offset < kQuad; offset *= 2)
-            a = max(a, __shfl_xor_sync(0xffffffffu, a, offset));
-          code[half][b] = formats::mxfp8_scale_code(formats::bits_float(a), problem.rounding);
-        }
-    }
-    // FC2's input quantization point (MXFP8: decode(encode(h)), exact in bf16), then 4-byte
-    // stores: of each column group, an even thread stores row half 0's columns (4k + q, + 1) with
-    // its odd neighbour's code, the odd thread row half 1's (4k + q - 1, 4k + q) with its even
-    // neighbour's.
+    // FC2's input quantization point (bf16), then 4-byte stores: of each column group, an even
+    // thread stores row half 0's columns (4k + q, + 1) with its odd neighbour's code, the odd
+    // thread row half 1's (4k + q - 1, 4k + q) with its even neighbour's.
     const auto code_of = [&](int half, int k) {
-      float v = hv[half + 2 * k];
-      if (mxfp8) {
-        const std::uint8_t c = code[half][k / kGroupCols];
-        v = formats::mxfp8_decode_value(
-            formats::mxfp8_encode_value(v, c, formats::mxfp8_inverse_scale(c)), c);
-      }
-      return static_cast<std::uint32_t>(formats::float_to_bf16(v));
+      return static_cast<std::uint32_t>(formats::float_to_bf16(hv[half + 2 * k]));
     };
     const bool even = q % 2 == 0;
     const int row = row0 + (even ? 0 : 8);
@@ -157,6 +127,8 @@ struct Bf16GluGroupedGemm::Kernel {
 };
 
 const char* Bf16GluGroupedGemm::cannot_take(const ExpertProblem& problem) {
+  if (problem.precision != Precision::bf16)
+    return "precision must be bf16 (the epilogue stores h as bf16, FC2's input of a bf16 layer)";
   if (problem.hidden % kAlignAB != 0) return "H must be a multiple of 8 (16-byte rows for TMA)";
   if (problem.intermediate % 64 != 0)
     return "I must be a multiple of 64 (whole 128-column FC1 tiles)";
