@@ -1,7 +1,6 @@
-// Expert weights as exact bf16 codes and one fp32 scale per matrix (docs/design.md §4.1, §6): the
-// form the bf16 tensor-core backends (mma, wgmma) read. value = code / scale, exact for every
-// precision whose decoded weights are bf16 values times one scale per matrix (NVFP4's s_enc; 1
-// for the others) — all but fp8_block128, whose fp32 block scales are not.
+// A bf16 layer's expert weights as bf16 values for wgmma's CUTLASS GEMMs (docs/design.md §4.1, §6),
+// w13 optionally with gate and up rows interleaved for the FC1 whose epilogue activates. (The
+// other precisions stay packed, packed_weights.hpp, or as E4M3 tiles, fp8_block_weights.hpp.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,17 +22,16 @@ enum class GateUp : std::uint8_t { stacked, interleaved };
 struct Bf16CodeWeights {
   std::uint16_t* w13;  // [E_local, 2I, H] gate rows then up rows, or interleaved (GateUp)
   std::uint16_t* w2;   // [E_local, H, I]
-  float* w13_scale;    // [E_local]
-  float* w2_scale;     // [E_local]
 };
 
 // Owns one rank's weights in that form.
 class DeviceBf16CodeWeights {
  public:
+  // `problem.precision` must be bf16.
   explicit DeviceBf16CodeWeights(const ExpertProblem& problem, GateUp order = GateUp::stacked);
 
-  // This rank's experts (validated; bf16 or f32, host or this GPU) through the weight
-  // quantization point of the layer's precision into bf16 codes, queued on `stream`.
+  // This rank's experts (validated; bf16 or f32, host or this GPU) rounded to bf16, queued on
+  // `stream`.
   void prepare(const ExpertWeights& local, cudaStream_t stream);
 
   const Bf16CodeWeights& weights() const { return memory_.layout(); }

@@ -65,9 +65,9 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
   }
 }
 
-// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: bf16
-// codes over their matrix scale; packed codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode
-// multiplier (1 and 1 for MX); fp8's GEMM applied its block scales.
+// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
+// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
+// the values; fp8's GEMM applied its block scales.
 struct WeightFactors {
   float divisor = 1.0f, multiplier = 1.0f;
 };
@@ -76,8 +76,7 @@ __device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e)
     const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
     return WeightFactors{m.divisor[e], m.multiplier[e]};
   }
-  if (p.fp8()) return WeightFactors{};
-  return WeightFactors{fc1 ? p.weights.w13_scale[e] : p.weights.w2_scale[e], 1.0f};
+  return WeightFactors{};
 }
 // A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
 __device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
