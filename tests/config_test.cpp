@@ -465,9 +465,8 @@ std::pair<std::int32_t, std::int32_t> tile_after(Precision p, ExpertMath math, s
 TEST(WithKnobsWgmma, Bf16GemmsGet128Or64RowsAnd128Or256Columns) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::nvfp4, Precision::mxfp4}) {
-    // 64 rows: the ping-pong FC1 of the precision whose FC1 epilogue activates (bf16; the packed
-    // formats run the packed-weight GEMM).
-    const std::int32_t rows = p == Precision::bf16 ? 64 : 128;
+    // 64 rows: bf16's ping-pong FC1 and the packed-weight GEMM's 64-token tile.
+    const std::int32_t rows = 64;
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 64), T(rows, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 128), T(rows, 128)) << to_string(p);
     EXPECT_EQ(tile_after(p, ExpertMath::wgmma, 64, 256), T(rows, 256)) << to_string(p);
@@ -504,7 +503,7 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
   ASSERT_EQ(notes.size(), 2u);
   EXPECT_EQ(notes[0],
             "block_m=64 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 "
-            "rows) for fp8_block128 (64-row FC1 tiles: bf16 only)");
+            "rows) for fp8_block128 (64-row tiles: every precision but fp8_block128)");
   EXPECT_EQ(notes[1],
             "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
             "(E4M3 blockwise)");
@@ -532,7 +531,7 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)
       for (std::int32_t bn : kKnobSpace.block_n) {
-        const bool rows = bm == 128 || (bm == 64 && p == Precision::bf16);
+        const bool rows = bm == 128 || (bm == 64 && p != Precision::fp8_block128);
         const bool shipped = rows && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
         EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
       }

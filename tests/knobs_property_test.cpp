@@ -174,7 +174,7 @@ TEST_P(WithKnobsProperty,
             // 64-wide block_n up to 128.
             const bool wgmma = options.expert_math == ExpertMath::wgmma;
             const std::int32_t wgmma_block_m =
-                in.block_m == 64 && core::wgmma_fc1_activates(precision) ? 64 : 128;
+                in.block_m == 64 && core::wgmma_has_64_row_tile(precision) ? 64 : 128;
             const bool block_m_ok =
                 wgmma ? out.block_m == wgmma_block_m : out.block_m == in.block_m;
             const bool block_n_ok =

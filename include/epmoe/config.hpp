@@ -118,9 +118,9 @@ struct Knobs {
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64 or 128.
   // wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates) on
-  // 64 x 128 ping-pong tiles (FC2 stays 128-row). with_knobs moves 64 to 128 under wgmma for the
-  // other precisions (mxfp8, nvfp4 and mxfp4 run the packed-weight GEMM, whose one tile is 128
-  // weight rows x 64 token rows and reads no knob but num_sms).
+  // 64 x 128 ping-pong tiles (FC2 stays 128-row); for mxfp8, nvfp4 and mxfp4 it is the token rows
+  // of the packed-weight GEMM's tile (64 or 128; 128 weight rows). with_knobs moves 64 to 128 under
+  // wgmma for fp8_block128.
   std::int32_t block_m = 64;
   // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs bf16's FC2 GEMM on
   // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the activating FC1: 128 columns always;
@@ -129,7 +129,7 @@ struct Knobs {
   std::int32_t block_n = 128;
   // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
   // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating
-  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8); a StageCount<N> per value
+  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8 or 6); a StageCount<N> per value
   // would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
   // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.

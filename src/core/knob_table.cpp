@@ -202,7 +202,7 @@ std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::
 }
 
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n) {
-  if (block_m != 128 && !(block_m == 64 && wgmma_fc1_activates(precision))) return false;
+  if (block_m != 128 && !(block_m == 64 && wgmma_has_64_row_tile(precision))) return false;
   return block_n == 128 || (block_n == 256 && precision != Precision::fp8_block128);
 }
 
@@ -266,18 +266,18 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& sh
   // NOTES: the wgmma backend runs CUTLASS's cooperative kernel (two consumer warpgroups of 64 rows:
   // M tile 128) and ships two tiles, so other values move onto the nearest one it has. Up for
   // block_m and a 64-wide block_n (a narrower tile does not exist), down for fp8_block128's 256.
-  // block_m 64 stays where FC1 activates in its epilogue: its 64-row ping-pong FC1.
+  // block_m 64 stays where a 64-row tile exists (wgmma_has_64_row_tile).
   if (options.expert_math == ExpertMath::wgmma &&
       !wgmma_has_tile(precision, k.block_m, k.block_n)) {
     const std::int32_t block_n =
         k.block_n == 256 && precision != Precision::fp8_block128 ? 256 : 128;
-    const std::int32_t block_m = k.block_m == 64 && wgmma_fc1_activates(precision) ? 64 : 128;
+    const std::int32_t block_m = k.block_m == 64 && wgmma_has_64_row_tile(precision) ? 64 : 128;
     if (k.block_m != block_m)
       note("block_m=" + std::to_string(k.block_m) +
            " -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 rows)" +
-           (k.block_m == 64
-                ? std::string(" for ") + to_string(precision) + " (64-row FC1 tiles: bf16 only)"
-                : std::string()));
+           (k.block_m == 64 ? std::string(" for ") + to_string(precision) +
+                                  " (64-row tiles: every precision but fp8_block128)"
+                            : std::string()));
     if (k.block_n != block_n)
       note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(block_n) +
            ": expert_math=wgmma ships 128 x 128 tiles" +

@@ -34,12 +34,20 @@ constexpr bool wgmma_fc1_activates(Precision precision) {
   return precision == Precision::bf16;
 }
 
+// The precisions whose wgmma GEMMs have a tile of 64 token rows (block_m = 64): bf16's activating
+// FC1 (64 x 128 ping-pong) and the packed-weight GEMM of mxfp8, nvfp4 and mxfp4 (64 token rows;
+// block_m = 128 runs its 128-row token tile); not fp8_block128's E4M3 GEMM.
+constexpr bool wgmma_has_64_row_tile(Precision precision) {
+  return precision != Precision::fp8_block128;
+}
+
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
 // fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m 128 runs the
-// cooperative kernel (two consumer warpgroups of 64 rows); block_m 64, for the precisions whose FC1
-// activates in its epilogue, runs that FC1 on 64 x 128 ping-pong tiles (one warpgroup per tile,
-// the other's epilogue overlapping its mainloop) and FC2 on 128 x block_n.
+// cooperative kernel (two consumer warpgroups of 64 rows); block_m 64 runs bf16's activating FC1
+// on 64 x 128 ping-pong tiles (one warpgroup per tile, the other's epilogue overlapping its
+// mainloop) and FC2 on 128 x block_n. The packed-weight GEMM (mxfp8, nvfp4, mxfp4) reads block_m
+// as its token rows (64 or 128) and no block_n (its 128 weight rows are fixed).
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
@@ -59,7 +67,7 @@ std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
-//     -> 128 (64 stays for wgmma_fc1_activates precisions), block_n 64 -> 128, and 256 -> 128
+//     -> 128 (64 stays where wgmma_has_64_row_tile), block_n 64 -> 128, and 256 -> 128
 //     for fp8_block128;
 //   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
 // `notes` (may be null) receives one line per change, for logs.

@@ -359,7 +359,8 @@ struct PackedCase {
   Precision precision;
   int n, k;
 };
-std::vector<float> run_packed_gemm(const PackedCase& c, int sms) {
+std::vector<float> run_packed_gemm(const PackedCase& c, int sms,
+                                   cuda::experts::wgmma::PackedTokenTile tile) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
@@ -394,7 +395,8 @@ std::vector<float> run_packed_gemm(const PackedCase& c, int sms) {
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
   PackedMatrices w{codes_dev.ptr, scales_dev.ptr, nullptr, nullptr, n, k};
 
-  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0);
+  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile);
+  EXPECT_EQ(gemm.tile(), tile);
   std::vector<const std::uint16_t*> a_ptr;
   std::vector<float*> d_ptr;
   for (int group = 0; group < g.count(); ++group) {
@@ -411,21 +413,30 @@ std::vector<float> run_packed_gemm(const PackedCase& c, int sms) {
     return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
            decoded((static_cast<std::size_t>(group) * n + col) * k + i);
   });
-  std::printf("packed GEMM %s N=%d K=%d on %d CTAs: worst |D - exact| / sum|a w| = %.3g\n",
-              to_string(c.precision), n, k, sms, worst);
+  std::printf(
+      "packed GEMM %s N=%d K=%d, %d token rows, on %d CTAs: worst |D - exact| / sum|a w| = "
+      "%.3g\n",
+      to_string(c.precision), n, k, tile == cuda::experts::wgmma::PackedTokenTile::t64 ? 64 : 128,
+      sms, worst);
   EXPECT_LT(worst, 1e-5) << to_string(c.precision) << " N=" << n << " K=" << k;
   return d;
 }
 
+// Both token tiles (64 and 128 rows) give the same bits: each output is the same k16 WGMMA steps
+// over the same k tiles in the same order.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  using cuda::experts::wgmma::PackedTokenTile;
   for (const PackedCase& c :
        {PackedCase{Precision::mxfp8, 320, 192}, PackedCase{Precision::mxfp8, 256, 1024},
         PackedCase{Precision::mxfp4, 320, 1024}, PackedCase{Precision::nvfp4, 320, 1024}}) {
-    const std::vector<float> all = run_packed_gemm(c, sm_count());
-    const std::vector<float> three = run_packed_gemm(c, 3);
+    const std::vector<float> all = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
+    const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
+    const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
     EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
         << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
+    EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
+        << "128 token rows give other bits than 64: " << to_string(c.precision);
   }
 }
 

@@ -4,12 +4,14 @@
 // block scales along K (packed_gemm.hpp).
 //
 // The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
-// its B operand (N = 64 token rows), both K-major, so a decode round's few rows per expert fill
-// a 64-wide N tile instead of a 128-row M tile, and every weight is decoded once per 64 rows.
+// its B operand (N = 64 or 128 token rows: PackedTokenTile), both K-major, so a decode round's few
+// rows per expert fill a 64-wide N tile instead of a 128-row M tile, and every weight is decoded
+// once per 64 or 128 rows (the decode's instructions per WGMMA FLOP halve with 128).
 //
 // Warp roles: none yet — all 8 warps load (cp.async, kStages deep), decode and multiply:
 //   load      each k tile's packed codes (16-byte cp.async), the aligned 4-byte word holding each
-//             weight row's block scale codes, and the token rows (zero-filled past M_e)
+//             weight row's block scale codes, and the token rows (those past M_e zeroed once per
+//             tile; each thread's sources and destinations computed once per tile)
 //   decode    tile k + 1's codes to bf16 (decode8, the tensor_core tiles' exact decode) into the
 //             other of two swizzled W buffers, while WGMMA runs on tile k
 //   multiply  4 k16 WGMMAs per k tile per warpgroup, fp32 accumulators in registers
@@ -38,20 +40,26 @@ namespace {
 
 using namespace cute;
 
-constexpr int kRows = PackedGroupedGemm::kWeightRows;   // weight rows per tile (WGMMA's M)
-constexpr int kTokens = PackedGroupedGemm::kTokenRows;  // token rows per tile (WGMMA's N)
-constexpr int kTileK = 64;                              // one 128-byte swizzle atom of bf16
-constexpr int kStages = 8;        // 6 k tiles in flight ahead of the one WGMMA reads
+constexpr int kRows = PackedGroupedGemm::kWeightRows;  // weight rows per tile (WGMMA's M)
+constexpr int kTileK = 64;                             // one 128-byte swizzle atom of bf16
 constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory: 4 groups per thread
 static_assert(kThreads == 256 && kMaxGroups == 4 * kThreads, "one warpgroup per 64 weight rows");
 
 using Bf16 = cutlass::bfloat16_t;
-using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
-                                               GMMA::Major::K, GMMA::Major::K>());
-using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
 using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
 using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, _2>{}));
-using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
+
+// What the token tile (WGMMA's N: 64 or 128 token rows, PackedTokenTile) sets: the WGMMA, the
+// token rows' stages and the pipeline's depth (as deep as shared memory allows: 6 k tiles in
+// flight ahead of WGMMA's with 64 rows, 4 with 128).
+template <int kTokens>
+struct TokenTile {
+  static constexpr int kStages = kTokens == 64 ? 8 : 6;
+  using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
+                                                 GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
+  using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
+};
 
 // Element offset of (row, k) in a K-major 128-byte-swizzled tile of 64 bf16 per row (the layout
 // of Atom tiled along rows; the swizzle XORs the 16-byte chunk index with row % 8).
@@ -59,8 +67,9 @@ __device__ __forceinline__ int swizzled(int row, int k) {
   return row * kTileK + ((((k >> 3) ^ row) & 7) << 3) + (k & 7);
 }
 
-template <Precision P>
+template <Precision P, int kTokens>
 struct Smem {
+  static constexpr int kStages = TokenTile<kTokens>::kStages;
   static constexpr int kCodeBytes = kTileK * PackedFormat<P>::kBits / 8;  // a weight row's k tile
   alignas(1024) Bf16 w[2][kRows * kTileK];          // decoded weights, two buffers
   alignas(1024) Bf16 x[kStages][kTokens * kTileK];  // token rows
@@ -88,9 +97,11 @@ __device__ __forceinline__ int group_of(const int* tile_end, int groups, int til
   return lo;
 }
 
-template <Precision P>
+template <Precision P, int kTokens>
 __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
-  using S = Smem<P>;
+  using S = Smem<P, kTokens>;
+  using T = TokenTile<kTokens>;
+  constexpr int kStages = T::kStages;
   extern __shared__ std::uint8_t smem_raw[];
   S& s = *reinterpret_cast<S*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
                                ~std::uintptr_t{1023});
@@ -117,60 +128,85 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
   __syncthreads();
   const int tiles = s.tile_end[groups - 1];
 
-  TiledMma mma;
+  typename T::TiledMma mma;
   const auto thr = mma.get_thread_slice(tid);
   Tensor sW = make_tensor(make_smem_ptr(&s.w[0][0]), LayoutW{});
-  Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), LayoutX{});
+  Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), typename T::LayoutX{});
   Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, buffer)
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
   Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
 
   constexpr int kBlock = PackedFormat<P>::kBlock;
+  constexpr int kChunksPerRow = S::kCodeBytes / 16;
+  constexpr int kCodeChunks = kRows * kChunksPerRow / kThreads;  // 16-byte copies per thread
+  constexpr int kTokenChunks = kTokens * 8 / kThreads;           // (8 per token row)
+  static_assert(kCodeChunks >= 1 && kTokenChunks >= 1, "every thread copies codes and rows");
   const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
   const std::int64_t scale_row_bytes = k / kBlock;
   const int k_tiles = k / kTileK;
+  // This thread's decode: half `half` (32 k) of weight row `decode_row` of each k tile.
+  const int decode_row = tid / 2, half = tid % 2;
 
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const int g = group_of(s.tile_end, groups, tile);
     const int local = tile - (g > 0 ? s.tile_end[g - 1] : 0);
     const int n0 = local % weight_blocks * kRows, m0 = local / weight_blocks * kTokens;
     const int m = args.arrays.problems[g].m;
-    const std::uint16_t* a = args.arrays.a[g];
+    const int rows = min(m - m0, kTokens);  // token rows of this tile; the rest stay zero
+    const std::uint16_t* a = args.arrays.a[g] + static_cast<std::int64_t>(m0) * k;
     const std::uint8_t* codes = args.w.codes + static_cast<std::int64_t>(g) * n * code_row_bytes;
     const std::uint8_t* scales = args.w.scales + static_cast<std::int64_t>(g) * n * scale_row_bytes;
 
+    // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes) and destinations,
+    // once per tile. Past N a weight row is a copy of row N - 1, never stored.
+    const std::uint8_t* code_src[kCodeChunks];
+    int code_dst[kCodeChunks];
+#pragma unroll
+    for (int i = 0; i < kCodeChunks; ++i) {
+      const int c = tid + i * kThreads, row = c / kChunksPerRow, unit = c % kChunksPerRow;
+      code_src[i] = codes + min(n0 + row, n - 1) * code_row_bytes + 16 * unit;
+      code_dst[i] = row * S::kCodeBytes + 16 * unit;
+    }
+    const std::uint8_t* scale_src = scales + min(n0 + tid % kRows, n - 1) * scale_row_bytes;
+    const std::uint16_t* token_src[kTokenChunks];  // nullptr: a row past the tile's
+    int token_dst[kTokenChunks];
+#pragma unroll
+    for (int i = 0; i < kTokenChunks; ++i) {
+      const int c = tid + i * kThreads, row = c / 8, unit = c % 8;
+      token_src[i] = row < rows ? a + static_cast<std::int64_t>(row) * k + 8 * unit : nullptr;
+      token_dst[i] = swizzled(row, 8 * unit);
+    }
+    // Rows past the tile's are zero in every stage for the whole tile (no k tile writes them).
+    if (rows < kTokens) {
+      for (int c = tid; c < kStages * kTokens * 8; c += kThreads) {
+        const int stage = c / (kTokens * 8), row = c / 8 % kTokens, unit = c % 8;
+        if (row >= rows)
+          *reinterpret_cast<uint4*>(&s.x[stage][swizzled(row, 8 * unit)]) = uint4{0, 0, 0, 0};
+      }
+    }
+    const std::uint8_t* decode_scales = scales + min(n0 + decode_row, n - 1) * scale_row_bytes;
+
     // load: k tile `kt` into stage `stage` (no commit)
     const auto load = [&](int stage, int kt) {
-      constexpr int kChunksPerRow = S::kCodeBytes / 16;
-      for (int c = tid; c < kRows * kChunksPerRow; c += kThreads) {
-        const int row = c / kChunksPerRow, unit = c % kChunksPerRow;
-        const int weight_row = min(n0 + row, n - 1);  // past N: a copy of row N - 1, never stored
-        cp_async_16(&s.codes[stage][row][16 * unit],
-                    codes + weight_row * code_row_bytes + kt * S::kCodeBytes + 16 * unit);
-      }
+#pragma unroll
+      for (int i = 0; i < kCodeChunks; ++i)
+        cp_async_16(&s.codes[stage][0][0] + code_dst[i], code_src[i] + kt * S::kCodeBytes);
       if (tid < kRows) {
-        const int weight_row = min(n0 + tid, n - 1);
-        const std::uint8_t* at = scales + weight_row * scale_row_bytes + kt * (kTileK / kBlock);
+        const std::uint8_t* at = scale_src + kt * (kTileK / kBlock);
         cp_async_4(&s.scale_words[stage][tid],
                    reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(at) & ~3ull));
       }
-      for (int c = tid; c < kTokens * 8; c += kThreads) {  // 8 chunks of 16 bytes per row
-        const int row = c / 8, unit = c % 8;
-        Bf16* to = &s.x[stage][swizzled(row, 8 * unit)];
-        if (m0 + row < m)
-          cp_async_16(to, a + static_cast<std::int64_t>(m0 + row) * k + kt * kTileK + 8 * unit);
-        else
-          *reinterpret_cast<uint4*>(to) = uint4{0, 0, 0, 0};
-      }
+#pragma unroll
+      for (int i = 0; i < kTokenChunks; ++i)
+        if (token_src[i] != nullptr)
+          cp_async_16(&s.x[stage][token_dst[i]], token_src[i] + kt * kTileK);
     };
-    // decode: stage `stage`'s codes into W buffer `buffer`; a thread per half weight row (32 k)
+    // decode: stage `stage`'s codes into W buffer `buffer`
     const auto decode = [&](int stage, int buffer, int kt) {
-      const int row = tid / 2, half = tid % 2;
-      const int weight_row = min(n0 + row, n - 1);
-      const std::uintptr_t scale_at = reinterpret_cast<std::uintptr_t>(
-          scales + weight_row * scale_row_bytes + kt * (kTileK / kBlock));
-      const std::uint32_t word = s.scale_words[stage][row] >> (8 * (scale_at & 3));
+      const std::uintptr_t scale_at =
+          reinterpret_cast<std::uintptr_t>(decode_scales + kt * (kTileK / kBlock));
+      const std::uint32_t word = s.scale_words[stage][decode_row] >> (8 * (scale_at & 3));
       // this half's codes: MX one (byte `half`), NVFP4 two (bytes 2 half, 2 half + 1)
       const std::uint32_t half_scales = word >> (kBlock == 32 ? 8 * half : 16 * half);
       constexpr int kLoads = 32 * PackedFormat<P>::kBits / 8 / 16;  // 16-byte loads per half row
@@ -178,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
 #pragma unroll
       for (int load = 0; load < kLoads; ++load) {
         const uint4 v = *reinterpret_cast<const uint4*>(
-            &s.codes[stage][row][S::kCodeBytes / 2 * half + 16 * load]);
+            &s.codes[stage][decode_row][S::kCodeBytes / 2 * half + 16 * load]);
 #pragma unroll
         for (int gi = 0; gi < kGroups; ++gi) {
           float f[8];
@@ -190,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
           const int kk = 32 * half + kWeightsPer16B<P> * load + 8 * gi;
-          *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(row, kk)]) = packed;
+          *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(decode_row, kk)]) = packed;
         }
       }
     };
@@ -240,17 +276,23 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
   cp_async_wait<0>();
 }
 
-template <Precision P>
+template <Precision P, int kTokens>
 std::size_t smem_bytes() {
-  return sizeof(Smem<P>) + 1024;  // + the alignment of the dynamic allocation to 1024 bytes
+  return sizeof(Smem<P, kTokens>) + 1024;  // + the alignment of the dynamic allocation to 1024
 }
 
-// Calls f(integral_constant<Precision, P>) with the GEMM's precision (with_packed_precision,
-// whose bf16 case cannot_take has refused: no bf16 kernel is instantiated).
+// Calls f(integral_constant<Precision, P>, integral_constant<int, tokens>) with the GEMM's
+// precision (with_packed_precision, whose bf16 case cannot_take has refused: no bf16 kernel is
+// instantiated) and token rows.
 template <class F>
-void with_block_scaled_precision(Precision p, F f) {
+void with_kernel(Precision p, PackedTokenTile tile, F f) {
   with_packed_precision(p, [&](auto precision) {
-    if constexpr (decltype(precision)::value != Precision::bf16) f(precision);
+    if constexpr (decltype(precision)::value != Precision::bf16) {
+      if (tile == PackedTokenTile::t64)
+        f(precision, std::integral_constant<int, 64>{});
+      else
+        f(precision, std::integral_constant<int, 128>{});
+    }
   });
 }
 
@@ -266,17 +308,18 @@ const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int 
 }
 
 PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count,
-                                     int device)
-    : precision_(precision), groups_(groups), n_(n), k_(k), sm_count_(sm_count) {
+                                     int device, PackedTokenTile tile)
+    : precision_(precision), tile_(tile), groups_(groups), n_(n), k_(k), sm_count_(sm_count) {
   if (const char* why = cannot_take(precision, groups, n, k))
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   sm_count_ = sm_count > 0 ? std::min(sm_count, sms) : sms;
-  with_block_scaled_precision(precision, [&](auto p) {
+  with_kernel(precision, tile, [&](auto p, auto tokens) {
     constexpr Precision kP = decltype(p)::value;
-    smem_ = smem_bytes<kP>();
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP>,
+    constexpr int kTokens = decltype(tokens)::value;
+    smem_ = smem_bytes<kP, kTokens>();
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP, kTokens>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_)));
   });
@@ -301,9 +344,9 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
   const Args args{arrays_, weights, groups_, n_, k_};
-  with_block_scaled_precision(precision_, [&](auto p) {
-    launch_chained(packed_gemm_kernel<decltype(p)::value>, KernelShape{sm_count_, smem_}, stream,
-                   args);
+  with_kernel(precision_, tile_, [&](auto p, auto tokens) {
+    launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value>,
+                   KernelShape{sm_count_, smem_}, stream, args);
   });
 }
 

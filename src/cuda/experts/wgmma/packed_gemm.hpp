@@ -32,11 +32,16 @@ struct PackedGemmArrays {
   float** d;                // [M_e, N] row-major
 };
 
+// Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 to
+// decode each weight once per 128 rows (prefill). Knobs::block_m picks it (wgmma_backend.hpp).
+enum class PackedTokenTile : std::uint8_t { t64, t128 };
+
 class PackedGroupedGemm {
  public:
   // `groups` groups of N x K weights in `precision` (mxfp8, mxfp4 or nvfp4), at most `sm_count`
   // persistent CTAs. Throws Error(unsupported) with cannot_take's reason.
-  PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device);
+  PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device,
+                    PackedTokenTile tile = PackedTokenTile::t64);
   ~PackedGroupedGemm();
   PackedGroupedGemm(const PackedGroupedGemm&) = delete;
   PackedGroupedGemm& operator=(const PackedGroupedGemm&) = delete;
@@ -44,6 +49,7 @@ class PackedGroupedGemm {
   const PackedGemmArrays& arrays() const { return arrays_; }
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
+  PackedTokenTile tile() const { return tile_; }
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
@@ -53,11 +59,12 @@ class PackedGroupedGemm {
   // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
   static const char* cannot_take(Precision precision, int groups, int n, int k);
 
-  // Weight rows x token rows of the kernel's output tile (each group's M in blocks of the second).
-  static constexpr int kWeightRows = 128, kTokenRows = 64;
+  // Weight rows of the kernel's output tile (its token rows: PackedTokenTile).
+  static constexpr int kWeightRows = 128;
 
  private:
   Precision precision_;
+  PackedTokenTile tile_;
   int groups_, n_, k_, sm_count_;
   std::size_t smem_ = 0;
   PackedGemmArrays arrays_{};

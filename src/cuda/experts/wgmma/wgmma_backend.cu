@@ -107,13 +107,15 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
+    const PackedTokenTile tile = k.block_m == 64 ? PackedTokenTile::t64 : PackedTokenTile::t128;
     const PackedGemms& g = find_or_make(
-        packed_gemms_, [&](const PackedGemms& p) { return p.fc1->sm_count() == sms; },
+        packed_gemms_,
+        [&](const PackedGemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
         [&] {
-          return PackedGemms{
-              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, 2 * i, h, sms,
-                                                  device),
-              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i, sms, device)};
+          return PackedGemms{std::make_unique<PackedGroupedGemm>(problem_.precision, experts, 2 * i,
+                                                                 h, sms, device, tile),
+                             std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i,
+                                                                 sms, device, tile)};
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();

@@ -20,13 +20,12 @@
 // layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
 // the rows' codes straight from the wire). Each takes the format's bytes.
 // Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
-// 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows x 64 token rows);
-// block_m picks bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128
-// cooperative); num_sms sizes the GEMMs' persistent grids (CUTLASS's hw_info.sm_count, the packed
-// GEMM's CTAs) and the steps' grids.
-// with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is
-// not read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
-// share their GEMMs.
+// 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
+// bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
+// packed GEMM's token rows (PackedTokenTile: 64 or 128); num_sms sizes the GEMMs' persistent grids
+// (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs already
+// moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not read (CUTLASS's
+// automatic carveout picks the depth). Buckets with the same tile and SM count share their GEMMs.
 #pragma once
 
 #include <memory>
@@ -98,7 +97,7 @@ class WgmmaBackend final : public ExpertBackend {
   struct PackedGemms {
     std::unique_ptr<PackedGroupedGemm> fc1, fc2;
   };
-  std::vector<PackedGemms> packed_gemms_;  // one pair per SM count
+  std::vector<PackedGemms> packed_gemms_;  // one pair per (SM count, token tile)
   std::uint8_t* scratch_memory_ = nullptr;
   std::size_t scratch_bytes_ = 0;
   Scratch scratch_{};
