@@ -103,8 +103,12 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
   using T = TokenTile<kTokens>;
   constexpr int kStages = T::kStages;
   extern __shared__ std::uint8_t smem_raw[];
-  S& s = *reinterpret_cast<S*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) &
-                               ~std::uintptr_t{1023});
+  // 1024-byte aligned (the 128-byte swizzle's period) by an offset from smem_raw, not through an
+  // integer cast: the compiler then still knows `s` is shared memory and emits LDS / STS, where a
+  // cast made every decode access a generic 64-bit LD / ST.
+  const std::uint32_t misaligned =
+      static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
+  S& s = *reinterpret_cast<S*>(smem_raw + ((1024u - misaligned) & 1023u));
   const int tid = static_cast<int>(threadIdx.x);
   wait_for_previous_kernel();  // the plan kernel wrote the problems and pointers
 
@@ -211,6 +215,10 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
       const std::uint32_t half_scales = word >> (kBlock == 32 ? 8 * half : 16 * half);
       constexpr int kLoads = 32 * PackedFormat<P>::kBits / 8 / 16;  // 16-byte loads per half row
       constexpr int kGroups = kWeightsPer16B<P> / 8;                // groups of 8 per load
+      // The half row's block scales, decoded once: MX one, NVFP4 two (its one load is the half
+      // row, groups 0-1 and 2-3 of it).
+      const float scale0 = group_scale<P>(half_scales, 0);
+      const float scale1 = kBlock == 32 ? scale0 : group_scale<P>(half_scales, 2);
 #pragma unroll
       for (int load = 0; load < kLoads; ++load) {
         const uint4 v = *reinterpret_cast<const uint4*>(
@@ -218,8 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
 #pragma unroll
         for (int gi = 0; gi < kGroups; ++gi) {
           float f[8];
-          // NVFP4's one load is the half row: group_scale picks block gi / 2 of its two codes
-          decode8<P>(v, gi, group_scale<P>(half_scales, gi), f);
+          decode8<P>(v, gi, gi < 2 ? scale0 : scale1, f);
           // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
           uint4 packed;
           __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
