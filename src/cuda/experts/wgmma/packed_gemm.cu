@@ -12,8 +12,9 @@
 //   load      each k tile's packed codes (16-byte cp.async), the aligned 4-byte word holding each
 //             weight row's block scale codes, and the token rows (those past M_e zeroed once per
 //             tile; each thread's sources and destinations computed once per tile)
-//   decode    tile k + 1's codes to bf16 (decode8, the tensor_core tiles' exact decode) into the
-//             other of two swizzled W buffers, while WGMMA runs on tile k
+//   decode    tile k + 1's codes to bf16 into the other of two swizzled W buffers, while WGMMA
+//             runs on tile k, exactly: MXFP8 by decode8 (the tensor_core tiles' decode), E2M1 by
+//             byte-permute tables and a bf16x2 multiply (e2m1_bf16.hpp)
 //   multiply  4 k16 WGMMAs per k tile per warpgroup, fp32 accumulators in registers
 //   store     D[m, n] from the accumulators, rows past M_e and columns past N left alone
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
@@ -25,6 +26,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/backend.hpp"  // ScratchCursor
 #include "cuda/experts/common.cuh"   // cp_async_*
+#include "cuda/experts/e2m1_bf16.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "cuda/kernels.hpp"  // launch_chained
@@ -219,19 +221,29 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
       // row, groups 0-1 and 2-3 of it).
       const float scale0 = group_scale<P>(half_scales, 0);
       const float scale1 = kBlock == 32 ? scale0 : group_scale<P>(half_scales, 2);
+      const std::uint32_t scale0_bf16x2 = bf16x2_scale(scale0);
+      const std::uint32_t scale1_bf16x2 = kBlock == 32 ? scale0_bf16x2 : bf16x2_scale(scale1);
 #pragma unroll
       for (int load = 0; load < kLoads; ++load) {
         const uint4 v = *reinterpret_cast<const uint4*>(
             &s.codes[stage][decode_row][S::kCodeBytes / 2 * half + 16 * load]);
 #pragma unroll
         for (int gi = 0; gi < kGroups; ++gi) {
-          float f[8];
-          decode8<P>(v, gi, gi < 2 ? scale0 : scale1, f);
-          // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
           uint4 packed;
-          __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
+          if constexpr (PackedFormat<P>::kBits == 4) {
+            // E2M1: byte-permute tables and a bf16x2 multiply (e2m1_bf16.hpp), exact
+            const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+            std::uint32_t out[4];
+            e2m1x8_to_bf16(words[gi], gi < 2 ? scale0_bf16x2 : scale1_bf16x2, out);
+            packed = uint4{out[0], out[1], out[2], out[3]};
+          } else {
+            float f[8];
+            decode8<P>(v, gi, gi < 2 ? scale0 : scale1, f);
+            // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
+            __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-          for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+            for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+          }
           const int kk = 32 * half + kWeightsPer16B<P> * load + 8 * gi;
           *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(decode_row, kk)]) = packed;
         }
