@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/experts/e2m1_bf16.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "formats/codec.hpp"
 #include "formats/codec_device.hpp"
@@ -214,7 +215,42 @@ Disagreements packed_decode_check() {
   return {h.count, h.first_bits};
 }
 
+// Thread (code byte, scale code): the packed GEMM's E2M1 decode (e2m1_bf16.hpp: byte permutes and
+// the hardware's bf16x2 multiply) of a word of that byte against the host codec's value rounded to
+// bf16, MX (E8M0 scale) when `nvfp4` is false, else NVFP4 (E4M3 scale); any NaN matches any NaN.
+// It checks on the device what tests/e2m1_bf16_test.cpp checks with the multiply emulated: that
+// mul.rn.bf16x2 keeps subnormal operands (MX scale 2^-127) and rounds once.
+__global__ void e2m1_bf16_kernel(bool nvfp4, DeviceCount* out) {
+  const std::uint32_t code = blockIdx.x, scale = threadIdx.x;  // 256 x 256
+  const auto s8 = static_cast<std::uint8_t>(scale);
+  const float scale_value = nvfp4 ? e4m3_to_float(s8) : e8m0_to_float(s8);
+  std::uint32_t got[4];
+  cuda::experts::e2m1x8_to_bf16(code * 0x01010101u, cuda::experts::bf16x2_scale(scale_value), got);
+  for (int k = 0; k < 8; ++k) {
+    const auto g = static_cast<std::uint16_t>(got[k / 2] >> (16 * (k % 2)));
+    const auto nibble = static_cast<std::uint8_t>((k % 2 == 0 ? code : code >> 4) & 0xfu);
+    const std::uint16_t want = float_to_bf16(e2m1_to_float(nibble) * scale_value);
+    const bool g_nan = (g & 0x7f80u) == 0x7f80u && (g & 0x7fu) != 0;
+    const bool w_nan = (want & 0x7f80u) == 0x7f80u && (want & 0x7fu) != 0;
+    if (!(g == want || (g_nan && w_nan))) record(out, code << 8 | scale);
+  }
+}
+
 }  // namespace
+
+Disagreements e2m1_bf16_decode_on_every_code(bool nvfp4) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  DeviceCount* d = nullptr;
+  check(cudaMalloc(&d, sizeof *d), "cudaMalloc");
+  const DeviceCount init{0, 0xffffffffu};
+  check(cudaMemcpy(d, &init, sizeof init, cudaMemcpyHostToDevice), "cudaMemcpy");
+  e2m1_bf16_kernel<<<256, 256>>>(nvfp4, d);
+  check(cudaGetLastError(), "launch");
+  DeviceCount h{};
+  check(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaFree(d), "cudaFree");
+  return {h.count, h.first_bits};
+}
 
 Disagreements packed_decode_on_every_code(Precision precision) {
   switch (precision) {

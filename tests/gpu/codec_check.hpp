@@ -29,6 +29,11 @@ Disagreements e4m3_vs_cuda_on_every_float();
 // cuda/experts/packed_weights.cuh) against the host codec's decode. first_bits = code << 8 | scale.
 Disagreements packed_decode_on_every_code(Precision precision);
 
+// Every code byte and every scale code: the packed GEMM's E2M1 decode to bf16 (byte permutes and
+// a bf16x2 multiply, cuda/experts/e2m1_bf16.hpp) against the host codec's value rounded to bf16;
+// MX scales (E8M0), or NVFP4's (E4M3) when `nvfp4`. first_bits = code << 8 | scale.
+Disagreements e2m1_bf16_decode_on_every_code(bool nvfp4);
+
 struct Nvfp4Bytes {
   std::vector<std::uint8_t> packed;  // [rows, cols / 2]
   std::vector<std::uint8_t> scales;  // [rows, cols / 16]

@@ -32,6 +32,15 @@ TEST(GpuCodec, PackedWeightDecodeInTheGemmsMatchesTheHostCodecOnEveryCode) {
   }
 }
 
+TEST(GpuCodec, PackedGemmE2m1DecodeMatchesTheHostCodecOnEveryCodeAndScale) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  for (const bool nvfp4 : {false, true}) {
+    const test::Disagreements d = test::e2m1_bf16_decode_on_every_code(nvfp4);
+    EXPECT_EQ(d.count, 0u) << (nvfp4 ? "NVFP4" : "MX") << ": first at code << 8 | scale 0x"
+                           << std::hex << d.first_bits;
+  }
+}
+
 TEST(GpuCodec, E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   const test::Disagreements d = test::e4m3_vs_cuda_on_every_float();
