@@ -94,6 +94,17 @@ TEST(E2m1Bf16, EveryCodeWithEveryE4m3ScaleMatchesTheFp32Decode) {
         << "E4M3 scale code " << s;
 }
 
+// Unscaled (the tensor-core tile's narrow form applies MX scales to fp32 sums): the codes' own
+// values, as scaled by 1.
+TEST(E2m1Bf16, UnscaledIsScaledByOne) {
+  for (const std::uint32_t w : test_words()) {
+    std::uint32_t unscaled[4], by_one[4];
+    e2m1x8_to_bf16<false>(w, 0u, unscaled);
+    e2m1x8_to_bf16(w, bf16x2_scale(1.0f), by_one);
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(unscaled[j], by_one[j]) << std::hex << w;
+  }
+}
+
 // A wrong table byte, selector or sign position is caught: flipping one table byte breaks the
 // comparison for some code.
 TEST(E2m1Bf16, ASignOrMagnitudeMistakeIsCaught) {

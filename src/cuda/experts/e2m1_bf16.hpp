@@ -1,5 +1,6 @@
 // Eight E2M1 codes to bf16 with integer byte permutes, then one bf16x2 multiply per pair by the
-// block scale: the packed-weight GEMM's FP4 decode (wgmma/packed_gemm.cu). The fp32 route
+// block scale: the FP4 decode of the packed-weight GEMM (wgmma/packed_gemm.cu) and of the
+// tensor-core tiles (mma/bf16_mma_tile.cuh, unscaled in their narrow form). The fp32 route
 // (packed_weights.cuh decode8: a shift and two multiplies per weight, then a pack) cost about
 // five instructions per weight; this one about three.
 //
@@ -61,7 +62,9 @@ inline constexpr std::uint32_t kE2m1HighBytes0 = 0x3F3F3F00u, kE2m1HighBytes1 = 
 inline constexpr std::uint32_t kE2m1LowBytes0 = 0xC0800000u, kE2m1LowBytes1 = 0xC0804000u;
 
 // Codes 0-7 of `codes` (element i in nibble i, sign in its bit 3) times `scale2` (the block scale
-// as bf16 in both halves): out[j] holds elements 2j (low half) and 2j + 1.
+// as bf16 in both halves; kScaled = false: not multiplied, the codes' own values): out[j] holds
+// elements 2j (low half) and 2j + 1.
+template <bool kScaled = true>
 EPMOE_HD void e2m1x8_to_bf16(std::uint32_t codes, std::uint32_t scale2, std::uint32_t (&out)[4]) {
   const std::uint32_t magnitudes = codes & 0x77777777u;
   // Each code's sign at bit 7 of a byte: elements 2j at byte j of `even_signs`, 2j + 1 of
@@ -79,7 +82,8 @@ EPMOE_HD void e2m1x8_to_bf16(std::uint32_t codes, std::uint32_t scale2, std::uin
       // sign bytes to bytes 1 and 3 (bits 15 and 31)
       const std::uint32_t signs =
           byte_perm(even_signs, odd_signs, static_cast<std::uint32_t>((4 + j) << 12 | j << 4));
-      out[j] = bf16x2_mul(magnitude | (signs & 0x80008000u), scale2);
+      const std::uint32_t value = magnitude | (signs & 0x80008000u);
+      out[j] = kScaled ? bf16x2_mul(value, scale2) : value;
     }
   }
 }

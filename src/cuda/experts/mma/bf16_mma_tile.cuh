@@ -34,6 +34,7 @@
 #include <type_traits>
 
 #include "cuda/experts/common.cuh"
+#include "cuda/experts/e2m1_bf16.hpp"
 #include "cuda/experts/mma/split_plan.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "cuda/kernels.hpp"
@@ -177,10 +178,20 @@ __device__ inline void decode_half_row(const std::uint8_t* codes, int half,
     const uint4 v = src[l];
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      float w[8];
-      decode8<P>(v, g, kApplyScale ? group_scale<P>(scale_codes, l * kGroups + g) : 1.0f, w);
-      dst[l * kGroups + g] = make_uint4(bf16x2_bits(w[0], w[1]), bf16x2_bits(w[2], w[3]),
-                                        bf16x2_bits(w[4], w[5]), bf16x2_bits(w[6], w[7]));
+      const float scale = kApplyScale ? group_scale<P>(scale_codes, l * kGroups + g) : 1.0f;
+      if constexpr (PackedFormat<P>::kBits == 4) {
+        // E2M1: byte-permute tables and a bf16x2 multiply (e2m1_bf16.hpp), exact, rounded to
+        // nearest below 2^-126
+        const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        std::uint32_t o[4];
+        e2m1x8_to_bf16<kApplyScale>(words[g], kApplyScale ? bf16x2_scale(scale) : 0u, o);
+        dst[l * kGroups + g] = make_uint4(o[0], o[1], o[2], o[3]);
+      } else {
+        float w[8];
+        decode8<P>(v, g, scale, w);
+        dst[l * kGroups + g] = make_uint4(bf16x2_bits(w[0], w[1]), bf16x2_bits(w[2], w[3]),
+                                          bf16x2_bits(w[4], w[5]), bf16x2_bits(w[6], w[7]));
+      }
     }
   }
 }
