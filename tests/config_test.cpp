@@ -704,9 +704,9 @@ std::pair<int, int> marked(const std::string& d, const std::string& knob, const 
 // docs/design.md §5: a knob exists only if the code that runs reads it. token_back, stages and
 // dispatch_warps are read by no code and marked in each of the 4 buckets; num_sms (every chain
 // kernel's grid) and megakernel (the persistent round, or a refusal at creation) are read and
-// unmarked; block_m / block_n are read by the wgmma backend's bf16 GEMMs only, so marked under
-// exact and tensor_core, and under wgmma for every other precision (one tile each). No
-// caller-owned field is marked.
+// unmarked; block_m / block_n are read by the wgmma backend only, so marked under exact and
+// tensor_core; under wgmma bf16 reads both, mxfp8 block_m (the packed GEMM's token rows) but not
+// block_n. No caller-owned field is marked.
 TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
     for (Precision p : {Precision::bf16, Precision::mxfp8}) {
@@ -714,7 +714,8 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
       o.expert_math = math;
       const std::string d = make_config(kQwen, p, 1, 4, o).describe();
       const std::string not_yet = " (not read yet)";
-      const bool tiles_read = math == ExpertMath::wgmma && p == Precision::bf16;
+      const bool m_read = math == ExpertMath::wgmma;  // bf16's tiles, mxfp8's token rows
+      const bool n_read = math == ExpertMath::wgmma && p == Precision::bf16;
       const std::string not_here =
           std::string(" (not read by expert_math=") + to_string(math) +
           (math == ExpertMath::wgmma ? std::string(" with precision=") + to_string(p) : "") + ")";
@@ -724,15 +725,15 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
         EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
         EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
       }
-      for (const char* knob : {"block_m=", "block_n="}) {
-        EXPECT_EQ(marked(d, knob, not_here).first, tiles_read ? 0 : 4) << d;
+      EXPECT_EQ(marked(d, "block_m=", not_here).first, m_read ? 0 : 4) << d;
+      EXPECT_EQ(marked(d, "block_n=", not_here).first, n_read ? 0 : 4) << d;
+      for (const char* knob : {"block_m=", "block_n="})
         EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
-      }
       int marks = 0;
       for (std::size_t at = d.find(" (not read"); at != std::string::npos;
            at = d.find(" (not read", at + 1))
         ++marks;
-      EXPECT_EQ(marks, (tiles_read ? 3 : 5) * kNumTokenBuckets) << d;
+      EXPECT_EQ(marks, (3 + (m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
       EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
           << "a caller-owned field is marked: " << d;
     }

@@ -180,7 +180,8 @@ class LayerConfig {
 
   // A stable one-line description, compared across ranks at layer creation. Knobs that no code
   // reads are marked "(not read yet)", and block_m / block_n "(not read by expert_math=...)" under
-  // exact and tensor_core, and under wgmma for every precision but bf16.
+  // exact and tensor_core (under wgmma: block_n for every precision but bf16, block_m too for
+  // fp8_block128).
   std::string describe() const;
 
  private:

@@ -108,33 +108,36 @@ void check_options(const LayerOptions& o) {
 // marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
 // a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms and
 // megakernel (the persistent round, or a refusal at creation where the backend has none) with
-// every expert math and block_m / block_n with wgmma for bf16 (its CUTLASS GEMMs' tiles; the
-// packed-weight GEMM of mxfp8 / nvfp4 / mxfp4 and fp8_block128's E4M3 GEMM have one tile each);
+// every expert math and block_m / block_n with wgmma (bf16: both, its CUTLASS GEMMs' tiles;
+// mxfp8 / nvfp4 / mxfp4: block_m, the packed-weight GEMM's token rows; fp8_block128: neither);
 // the CPU executor reads none (its describe() is the same line: ranks compare configs, not
 // executors).
 constexpr const char* kNotReadYet = " (not read yet)";
 
 std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision) {
-  // block_m / block_n: read by the wgmma backend's bf16 GEMMs only; exact and tensor_core run
-  // fixed tiles, and so do wgmma's GEMMs of the other precisions.
-  std::string tile_mark;
-  if (math != ExpertMath::wgmma)
-    tile_mark = std::string(" (not read by expert_math=") + to_string(math) + ")";
-  else if (precision != Precision::bf16)
-    tile_mark =
+  // block_m / block_n: read by the wgmma backend only (exact and tensor_core run fixed tiles):
+  // both by its bf16 GEMMs, block_m (token rows) by the packed-weight GEMM of mxfp8 / nvfp4 /
+  // mxfp4, neither by fp8_block128's E4M3 GEMM.
+  std::string m_mark, n_mark;
+  if (math != ExpertMath::wgmma) {
+    m_mark = n_mark = std::string(" (not read by expert_math=") + to_string(math) + ")";
+  } else if (precision != Precision::bf16) {
+    n_mark =
         std::string(" (not read by expert_math=wgmma with precision=") + to_string(precision) + ")";
-  return "{" + core::knob_fields(k, kNotReadYet, tile_mark) + "}";
+    if (precision == Precision::fp8_block128) m_mark = n_mark;
+  }
+  return "{" + core::knob_fields(k, kNotReadYet, m_mark, n_mark) + "}";
 }
 
 }  // namespace
 
 std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
-                              const std::string& tile_mark) {
+                              const std::string& block_m_mark, const std::string& block_n_mark) {
   std::string s = "token_back=";
   s += to_string(k.token_back);
   s += not_read_mark;
-  s += " block_m=" + std::to_string(k.block_m) + tile_mark;
-  s += " block_n=" + std::to_string(k.block_n) + tile_mark;
+  s += " block_m=" + std::to_string(k.block_m) + block_m_mark;
+  s += " block_n=" + std::to_string(k.block_n) + block_n_mark;
   s += " stages=" + std::to_string(k.stages) + not_read_mark;
   s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + not_read_mark;
   s += " num_sms=" + std::to_string(k.num_sms);

@@ -58,9 +58,10 @@ bool in_knob_space(const Knobs& knobs) noexcept;
 void check_knob_space(const Knobs& knobs);
 
 // Every knob as name=value fields, in the order and spelling of describe() and knob files
-// (config.cpp); `not_read_mark` follows each knob no code reads, `tile_mark` block_m and block_n.
+// (config.cpp); `not_read_mark` follows each knob no code reads, `block_m_mark` / `block_n_mark`
+// those two where the backend does not read them.
 std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "",
-                        const std::string& tile_mark = "");
+                        const std::string& block_m_mark = "", const std::string& block_n_mark = "");
 
 // Adjusts in-space knobs where they conflict with caller-owned fields or with the hardware; never
 // throws for in-space knobs and changes nothing that does not conflict:
