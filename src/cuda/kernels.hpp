@@ -28,6 +28,7 @@ inline constexpr int kThreads = 256;  // every kernel: 8 warps
 struct KernelShape {
   int grid = 0;
   std::size_t smem = 0;
+  int threads = kThreads;  // per CTA: kThreads, or a warp-specialized kernel's own count
 };
 
 // The SMs a chain's grids are sized for: every SM of `device` (num_sms = 0, Knobs::num_sms'
@@ -75,13 +76,13 @@ inline int bucket_index(TokenBucket b) {
   return static_cast<int>(b);
 }
 
-// Launches `kernel` with 256 threads per CTA and one launch attribute.
+// Launches `kernel` with shape.threads per CTA and one launch attribute.
 template <class... Params, class... Args>
 void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...),
                  const KernelShape& shape, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(shape.grid));
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
   config.dynamicSmemBytes = shape.smem;
   config.stream = stream;
   cudaLaunchAttribute attributes[1] = {attribute};

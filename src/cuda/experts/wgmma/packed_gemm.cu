@@ -8,15 +8,22 @@
 // rows per expert fill a 64-wide N tile instead of a 128-row M tile, and every weight is decoded
 // once per 64 or 128 rows (the decode's instructions per WGMMA FLOP halve with 128).
 //
-// Warp roles: none yet — all 8 warps load (cp.async, kStages deep), decode and multiply:
-//   load      each k tile's packed codes (16-byte cp.async), the aligned 4-byte word holding each
-//             weight row's block scale codes, and the token rows (those past M_e zeroed once per
-//             tile; each thread's sources and destinations computed once per tile)
-//   decode    tile k + 1's codes to bf16 into the other of two swizzled W buffers, while WGMMA
-//             runs on tile k, exactly: MXFP8 by decode8 (the tensor_core tiles' decode), E2M1 by
-//             byte-permute tables and a bf16x2 multiply (e2m1_bf16.hpp)
-//   multiply  4 k16 WGMMAs per k tile per warpgroup, fp32 accumulators in registers
-//   store     D[m, n] from the accumulators, rows past M_e and columns past N left alone
+// Warp roles (three warpgroups, one role per branch of the kernel):
+//   producer  warpgroup 0: each k tile's packed codes (16-byte cp.async), the aligned 4-byte word
+//             holding each weight row's block scale codes, and the token rows (rows past M_e are
+//             not loaded: they only reach output columns that are never stored) into a ring of
+//             kStages stages, each signalled by a `full` mbarrier when its copies land
+//             (cp.async.mbarrier.arrive.noinc); it runs ahead across tiles, so the next tile's
+//             first k tiles load while the math warpgroups finish and store this one
+//   math      warpgroups 1 and 2, 64 weight rows each: decode k tile kt + 1 of their own rows to
+//             bf16 into the other of two swizzled W buffers while WGMMA runs on tile kt, exactly
+//             (MXFP8 by decode8, the tensor_core tiles' decode; E2M1 by byte-permute tables and a
+//             bf16x2 multiply, e2m1_bf16.hpp); 4 k16 WGMMAs per k tile, fp32 accumulators in
+//             registers; a stage goes back to the producer (its `empty` mbarrier) once the
+//             WGMMAs that read it have retired; then D[m, n] from the accumulators, rows past M_e
+//             and columns past N left alone
+// The two math warpgroups synchronize only through the producer's stages: each decodes and
+// multiplies its own weight rows (a 128-thread named barrier between its decode and its WGMMA).
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
 // share a group's token rows); each CTA computes the groups' tile prefix from device memory once.
 #include <cuda_bf16.h>
@@ -44,19 +51,23 @@ using namespace cute;
 
 constexpr int kRows = PackedGroupedGemm::kWeightRows;  // weight rows per tile (WGMMA's M)
 constexpr int kTileK = 64;                             // one 128-byte swizzle atom of bf16
-constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory: 4 groups per thread
-static_assert(kThreads == 256 && kMaxGroups == 4 * kThreads, "one warpgroup per 64 weight rows");
+constexpr int kWarpgroup = 128;
+constexpr int kProducerThreads = kWarpgroup;  // warpgroup 0
+constexpr int kMathThreads = 2 * kWarpgroup;  // warpgroups 1 and 2: 64 weight rows each
+constexpr int kGemmThreads = kProducerThreads + kMathThreads;
+constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory
+constexpr int kGroupsPerThread = (kMaxGroups + kGemmThreads - 1) / kGemmThreads;
+static_assert(kProducerThreads == kRows, "a producer thread per weight row's scale word");
 
 using Bf16 = cutlass::bfloat16_t;
 using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
 using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, _2>{}));
 
 // What the token tile (WGMMA's N: 64 or 128 token rows, PackedTokenTile) sets: the WGMMA, the
-// token rows' stages and the pipeline's depth (as deep as shared memory allows: 6 k tiles in
-// flight ahead of WGMMA's with 64 rows, 4 with 128).
+// token rows' stages and the ring's depth (as deep as shared memory allows).
 template <int kTokens>
 struct TokenTile {
-  static constexpr int kStages = kTokens == 64 ? 8 : 6;
+  static constexpr int kStages = kTokens == 64 ? 8 : 7;
   using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
                                                  GMMA::Major::K, GMMA::Major::K>());
   using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
@@ -77,7 +88,9 @@ struct Smem {
   alignas(1024) Bf16 x[kStages][kTokens * kTileK];  // token rows
   alignas(16) std::uint8_t codes[kStages][kRows][kCodeBytes];
   std::uint32_t scale_words[kStages][kRows];
-  int tile_end[kMaxGroups];  // tiles of groups 0..g, inclusive prefix
+  alignas(8) std::uint64_t full[kStages];   // the stage's copies landed (producer -> math)
+  alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
+  int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
 };
 
 struct Args {
@@ -99,10 +112,39 @@ __device__ __forceinline__ int group_of(const int* tile_end, int groups, int til
   return lo;
 }
 
+// Where a tile sits: its group, first weight row (n0) and first token row (m0).
+struct TilePlace {
+  int g, n0, m0;
+};
+__device__ __forceinline__ TilePlace place_of(const int* tile_end, int groups, int weight_blocks,
+                                              int tokens, int tile) {
+  const int g = group_of(tile_end, groups, tile);
+  const int local = tile - (g > 0 ? tile_end[g - 1] : 0);
+  return {g, local % weight_blocks * kRows, local / weight_blocks * tokens};
+}
+
+// A position in the ring of stages: the stage and the parity of its current use.
+struct RingPosition {
+  int stage = 0;
+  std::uint32_t phase = 0;
+  template <int kStages>
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+__device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids 1 and 2
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroup) : "memory");
+}
+
 template <Precision P, int kTokens>
-__global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
+__global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args) {
   using S = Smem<P, kTokens>;
   using T = TokenTile<kTokens>;
+  using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   extern __shared__ std::uint8_t smem_raw[];
   // 1024-byte aligned (the 128-byte swizzle's period) by an offset from smem_raw, not through an
@@ -112,103 +154,120 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
       static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
   S& s = *reinterpret_cast<S*>(smem_raw + ((1024u - misaligned) & 1023u));
   const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      Barrier::init(&s.full[i], kProducerThreads);  // one noinc arrival per producer thread
+      Barrier::init(&s.empty[i], 2);                // one arrival per math warpgroup
+    }
+    cutlass::arch::fence_barrier_init();
+  }
   wait_for_previous_kernel();  // the plan kernel wrote the problems and pointers
 
   const int n = args.n, k = args.k, groups = args.groups;
   const int weight_blocks = (n + kRows - 1) / kRows;
   {
-    using Scan = cub::BlockScan<int, kThreads>;
+    using Scan = cub::BlockScan<int, kGemmThreads>;
     __shared__ typename Scan::TempStorage scan;
-    int tiles[4];
+    int tiles[kGroupsPerThread];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int g = 4 * tid + i;
+    for (int i = 0; i < kGroupsPerThread; ++i) {
+      const int g = kGroupsPerThread * tid + i;
       tiles[i] =
           g < groups ? weight_blocks * ((args.arrays.problems[g].m + kTokens - 1) / kTokens) : 0;
     }
     Scan(scan).InclusiveSum(tiles, tiles);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (4 * tid + i < groups) s.tile_end[4 * tid + i] = tiles[i];
+    for (int i = 0; i < kGroupsPerThread; ++i)
+      if (kGroupsPerThread * tid + i < groups) s.tile_end[kGroupsPerThread * tid + i] = tiles[i];
   }
-  __syncthreads();
+  __syncthreads();  // the tile prefix and the barriers' initialization, for every role
   const int tiles = s.tile_end[groups - 1];
 
+  constexpr int kBlock = PackedFormat<P>::kBlock;
+  const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
+  const std::int64_t scale_row_bytes = k / kBlock;
+  const int k_tiles = k / kTileK;
+  RingPosition ring;
+
+  if (tid < kProducerThreads) {
+    // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
+    constexpr int kChunksPerRow = S::kCodeBytes / 16;
+    constexpr int kCodeChunks = kRows * kChunksPerRow / kProducerThreads;  // 16-byte copies
+    constexpr int kTokenChunks = kTokens * 8 / kProducerThreads;           // (8 per token row)
+    static_assert(kCodeChunks >= 1 && kTokenChunks >= 1, "every thread copies codes and rows");
+    for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
+         tile += static_cast<int>(gridDim.x)) {
+      const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
+      const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
+      const std::uint16_t* a = args.arrays.a[at.g] + static_cast<std::int64_t>(at.m0) * k;
+      const std::uint8_t* codes =
+          args.w.codes + static_cast<std::int64_t>(at.g) * n * code_row_bytes;
+      // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes), once per tile. Past
+      // N a weight row is a copy of row N - 1, never stored.
+      const std::uint8_t* code_src[kCodeChunks];
+#pragma unroll
+      for (int i = 0; i < kCodeChunks; ++i) {
+        const int c = tid + i * kProducerThreads, row = c / kChunksPerRow;
+        code_src[i] = codes + min(at.n0 + row, n - 1) * code_row_bytes + 16 * (c % kChunksPerRow);
+      }
+      const std::uint8_t* scale_src = args.w.scales +
+                                      static_cast<std::int64_t>(at.g) * n * scale_row_bytes +
+                                      min(at.n0 + tid, n - 1) * scale_row_bytes;
+      const std::uint16_t* token_src[kTokenChunks];  // nullptr: a row past the tile's
+#pragma unroll
+      for (int i = 0; i < kTokenChunks; ++i) {
+        const int c = tid + i * kProducerThreads, row = c / 8;
+        token_src[i] = row < rows ? a + static_cast<std::int64_t>(row) * k + 8 * (c % 8) : nullptr;
+      }
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
+#pragma unroll
+        for (int i = 0; i < kCodeChunks; ++i) {
+          const int c = tid + i * kProducerThreads;
+          cp_async_16(&s.codes[ring.stage][c / kChunksPerRow][16 * (c % kChunksPerRow)],
+                      code_src[i] + kt * S::kCodeBytes);
+        }
+        const std::uint8_t* scale_at = scale_src + kt * (kTileK / kBlock);
+        cp_async_4(&s.scale_words[ring.stage][tid],
+                   reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(scale_at) &
+                                                 ~std::uintptr_t{3}));
+#pragma unroll
+        for (int i = 0; i < kTokenChunks; ++i) {
+          const int c = tid + i * kProducerThreads;
+          if (token_src[i] != nullptr)
+            cp_async_16(&s.x[ring.stage][swizzled(c / 8, 8 * (c % 8))], token_src[i] + kt * kTileK);
+        }
+        cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
+        ring.advance<kStages>();
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- math: warpgroup wg decodes and multiplies weight rows 64 wg .. 64 wg + 63 of each tile
+  const int math_tid = tid - kProducerThreads, wg = math_tid / kWarpgroup;
+  const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
-  const auto thr = mma.get_thread_slice(tid);
+  const auto thr = mma.get_thread_slice(math_tid);
   Tensor sW = make_tensor(make_smem_ptr(&s.w[0][0]), LayoutW{});
   Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), typename T::LayoutX{});
   Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, buffer)
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
   Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
-
-  constexpr int kBlock = PackedFormat<P>::kBlock;
-  constexpr int kChunksPerRow = S::kCodeBytes / 16;
-  constexpr int kCodeChunks = kRows * kChunksPerRow / kThreads;  // 16-byte copies per thread
-  constexpr int kTokenChunks = kTokens * 8 / kThreads;           // (8 per token row)
-  static_assert(kCodeChunks >= 1 && kTokenChunks >= 1, "every thread copies codes and rows");
-  const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
-  const std::int64_t scale_row_bytes = k / kBlock;
-  const int k_tiles = k / kTileK;
-  // This thread's decode: half `half` (32 k) of weight row `decode_row` of each k tile.
-  const int decode_row = tid / 2, half = tid % 2;
+  // This thread's decode: half `half` (32 k) of weight row `decode_row` of each k tile (the
+  // thread's own warpgroup's rows: 64 wg + math_tid % 128 / 2).
+  const int decode_row = math_tid / 2, half = math_tid % 2;
 
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
-    const int g = group_of(s.tile_end, groups, tile);
-    const int local = tile - (g > 0 ? s.tile_end[g - 1] : 0);
-    const int n0 = local % weight_blocks * kRows, m0 = local / weight_blocks * kTokens;
-    const int m = args.arrays.problems[g].m;
-    const int rows = min(m - m0, kTokens);  // token rows of this tile; the rest stay zero
-    const std::uint16_t* a = args.arrays.a[g] + static_cast<std::int64_t>(m0) * k;
-    const std::uint8_t* codes = args.w.codes + static_cast<std::int64_t>(g) * n * code_row_bytes;
-    const std::uint8_t* scales = args.w.scales + static_cast<std::int64_t>(g) * n * scale_row_bytes;
+    const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
+    const int m = args.arrays.problems[at.g].m;
+    const std::uint8_t* decode_scales = args.w.scales +
+                                        static_cast<std::int64_t>(at.g) * n * scale_row_bytes +
+                                        min(at.n0 + decode_row, n - 1) * scale_row_bytes;
 
-    // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes) and destinations,
-    // once per tile. Past N a weight row is a copy of row N - 1, never stored.
-    const std::uint8_t* code_src[kCodeChunks];
-    int code_dst[kCodeChunks];
-#pragma unroll
-    for (int i = 0; i < kCodeChunks; ++i) {
-      const int c = tid + i * kThreads, row = c / kChunksPerRow, unit = c % kChunksPerRow;
-      code_src[i] = codes + min(n0 + row, n - 1) * code_row_bytes + 16 * unit;
-      code_dst[i] = row * S::kCodeBytes + 16 * unit;
-    }
-    const std::uint8_t* scale_src = scales + min(n0 + tid % kRows, n - 1) * scale_row_bytes;
-    const std::uint16_t* token_src[kTokenChunks];  // nullptr: a row past the tile's
-    int token_dst[kTokenChunks];
-#pragma unroll
-    for (int i = 0; i < kTokenChunks; ++i) {
-      const int c = tid + i * kThreads, row = c / 8, unit = c % 8;
-      token_src[i] = row < rows ? a + static_cast<std::int64_t>(row) * k + 8 * unit : nullptr;
-      token_dst[i] = swizzled(row, 8 * unit);
-    }
-    // Rows past the tile's are zero in every stage for the whole tile (no k tile writes them).
-    if (rows < kTokens) {
-      for (int c = tid; c < kStages * kTokens * 8; c += kThreads) {
-        const int stage = c / (kTokens * 8), row = c / 8 % kTokens, unit = c % 8;
-        if (row >= rows)
-          *reinterpret_cast<uint4*>(&s.x[stage][swizzled(row, 8 * unit)]) = uint4{0, 0, 0, 0};
-      }
-    }
-    const std::uint8_t* decode_scales = scales + min(n0 + decode_row, n - 1) * scale_row_bytes;
-
-    // load: k tile `kt` into stage `stage` (no commit)
-    const auto load = [&](int stage, int kt) {
-#pragma unroll
-      for (int i = 0; i < kCodeChunks; ++i)
-        cp_async_16(&s.codes[stage][0][0] + code_dst[i], code_src[i] + kt * S::kCodeBytes);
-      if (tid < kRows) {
-        const std::uint8_t* at = scale_src + kt * (kTileK / kBlock);
-        cp_async_4(&s.scale_words[stage][tid],
-                   reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(at) & ~3ull));
-      }
-#pragma unroll
-      for (int i = 0; i < kTokenChunks; ++i)
-        if (token_src[i] != nullptr)
-          cp_async_16(&s.x[stage][token_dst[i]], token_src[i] + kt * kTileK);
-    };
-    // decode: stage `stage`'s codes into W buffer `buffer`
+    // decode: stage `stage`'s codes of this thread's half row into W buffer `buffer`
     const auto decode = [&](int stage, int buffer, int kt) {
       const std::uintptr_t scale_at =
           reinterpret_cast<std::uintptr_t>(decode_scales + kt * (kTileK / kBlock));
@@ -248,51 +307,51 @@ __global__ void __launch_bounds__(kThreads, 1) packed_gemm_kernel(Args args) {
           *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(decode_row, kk)]) = packed;
         }
       }
+      cutlass::arch::fence_view_async_shared();  // the W writes, before WGMMA reads them
+      warpgroup_barrier(1 + wg);                 // the warpgroup's whole half of W
+    };
+    const auto release = [&](int stage) {  // after the WGMMAs that read `stage` retired
+      if (signals) Barrier::arrive(&s.empty[stage]);
     };
 
-    for (int stage = 0; stage < kStages - 1; ++stage) {
-      if (stage < k_tiles) load(stage, stage);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 2>();  // k tile 0
-    __syncthreads();
-    decode(0, 0, 0);
-    cutlass::arch::fence_view_async_shared();  // the W and X writes, before WGMMA reads them
-    __syncthreads();
-
+    Barrier::wait(&s.full[ring.stage], ring.phase);
+    decode(ring.stage, 0, 0);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      warpgroup_fence_operand(accum);
+    // The accumulators are fenced only around the k loop: inside it a fence is a use of their
+    // registers while a WGMMA is in flight, and ptxas would wait for that WGMMA there (as it
+    // does at a join of paths that waited for different counts of WGMMAs).
+    warpgroup_fence_operand(accum);
+    int stage = ring.stage;  // of k tile kt
+    for (int kt = 0;; ++kt) {
+      stage = ring.stage;
       warpgroup_arrive();
 #pragma unroll
       for (int kb = 0; kb < size<2>(tCrW); ++kb) {
-        cute::gemm(mma, tCrW(_, _, kb, kt % 2), tCrX(_, _, kb, kt % kStages), accum);
+        cute::gemm(mma, tCrW(_, _, kb, kt % 2), tCrX(_, _, kb, stage), accum);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
-
-      // while it runs: k tile kt + 1 decoded into the other W buffer (WGMMA kt - 1 is done with
-      // it), and k tile kt + kStages - 1 loaded into the stage WGMMA kt - 1 read
-      cp_async_wait<kStages - 3>();  // k tile kt + 1
-      __syncthreads();
-      if (kt + 1 < k_tiles) decode((kt + 1) % kStages, (kt + 1) % 2, kt + 1);
-      cutlass::arch::fence_view_async_shared();
-      if (kt + kStages - 1 < k_tiles) load((kt + kStages - 1) % kStages, kt + kStages - 1);
-      cp_async_commit();
-
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(accum);
-      __syncthreads();  // every warpgroup is done with W buffer kt % 2 and stage kt % kStages
+      ring.advance<kStages>();
+      if (kt + 1 == k_tiles) break;
+      // While it runs: once WGMMA kt - 1 has retired, its stage goes back to the producer and
+      // k tile kt + 1 is decoded into the W buffer it read.
+      warpgroup_wait<1>();
+      if (kt > 0) release((stage + kStages - 1) % kStages);
+      Barrier::wait(&s.full[ring.stage], ring.phase);
+      decode(ring.stage, (kt + 1) % 2, kt + 1);
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accum);
+    if (k_tiles > 1) release((stage + kStages - 1) % kStages);
+    release(stage);
 
-    float* d = args.arrays.d[g];
+    float* d = args.arrays.d[at.g];
 #pragma unroll
     for (int i = 0; i < size(accum); ++i) {
-      const int col = n0 + get<0>(coord(i)), row = m0 + get<1>(coord(i));
+      const int col = at.n0 + get<0>(coord(i)), row = at.m0 + get<1>(coord(i));
       if (row < m && col < n) d[static_cast<std::int64_t>(row) * n + col] = accum(i);
     }
   }
-  cp_async_wait<0>();
 }
 
 template <Precision P, int kTokens>
@@ -365,7 +424,7 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) 
   const Args args{arrays_, weights, groups_, n_, k_};
   with_kernel(precision_, tile_, [&](auto p, auto tokens) {
     launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value>,
-                   KernelShape{sm_count_, smem_}, stream, args);
+                   KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);
   });
 }
 
