@@ -42,6 +42,7 @@
 #include "cute/atom/mma_atom.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"  // fence_view_async_shared
+#include "cutlass/arch/reg_reconfig.h"
 #include "epmoe/errors.hpp"
 
 namespace epmoe::cuda::experts::wgmma {
@@ -63,11 +64,11 @@ using Bf16 = cutlass::bfloat16_t;
 using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
 using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, _2>{}));
 
-// What the token tile (WGMMA's N: 64 or 128 token rows, PackedTokenTile) sets: the WGMMA, the
+// What the token tile (WGMMA's N: 64, 128 or 256 token rows, PackedTokenTile) sets: the WGMMA, the
 // token rows' stages and the ring's depth (as deep as shared memory allows).
 template <int kTokens>
 struct TokenTile {
-  static constexpr int kStages = kTokens == 64 ? 8 : 7;
+  static constexpr int kStages = kTokens == 64 ? 8 : kTokens == 128 ? 7 : 4;
   using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
                                                  GMMA::Major::K, GMMA::Major::K>());
   using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
@@ -189,8 +190,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   const int k_tiles = k / kTileK;
   RingPosition ring;
 
+  // 256 token rows need 128 accumulator registers per math thread: the producer gives registers
+  // to the math warpgroups (72 + 2 x 216 per thread of a warpgroup fit the SM's 64 K).
+  constexpr bool kMoveRegisters = kTokens == 256;
   if (tid < kProducerThreads) {
     // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
+    if constexpr (kMoveRegisters) cutlass::arch::warpgroup_reg_dealloc<72>();
     constexpr int kChunksPerRow = S::kCodeBytes / 16;
     constexpr int kCodeChunks = kRows * kChunksPerRow / kProducerThreads;  // 16-byte copies
     constexpr int kTokenChunks = kTokens * 8 / kProducerThreads;           // (8 per token row)
@@ -213,12 +218,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       const std::uint8_t* scale_src = args.w.scales +
                                       static_cast<std::int64_t>(at.g) * n * scale_row_bytes +
                                       min(at.n0 + tid, n - 1) * scale_row_bytes;
-      const std::uint16_t* token_src[kTokenChunks];  // nullptr: a row past the tile's
-#pragma unroll
-      for (int i = 0; i < kTokenChunks; ++i) {
-        const int c = tid + i * kProducerThreads, row = c / 8;
-        token_src[i] = row < rows ? a + static_cast<std::int64_t>(row) * k + 8 * (c % 8) : nullptr;
-      }
+      // Token chunk i of this thread: row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
+      // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
+      // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
+      constexpr int kRowStep = kProducerThreads / 8;
+      const std::uint16_t* token_src =
+          a + static_cast<std::int64_t>(tid / 8) * k + 8 * (tid % 8);
+      const int token_dst = swizzled(tid / 8, 8 * (tid % 8));
+      const int token_chunks = min(kTokenChunks, (rows - tid / 8 + kRowStep - 1) / kRowStep);
       for (int kt = 0; kt < k_tiles; ++kt) {
         Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
 #pragma unroll
@@ -232,11 +239,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
                    reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(scale_at) &
                                                  ~std::uintptr_t{3}));
 #pragma unroll
-        for (int i = 0; i < kTokenChunks; ++i) {
-          const int c = tid + i * kProducerThreads;
-          if (token_src[i] != nullptr)
-            cp_async_16(&s.x[ring.stage][swizzled(c / 8, 8 * (c % 8))], token_src[i] + kt * kTileK);
-        }
+        for (int i = 0; i < kTokenChunks; ++i)
+          if (i < token_chunks)
+            cp_async_16(&s.x[ring.stage][token_dst + i * kRowStep * kTileK],
+                        token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
         cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
         ring.advance<kStages>();
       }
@@ -246,6 +252,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   }
 
   // ---- math: warpgroup wg decodes and multiplies weight rows 64 wg .. 64 wg + 63 of each tile
+  if constexpr (kMoveRegisters) cutlass::arch::warpgroup_reg_alloc<216>();
   const int math_tid = tid - kProducerThreads, wg = math_tid / kWarpgroup;
   const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
@@ -368,8 +375,10 @@ void with_kernel(Precision p, PackedTokenTile tile, F f) {
     if constexpr (decltype(precision)::value != Precision::bf16) {
       if (tile == PackedTokenTile::t64)
         f(precision, std::integral_constant<int, 64>{});
-      else
+      else if (tile == PackedTokenTile::t128)
         f(precision, std::integral_constant<int, 128>{});
+      else
+        f(precision, std::integral_constant<int, 256>{});
     }
   });
 }

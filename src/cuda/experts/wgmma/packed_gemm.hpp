@@ -32,9 +32,10 @@ struct PackedGemmArrays {
   float** d;                // [M_e, N] row-major
 };
 
-// Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 to
-// decode each weight once per 128 rows (prefill). Knobs::block_m picks it (wgmma_backend.hpp).
-enum class PackedTokenTile : std::uint8_t { t64, t128 };
+// Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
+// to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
+// (wgmma_backend.hpp).
+enum class PackedTokenTile : std::uint8_t { t64, t128, t256 };
 
 class PackedGroupedGemm {
  public:
