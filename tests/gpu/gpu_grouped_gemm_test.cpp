@@ -352,9 +352,9 @@ TEST(GpuGroupedGemm, Fc1EpilogueRefusesEveryPrecisionButBf16) {
 // and block scales in each packed format (no NaN codes; scales where every decoded weight is a
 // normal bf16), N not a multiple of its 128-row weight tile (rows past N clamped, never stored),
 // K = 192 (fewer k tiles than pipeline stages) and 1024, groups of 0, 1, 65 (a token tile and
-// one row) and 130 rows, on every SM and on 3 persistent CTAs (each walks several tiles). The
-// products are exact in fp32 (bf16 x bf16), so fp32 accumulation noise bounds the error; a wrong
-// swizzle, scale, row, k tile or group is off by O(1).
+// one row) and 300 rows (two tiles of 128 or one of 256, then 44 rows), on every SM and on 3
+// persistent CTAs (each walks several tiles). The products are exact in fp32 (bf16 x bf16), so fp32
+// accumulation noise bounds the error; a wrong swizzle, scale, row, k tile or group is off by O(1).
 struct PackedCase {
   Precision precision;
   int n, k;
@@ -364,7 +364,7 @@ std::vector<float> run_packed_gemm(const PackedCase& c, int sms,
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
-  const Groups g({0, 1, 65, 130, 0});
+  const Groups g({0, 1, 65, 300, 0});
   const int bits = c.precision == Precision::mxfp8 ? 8 : 4;
   const int block = c.precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
   const std::size_t weights = static_cast<std::size_t>(g.count()) * n * k;
@@ -416,14 +416,17 @@ std::vector<float> run_packed_gemm(const PackedCase& c, int sms,
   std::printf(
       "packed GEMM %s N=%d K=%d, %d token rows, on %d CTAs: worst |D - exact| / sum|a w| = "
       "%.3g\n",
-      to_string(c.precision), n, k, tile == cuda::experts::wgmma::PackedTokenTile::t64 ? 64 : 128,
+      to_string(c.precision), n, k,
+      tile == cuda::experts::wgmma::PackedTokenTile::t64    ? 64
+      : tile == cuda::experts::wgmma::PackedTokenTile::t128 ? 128
+                                                            : 256,
       sms, worst);
   EXPECT_LT(worst, 1e-5) << to_string(c.precision) << " N=" << n << " K=" << k;
   return d;
 }
 
-// Both token tiles (64 and 128 rows) give the same bits: each output is the same k16 WGMMA steps
-// over the same k tiles in the same order.
+// Every token tile (64, 128 and 256 rows) gives the same bits: each output is the same k16 WGMMA
+// steps over the same k tiles in the same order.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   using cuda::experts::wgmma::PackedTokenTile;
@@ -433,10 +436,13 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     const std::vector<float> all = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
     const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
     const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
+    const std::vector<float> widest = run_packed_gemm(c, sm_count(), PackedTokenTile::t256);
     EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
         << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
         << "128 token rows give other bits than 64: " << to_string(c.precision);
+    EXPECT_EQ(std::memcmp(all.data(), widest.data(), all.size() * sizeof(float)), 0)
+        << "256 token rows give other bits than 64: " << to_string(c.precision);
   }
 }
 

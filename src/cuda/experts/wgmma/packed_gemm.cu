@@ -222,8 +222,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
       // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
       constexpr int kRowStep = kProducerThreads / 8;
-      const std::uint16_t* token_src =
-          a + static_cast<std::int64_t>(tid / 8) * k + 8 * (tid % 8);
+      const std::uint16_t* token_src = a + static_cast<std::int64_t>(tid / 8) * k + 8 * (tid % 8);
       const int token_dst = swizzled(tid / 8, 8 * (tid % 8));
       const int token_chunks = min(kTokenChunks, (rows - tid / 8 + kRowStep - 1) / kRowStep);
       for (int kt = 0; kt < k_tiles; ++kt) {
