@@ -313,7 +313,7 @@ TEST(MakeConfigRejects, EnumValuesOutsideTheirNames) {
 TEST(WithKnobsRejects, BlockMOutsideKnobSpace) {
   Knobs k;
   k.block_m = 96;
-  EXPECT_EQ(knobs_rejection(k), "knobs.block_m=96: must be 64 or 128");
+  EXPECT_EQ(knobs_rejection(k), "knobs.block_m=96: must be 64, 128 or 256");
 }
 
 TEST(WithKnobsRejects, BlockNOutsideKnobSpace) {
@@ -484,13 +484,20 @@ TEST(WithKnobsWgmma, Fp8Block128GetsOnly128By128) {
           << bm << " x " << bn;
 }
 
+// (Except a tile that fits shared memory at no stage count: bf16's 256 x 256, whose block_n
+// halves.)
 TEST(WithKnobsWgmma, OtherMathsKeepTheTileKnobsTheyDoNotRead) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
     for (Precision p : kAllPrecisions)
       for (std::int32_t bm : kKnobSpace.block_m)
-        for (std::int32_t bn : kKnobSpace.block_n)
-          EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, bn)) << to_string(m) << " " << to_string(p);
+        for (std::int32_t bn : kKnobSpace.block_n) {
+          const bool fits =
+              core::shared_memory_bytes(p, bm, bn, kKnobSpace.min_stages) <= kMaxSharedMemoryBytes;
+          EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, fits ? bn : bn / 2))
+              << to_string(m) << " " << to_string(p) << " " << bm << " x " << bn;
+          if (!fits) EXPECT_EQ(T(bm, bn), T(256, 256)) << to_string(p);
+        }
 }
 
 TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
@@ -531,7 +538,9 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)
       for (std::int32_t bn : kKnobSpace.block_n) {
-        const bool rows = bm == 128 || (bm == 64 && p != Precision::fp8_block128);
+        const bool packed = p == Precision::mxfp8 || p == Precision::nvfp4 || p == Precision::mxfp4;
+        const bool rows =
+            bm == 128 || (bm == 64 && p != Precision::fp8_block128) || (bm == 256 && packed);
         const bool shipped = rows && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
         EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
       }

@@ -135,7 +135,7 @@ TEST_P(WithKnobsProperty,
   const Precision precision = GetParam();
   const std::vector<Knobs> space = whole_knob_space();
   const std::vector<LayerOptions> choices = every_caller_choice();
-  ASSERT_EQ(space.size(), 2u * 3 * 7 * 16 * 2 * 2 * 5);
+  ASSERT_EQ(space.size(), 2u * 3 * 3 * 7 * 16 * 2 * 5);
   ASSERT_EQ(choices.size(), 12u);
   std::size_t config_index = 0, checked = 0;
   int failures = 0;
@@ -174,7 +174,10 @@ TEST_P(WithKnobsProperty,
             // 64-wide block_n up to 128.
             const bool wgmma = options.expert_math == ExpertMath::wgmma;
             const std::int32_t wgmma_block_m =
-                in.block_m == 64 && core::wgmma_has_64_row_tile(precision) ? 64 : 128;
+                (in.block_m == 64 && core::wgmma_has_64_row_tile(precision)) ||
+                        (in.block_m == 256 && core::wgmma_has_256_row_tile(precision))
+                    ? in.block_m
+                    : 128;
             const bool block_m_ok =
                 wgmma ? out.block_m == wgmma_block_m : out.block_m == in.block_m;
             const bool block_n_ok =

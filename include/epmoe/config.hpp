@@ -116,11 +116,11 @@ struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).
   TokenBack token_back = TokenBack::epilogue_warps;
-  // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64 or 128.
-  // wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates) on
-  // 64 x 128 ping-pong tiles (FC2 stays 128-row); for mxfp8, nvfp4 and mxfp4 it is the token rows
-  // of the packed-weight GEMM's tile (64 or 128; 128 weight rows). with_knobs moves 64 to 128 under
-  // wgmma for fp8_block128.
+  // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64, 128
+  // or 256. wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates)
+  // on 64 x 128 ping-pong tiles (FC2 stays 128-row); for mxfp8, nvfp4 and mxfp4 it is the token
+  // rows of the packed-weight GEMM's tile (64, 128 or 256; 128 weight rows). with_knobs moves 256
+  // to 128 under wgmma for bf16 and fp8_block128, and 64 to 128 for fp8_block128.
   std::int32_t block_m = 64;
   // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs bf16's FC2 GEMM on
   // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the activating FC1: 128 columns always;
@@ -149,7 +149,7 @@ struct Knobs {
 
 // The ranges a knob may take; the property test walks all of them.
 struct KnobSpace {
-  std::array<std::int32_t, 2> block_m{64, 128};
+  std::array<std::int32_t, 3> block_m{64, 128, 256};
   std::array<std::int32_t, 3> block_n{64, 128, 256};
   std::int32_t min_stages = 2, max_stages = 8;
   std::int32_t min_dispatch_warps = 1, max_dispatch_warps = 16;

@@ -202,7 +202,9 @@ std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::
 }
 
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n) {
-  if (block_m != 128 && !(block_m == 64 && wgmma_has_64_row_tile(precision))) return false;
+  if (block_m != 128 && !(block_m == 64 && wgmma_has_64_row_tile(precision)) &&
+      !(block_m == 256 && wgmma_has_256_row_tile(precision)))
+    return false;
   return block_n == 128 || (block_n == 256 && precision != Precision::fp8_block128);
 }
 
@@ -266,18 +268,20 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& sh
   // NOTES: the wgmma backend runs CUTLASS's cooperative kernel (two consumer warpgroups of 64 rows:
   // M tile 128) and ships two tiles, so other values move onto the nearest one it has. Up for
   // block_m and a 64-wide block_n (a narrower tile does not exist), down for fp8_block128's 256.
-  // block_m 64 stays where a 64-row tile exists (wgmma_has_64_row_tile).
+  // block_m 64 / 256 stays where such a tile exists (wgmma_has_64_row_tile / _256_).
   if (options.expert_math == ExpertMath::wgmma &&
       !wgmma_has_tile(precision, k.block_m, k.block_n)) {
     const std::int32_t block_n =
         k.block_n == 256 && precision != Precision::fp8_block128 ? 256 : 128;
-    const std::int32_t block_m = k.block_m == 64 && wgmma_has_64_row_tile(precision) ? 64 : 128;
+    const bool kept = (k.block_m == 64 && wgmma_has_64_row_tile(precision)) ||
+                      (k.block_m == 256 && wgmma_has_256_row_tile(precision));
+    const std::int32_t block_m = kept ? k.block_m : 128;
     if (k.block_m != block_m)
       note("block_m=" + std::to_string(k.block_m) +
            " -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 rows)" +
-           (k.block_m == 64 ? std::string(" for ") + to_string(precision) +
-                                  " (64-row tiles: every precision but fp8_block128)"
-                            : std::string()));
+           std::string(" for ") + to_string(precision) +
+           (k.block_m == 64 ? " (64-row tiles: every precision but fp8_block128)"
+                            : " (256 token rows: the packed-weight GEMM of mxfp8, nvfp4, mxfp4)"));
     if (k.block_n != block_n)
       note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(block_n) +
            ": expert_math=wgmma ships 128 x 128 tiles" +
@@ -285,6 +289,16 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& sh
                                                  : " and 128 x 256 (bf16 GEMMs)"));
     k.block_m = block_m;
     k.block_n = block_n;
+  }
+  // A 256 x 256 tile does not fit shared memory even at the fewest stages: its block_n halves
+  // (the packed-weight GEMM, which alone runs 256 token rows, does not read block_n).
+  while (k.block_n > kKnobSpace.block_n.front() &&
+         footprint(precision, k.block_m, k.block_n, kKnobSpace.min_stages) >
+             kMaxSharedMemoryBytes) {
+    note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(k.block_n / 2) + ": a " +
+         std::to_string(k.block_m) + " x " + std::to_string(k.block_n) +
+         " tile does not fit shared memory");
+    k.block_n /= 2;
   }
   const std::int32_t fitting = max_fitting_stages(precision, k.block_m, k.block_n);
   if (k.stages > fitting) {

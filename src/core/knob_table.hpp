@@ -41,13 +41,20 @@ constexpr bool wgmma_has_64_row_tile(Precision precision) {
   return precision != Precision::fp8_block128;
 }
 
+// The precisions whose wgmma GEMMs have a tile of 256 token rows (block_m = 256): the packed-weight
+// GEMM of mxfp8, nvfp4 and mxfp4 (each decoded weight used by 256 token rows).
+constexpr bool wgmma_has_256_row_tile(Precision precision) {
+  return precision == Precision::mxfp8 || precision == Precision::nvfp4 ||
+         precision == Precision::mxfp4;
+}
+
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
 // fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m 128 runs the
 // cooperative kernel (two consumer warpgroups of 64 rows); block_m 64 runs bf16's activating FC1
 // on 64 x 128 ping-pong tiles (one warpgroup per tile, the other's epilogue overlapping its
 // mainloop) and FC2 on 128 x block_n. The packed-weight GEMM (mxfp8, nvfp4, mxfp4) reads block_m
-// as its token rows (64 or 128) and no block_n (its 128 weight rows are fixed).
+// as its token rows (64, 128 or 256) and no block_n (its 128 weight rows are fixed).
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
@@ -68,9 +75,10 @@ std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "
 //   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
-//     -> 128 (64 stays where wgmma_has_64_row_tile), block_n 64 -> 128, and 256 -> 128
-//     for fp8_block128;
-//   * stages reduced until shared_memory_bytes fits kMaxSharedMemoryBytes.
+//     -> 128 (64 stays where wgmma_has_64_row_tile, 256 where wgmma_has_256_row_tile), block_n
+//     64 -> 128, and 256 -> 128 for fp8_block128;
+//   * block_n halved while the tile does not fit kMaxSharedMemoryBytes at the fewest stages
+//     (256 x 256), then stages reduced until shared_memory_bytes fits.
 // `notes` (may be null) receives one line per change, for logs.
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
                    const LayerOptions& options, std::vector<std::string>* notes = nullptr);

@@ -107,7 +107,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
-    const PackedTokenTile tile = k.block_m == 64 ? PackedTokenTile::t64 : PackedTokenTile::t128;
+    const PackedTokenTile tile = k.block_m == 64    ? PackedTokenTile::t64
+                                 : k.block_m == 256 ? PackedTokenTile::t256
+                                                    : PackedTokenTile::t128;
     const PackedGemms& g = find_or_make(
         packed_gemms_,
         [&](const PackedGemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
