@@ -261,17 +261,25 @@ TEST(DefaultKnobTable, MakeConfigKnobsAreConflictFreeForEveryCallerChoice) {
   }
 }
 
-TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128ForRealShapes) {
+// Prefill: 128, or 256 token rows for the packed-weight GEMM's precisions (mxfp8, nvfp4, mxfp4)
+// where an expert gets at least 256 rows (qwen3 at world 1: 4096 tokens x 8 / 128 experts).
+TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) {
   for (const ModelShape& m : known_models()) {
     for (int world : kWorlds) {
       for (Precision p : kPrecisions) {
         EXPECT_EQ(default_knobs(p, world, m.layer_shape(8192), TokenBucket::decode).block_m, 64)
             << m.name;
-        EXPECT_EQ(default_knobs(p, world, m.layer_shape(8192), TokenBucket::prefill).block_m, 128)
-            << m.name;
+        const std::int32_t prefill =
+            default_knobs(p, world, m.layer_shape(8192), TokenBucket::prefill).block_m;
+        EXPECT_TRUE(prefill == 128 || (prefill == 256 && core::wgmma_has_256_row_tile(p)))
+            << m.name << " " << to_string(p) << " world " << world << ": " << prefill;
       }
     }
   }
+  for (Precision p : {Precision::mxfp8, Precision::nvfp4, Precision::mxfp4})
+    EXPECT_EQ(
+        default_knobs(p, 1, known_models()[0].layer_shape(8192), TokenBucket::prefill).block_m, 256)
+        << to_string(p);
 }
 
 TEST(DefaultKnobTable, GptOssNvfp4UsesBlockN128BecauseTwoITilesExactly) {
@@ -282,9 +290,9 @@ TEST(DefaultKnobTable, GptOssNvfp4UsesBlockN128BecauseTwoITilesExactly) {
     // The override is specific: the other precisions (FC1 activating on 128-wide tiles) and
     // nvfp4 of other shapes get the rule's 256.
     EXPECT_EQ(default_knobs(Precision::bf16, 8, gpt_oss, b).block_n, 256) << to_string(b);
-    EXPECT_EQ(default_knobs(Precision::nvfp4, 8, known_models()[0].layer_shape(8192), b).block_n,
-              256)
-        << to_string(b);
+    // (256 token rows come with block_n 128: a 256 x 256 tile fits no stage count.)
+    const Knobs qwen3 = default_knobs(Precision::nvfp4, 8, known_models()[0].layer_shape(8192), b);
+    EXPECT_EQ(qwen3.block_n, qwen3.block_m == 256 ? 128 : 256) << to_string(b);
   }
 }
 

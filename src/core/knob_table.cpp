@@ -142,6 +142,13 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
   // where 256 tied or lost (T = 1: 3 of the 4 shapes). fp8_block128 moves 256 to 128
   // (adjust_knobs).
   k.block_n = bucket == TokenBucket::decode && k.block_m == 64 ? 128 : 256;
+  // The packed-weight GEMM (mxfp8, nvfp4, mxfp4 under wgmma) decodes each weight once per token
+  // tile: 256 token rows where an expert gets at least 256 (block_n, which it does not read, 128:
+  // a 256 x 256 tile fits no stage count).
+  if (rows_per_expert >= 256 && wgmma_has_256_row_tile(precision)) {
+    k.block_m = 256;
+    k.block_n = 128;
+  }
   // Few local experts in a weight-bound bucket: FC2 has N = H per expert, and 128-wide tiles may
   // not give every SM a tile (mixtral at EP2+ has 2 or fewer local experts with H/128 = 32 tiles).
   if (k.block_m == 64 && local_experts * (hidden / 128) < kTypicalSms) k.block_n = 64;

@@ -4,9 +4,10 @@
 // block scales along K (packed_gemm.hpp).
 //
 // The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
-// its B operand (N = 64 or 128 token rows: PackedTokenTile), both K-major, so a decode round's few
-// rows per expert fill a 64-wide N tile instead of a 128-row M tile, and every weight is decoded
-// once per 64 or 128 rows (the decode's instructions per WGMMA FLOP halve with 128).
+// its B operand (N = 64, 128 or 256 token rows: PackedTokenTile), both K-major, so a decode
+// round's few rows per expert fill a 64-wide N tile instead of a 128-row M tile, and every weight
+// is decoded once per 64, 128 or 256 rows (the decode's instructions per WGMMA FLOP halve with each
+// doubling).
 //
 // Warp roles (three warpgroups, one role per branch of the kernel):
 //   producer  warpgroup 0: each k tile's packed codes (16-byte cp.async), the aligned 4-byte word
