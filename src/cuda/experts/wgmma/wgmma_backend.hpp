@@ -23,9 +23,10 @@
 // 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
 // bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
 // packed GEMM's token rows (PackedTokenTile: 64, 128 or 256); num_sms sizes the GEMMs' persistent
-// grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs already
-// moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not read (CUTLASS's
-// automatic carveout picks the depth). Buckets with the same tile and SM count share their GEMMs.
+// grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs
+// already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not read
+// (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count share
+// their GEMMs.
 #pragma once
 
 #include <memory>
