@@ -129,8 +129,8 @@ struct Knobs {
   std::int32_t block_n = 128;
   // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
   // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating
-  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8 or 6); a StageCount<N> per value
-  // would multiply its instantiations, so it has none.
+  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8, 7 or 4 by its token rows); a
+  // StageCount<N> per value would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
   // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
   std::int32_t dispatch_warps = 4;
