@@ -496,7 +496,9 @@ TEST(WithKnobsWgmma, OtherMathsKeepTheTileKnobsTheyDoNotRead) {
               core::shared_memory_bytes(p, bm, bn, kKnobSpace.min_stages) <= kMaxSharedMemoryBytes;
           EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, fits ? bn : bn / 2))
               << to_string(m) << " " << to_string(p) << " " << bm << " x " << bn;
-          if (!fits) EXPECT_EQ(T(bm, bn), T(256, 256)) << to_string(p);
+          if (!fits) {
+            EXPECT_EQ(T(bm, bn), T(256, 256)) << to_string(p);
+          }
         }
 }
 
