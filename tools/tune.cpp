@@ -46,7 +46,7 @@ struct TuneOptions {
   std::string executor = "auto";
   std::string tokens = "1,64,512,8192";
   std::string num_sms = "0";
-  std::string block_m = "64,128";
+  std::string block_m = "64,128,256";
   std::string block_n = "128,256";
   std::string megakernel = "auto";
   int warmup = 3;
