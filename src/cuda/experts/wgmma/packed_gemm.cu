@@ -37,7 +37,7 @@
 #include "cuda/experts/e2m1_bf16.hpp"
 #include "cuda/experts/packed_weights.cuh"
 #include "cuda/experts/wgmma/packed_gemm.hpp"
-#include "cuda/kernels.hpp"  // launch_chained
+#include "cuda/kernels.hpp"  // grid_sms, launch_chained
 #include "cuda/pdl.cuh"
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
@@ -112,6 +112,13 @@ __device__ __forceinline__ int group_of(const int* tile_end, int groups, int til
       lo = mid + 1;
   }
   return lo;
+}
+
+// Row `row` (< n) of group g's matrix of N rows of `row_bytes` each: its codes or block scales.
+__device__ __forceinline__ const std::uint8_t* matrix_row(const std::uint8_t* base,
+                                                          std::int64_t row_bytes, int g, int n,
+                                                          int row) {
+  return base + (static_cast<std::int64_t>(g) * n + row) * row_bytes;
 }
 
 // Where a tile sits: its group, first weight row (n0) and first token row (m0).
@@ -206,19 +213,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
       const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
       const std::uint16_t* a = args.arrays.a[at.g] + static_cast<std::int64_t>(at.m0) * k;
-      const std::uint8_t* codes =
-          args.w.codes + static_cast<std::int64_t>(at.g) * n * code_row_bytes;
       // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes), once per tile. Past
       // N a weight row is a copy of row N - 1, never stored.
       const std::uint8_t* code_src[kCodeChunks];
 #pragma unroll
       for (int i = 0; i < kCodeChunks; ++i) {
-        const int c = tid + i * kProducerThreads, row = c / kChunksPerRow;
-        code_src[i] = codes + min(at.n0 + row, n - 1) * code_row_bytes + 16 * (c % kChunksPerRow);
+        const int c = tid + i * kProducerThreads, row = min(at.n0 + c / kChunksPerRow, n - 1);
+        code_src[i] =
+            matrix_row(args.w.codes, code_row_bytes, at.g, n, row) + 16 * (c % kChunksPerRow);
       }
-      const std::uint8_t* scale_src = args.w.scales +
-                                      static_cast<std::int64_t>(at.g) * n * scale_row_bytes +
-                                      min(at.n0 + tid, n - 1) * scale_row_bytes;
+      const std::uint8_t* scale_src =
+          matrix_row(args.w.scales, scale_row_bytes, at.g, n, min(at.n0 + tid, n - 1));
       // Token chunk i of this thread: row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
       // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
       // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
@@ -270,9 +275,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
-    const std::uint8_t* decode_scales = args.w.scales +
-                                        static_cast<std::int64_t>(at.g) * n * scale_row_bytes +
-                                        min(at.n0 + decode_row, n - 1) * scale_row_bytes;
+    const std::uint8_t* decode_scales =
+        matrix_row(args.w.scales, scale_row_bytes, at.g, n, min(at.n0 + decode_row, n - 1));
 
     // decode: stage `stage`'s codes of this thread's half row into W buffer `buffer`
     const auto decode = [&](int stage, int buffer, int kt) {
@@ -399,9 +403,7 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     : precision_(precision), tile_(tile), groups_(groups), n_(n), k_(k), sm_count_(sm_count) {
   if (const char* why = cannot_take(precision, groups, n, k))
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
-  int sms = 0;
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  sm_count_ = sm_count > 0 ? std::min(sm_count, sms) : sms;
+  sm_count_ = grid_sms(device, sm_count);
   with_kernel(precision, tile, [&](auto p, auto tokens) {
     constexpr Precision kP = decltype(p)::value;
     constexpr int kTokens = decltype(tokens)::value;
