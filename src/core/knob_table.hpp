@@ -27,9 +27,10 @@ inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs)
 // The deepest pipeline in [min_stages, max_stages] whose footprint fits kMaxSharedMemoryBytes.
 std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
-// The precisions whose wgmma FC1 applies the activation in its epilogue (grouped_gemm.hpp,
-// Bf16GluGroupedGemm): bf16 only (MXFP8, MXFP4 and NVFP4 run the packed-weight GEMM, whose
-// epilogue stores fp32). constexpr: the kernels ask it too.
+// The precisions whose wgmma FC1 runs CUTLASS's GEMM with an activating epilogue of ours
+// (grouped_gemm.hpp, Bf16GluGroupedGemm): bf16 only (MXFP8, MXFP4 and NVFP4 run the packed-weight
+// GEMM, whose FC1 activates in its own epilogue for mxfp8 and mxfp4: packed_fc1_activates in
+// src/cuda/experts/wgmma/steps.hpp). constexpr: the kernels ask it too.
 constexpr bool wgmma_fc1_activates(Precision precision) {
   return precision == Precision::bf16;
 }

@@ -359,8 +359,11 @@ struct PackedCase {
   Precision precision;
   int n, k;
 };
-std::vector<float> run_packed_gemm(const PackedCase& c, int sms,
-                                   cuda::experts::wgmma::PackedTokenTile tile) {
+// With `epilogue` (an activating FC1, PackedFc1Epilogue), returns nothing and fills *h instead.
+std::vector<float> run_packed_gemm(
+    const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
+    const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
+    std::vector<std::uint16_t>* h = nullptr) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
@@ -393,21 +396,29 @@ std::vector<float> run_packed_gemm(const PackedCase& c, int sms,
   const DeviceCopy<std::uint16_t> a_dev(a);
   const DeviceCopy<std::uint8_t> codes_dev(codes), scales_dev(scales);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
+  const DeviceCopy<std::uint16_t> h_dev(static_cast<std::size_t>(g.total) * n / 2);
   PackedMatrices w{codes_dev.ptr, scales_dev.ptr, nullptr, nullptr, n, k};
 
-  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile);
+  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue);
   EXPECT_EQ(gemm.tile(), tile);
   std::vector<const std::uint16_t*> a_ptr;
   std::vector<float*> d_ptr;
+  std::vector<std::uint16_t*> h_ptr;
   for (int group = 0; group < g.count(); ++group) {
     a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
+    h_ptr.push_back(h_dev.ptr + static_cast<std::size_t>(g.first[group]) * n / 2);
   }
   upload(gemm.arrays().problems, g.problems(n, k));
   upload(gemm.arrays().a, a_ptr);
   upload(gemm.arrays().d, d_ptr);
+  upload(gemm.arrays().h, h_ptr);
   gemm.run(w, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (epilogue != nullptr) {
+    *h = from_device(h_dev.ptr, static_cast<std::size_t>(g.total) * n / 2);
+    return {};
+  }
   std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
   const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int col, int i) {
     return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
@@ -444,6 +455,86 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     EXPECT_EQ(std::memcmp(all.data(), widest.data(), all.size() * sizeof(float)), 0)
         << "256 token rows give other bits than 64: " << to_string(c.precision);
   }
+}
+
+// An activating FC1 (mxfp8 / mxfp4 layers: FC2's input is MXFP8) against the plain GEMM's sums
+// (the same fp32 sums: each output is the same WGMMA steps in the same k order): per row and output
+// j of I, the activation of gate j and up I + j, each plus its bias, then MXFP8 per 32 outputs and
+// the decoded value's bf16 code, computed on the host. The host's activation takes IEEE exp and
+// division where the device takes the fast ones (a few fp32 ulps), so a code may differ by one
+// E4M3 step, rarely; a wrong row mapping, bias, block or token row is off by far more, everywhere.
+TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  using cuda::experts::wgmma::PackedFc1Epilogue;
+  using cuda::experts::wgmma::PackedTokenTile;
+  const int inter = 128, n = 2 * inter, groups = 5, total = 0 + 1 + 65 + 300 + 0;
+  std::vector<float> b13(static_cast<std::size_t>(groups) * n);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> bias(-2.0f, 2.0f);
+  for (auto& v : b13) v = bias(rng);
+  const DeviceCopy<float> b13_dev(b13);
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+    const PackedCase c{p, n, 192};
+    const std::vector<float> d = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
+    for (const bool oai : {false, true}) {
+      const PackedFc1Epilogue epilogue{oai ? Activation::swiglu_oai : Activation::swiglu,
+                                       oai ? kSwigluOaiLimit : 0.0f, ScaleRounding::rceil,
+                                       oai ? b13_dev.ptr : nullptr};
+      // The group of each row (groups {0, 1, 65, 300, 0}, as run_packed_gemm's).
+      const auto group_of_row = [](int r) { return r < 1 ? 1 : r < 66 ? 2 : 3; };
+      for (const PackedTokenTile tile : {PackedTokenTile::t64, PackedTokenTile::t256}) {
+        std::vector<std::uint16_t> h;
+        run_packed_gemm(c, sm_count(), tile, &epilogue, &h);
+        ASSERT_EQ(h.size(), static_cast<std::size_t>(total) * inter);
+        std::size_t differ = 0;
+        double worst = 0.0;
+        for (int r = 0; r < total; ++r) {
+          const float* bg =
+              oai ? b13.data() + static_cast<std::size_t>(group_of_row(r)) * n : nullptr;
+          const float* bu = bg == nullptr ? nullptr : bg + inter;
+          for (int b = 0; b < inter / 32; ++b) {
+            float v[32];
+            std::uint32_t amax = 0;
+            for (int j = 0; j < 32; ++j) {
+              const int out = 32 * b + j;
+              const float* row = d.data() + static_cast<std::size_t>(r) * n;
+              v[j] = math::activation_f32(epilogue.activation, math::biased(row[out], bg, out),
+                                          math::biased(row[inter + out], bu, out),
+                                          epilogue.swiglu_limit);
+              amax = std::max(amax, formats::float_bits(v[j]) & formats::kF32AbsMask);
+            }
+            const std::uint8_t code =
+                formats::mxfp8_scale_code(formats::bits_float(amax), ScaleRounding::rceil);
+            for (int j = 0; j < 32; ++j) {
+              const std::uint8_t q =
+                  formats::mxfp8_encode_value(v[j], code, formats::mxfp8_inverse_scale(code));
+              const float want = formats::bf16_to_float(
+                  formats::float_to_bf16(formats::mxfp8_decode_value(q, code)));
+              const float got =
+                  formats::bf16_to_float(h[static_cast<std::size_t>(r) * inter + 32 * b + j]);
+              if (got == want) continue;
+              ++differ;
+              worst = std::max(worst, std::abs(static_cast<double>(got) - want) /
+                                          std::max(std::abs(static_cast<double>(want)), 1e-30));
+            }
+          }
+        }
+        std::printf("activating FC1 %s %s, %s token rows: %zu of %d codes differ, worst %.3g\n",
+                    to_string(p), to_string(epilogue.activation),
+                    tile == PackedTokenTile::t64 ? "64" : "256", differ, total * inter, worst);
+        EXPECT_LE(differ, static_cast<std::size_t>(total) * inter / 200) << to_string(p);
+        EXPECT_LE(worst, 0.25) << to_string(p);  // one E4M3 step (3 mantissa bits) at most
+      }
+    }
+  }
+  // Where it cannot: NVFP4's FC2 input (a per-row s_enc over all of I), or N not 2I with I a
+  // multiple of 64.
+  EXPECT_NE(cuda::experts::wgmma::PackedGroupedGemm::cannot_activate(Precision::nvfp4, 256),
+            nullptr);
+  EXPECT_NE(cuda::experts::wgmma::PackedGroupedGemm::cannot_activate(Precision::mxfp8, 192),
+            nullptr);
+  EXPECT_EQ(cuda::experts::wgmma::PackedGroupedGemm::cannot_activate(Precision::mxfp4, 256),
+            nullptr);
 }
 
 // What the constructor refuses, naming the argument.

@@ -45,6 +45,10 @@
 #include "cutlass/arch/barrier.h"  // fence_view_async_shared
 #include "cutlass/arch/reg_reconfig.h"
 #include "epmoe/errors.hpp"
+#include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
+#include "math/activation.hpp"
+#include "math/expert_row.hpp"  // math::biased
+#include "protocol/wire.hpp"    // activation_format
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -82,7 +86,7 @@ __device__ __forceinline__ int swizzled(int row, int k) {
   return row * kTileK + ((((k >> 3) ^ row) & 7) << 3) + (k & 7);
 }
 
-template <Precision P, int kTokens>
+template <Precision P, int kTokens, bool kActivates>
 struct Smem {
   static constexpr int kStages = TokenTile<kTokens>::kStages;
   static constexpr int kCodeBytes = kTileK * PackedFormat<P>::kBits / 8;  // a weight row's k tile
@@ -93,13 +97,32 @@ struct Smem {
   alignas(8) std::uint64_t full[kStages];   // the stage's copies landed (producer -> math)
   alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
   int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
+  // The activating epilogue's block amax partials: [math warpgroup][warp][token row], |h| bits.
+  std::uint32_t amax[kActivates ? 2 : 1][4][kActivates ? kTokens : 1];
 };
 
 struct Args {
   PackedGemmArrays arrays;
   PackedMatrices w;
   int groups, n, k;
+  PackedFc1Epilogue epilogue;
 };
+
+// The weight row of tile row t (0..127) of weight block `block`: n0 + t (rows past N are copies of
+// row N - 1, never stored); for an activating FC1 (N = 2I), whose block covers the 64 outputs
+// 64 block .. 64 block + 63, each warp's 16-row slab of WGMMA's C holds 8 gate rows (slab rows
+// 0-7) and the up rows of the same 8 outputs (rows 8-15), since a thread's C fragment holds rows
+// r and r + 8: both halves of each of its outputs. Warpgroup wg's slabs cover outputs 64 block +
+// 32 wg .. + 31, one MXFP8 block.
+template <bool kActivates>
+__device__ __forceinline__ int weight_row(int t, int block, int n) {
+  if constexpr (kActivates) {
+    const int out = 64 * block + t / 16 * 8 + t % 8;
+    return t % 16 < 8 ? out : n / 2 + out;
+  } else {
+    return min(kRows * block + t, n - 1);
+  }
+}
 
 // The group holding `tile` (tile_end is nondecreasing; tile < tile_end[groups - 1]).
 __device__ __forceinline__ int group_of(const int* tile_end, int groups, int tile) {
@@ -149,9 +172,63 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroup) : "memory");
 }
 
-template <Precision P, int kTokens>
+// An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
+// thread's outputs from its gate sums (tile row r, r % 16 < 8) and up sums (row r + 8), biased and
+// activated as the activate kernel does; then FC2's input quantization point, MXFP8 per token over
+// the warpgroup's 32 outputs, as the wire codec encodes and decodes a block (the block's amax from
+// the |h| bits: over the 8 lanes of a warp that share a column, then the 4 warps through `amax`);
+// stored as bf16 codes. The accumulator fragment of WGMMA m64nNk16 is ((2, 2, N / 8), 1, 1):
+// index c + 2 h + 4 j is column 8 j + 2 (lane % 4) + c of the thread's row + 8 h, so the up sum of
+// gate index i is i + 2. Each h overwrites its gate sum (no registers beside the accumulators).
+template <int kTokens, class Accum, class Coord>
+__device__ __forceinline__ void activate_and_store(const Args& args,
+                                                   std::uint32_t (&amax)[4][kTokens], Accum& accum,
+                                                   const Coord& coord, const TilePlace& at, int m,
+                                                   int wg) {
+  using namespace formats;
+  static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
+  const int inter = args.n / 2;
+  const PackedFc1Epilogue& e = args.epilogue;
+  const float* b13 = e.b13 == nullptr ? nullptr : e.b13 + static_cast<std::int64_t>(at.g) * args.n;
+  const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+  const int wg_tid = static_cast<int>(threadIdx.x) % kWarpgroup;
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int out = at.n0 / 2 + get<0>(coord(0)) / 16 * 8 + get<0>(coord(0)) % 8;  // one per thread
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int i = c + 4 * j, col = get<1>(coord(i));
+      accum(i) = math::activation_f32(e.activation, math::biased(accum(i), b13, out),
+                                      math::biased(accum(i + 2), b13_up, out), e.swiglu_limit);
+      std::uint32_t bits = float_bits(accum(i)) & kF32AbsMask;
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2)
+        bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
+      if (lane < 4) amax[warp][col] = bits;  // lanes 0-3 hold every column of the warp
+    }
+  }
+  warpgroup_barrier(1 + wg);  // every warp's partials
+  std::uint16_t* h16 = args.arrays.h[at.g];
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int i = c + 4 * j, col = get<1>(coord(i)), row = at.m0 + col;
+      const std::uint32_t block_amax =
+          max(max(amax[0][col], amax[1][col]), max(amax[2][col], amax[3][col]));
+      const std::uint8_t code = mxfp8_scale_code(bits_float(block_amax), e.rounding);
+      const std::uint8_t q = mxfp8_encode_value(accum(i), code, mxfp8_inverse_scale(code));
+      if (row < m)
+        h16[static_cast<std::int64_t>(row) * inter + out] =
+            float_to_bf16(mxfp8_decode_value(q, code));
+    }
+  }
+}
+
+template <Precision P, int kTokens, bool kActivates>
 __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args) {
-  using S = Smem<P, kTokens>;
+  using S = Smem<P, kTokens, kActivates>;
   using T = TokenTile<kTokens>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
@@ -218,12 +295,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       const std::uint8_t* code_src[kCodeChunks];
 #pragma unroll
       for (int i = 0; i < kCodeChunks; ++i) {
-        const int c = tid + i * kProducerThreads, row = min(at.n0 + c / kChunksPerRow, n - 1);
+        const int c = tid + i * kProducerThreads;
+        const int row = weight_row<kActivates>(c / kChunksPerRow, at.n0 / kRows, n);
         code_src[i] =
             matrix_row(args.w.codes, code_row_bytes, at.g, n, row) + 16 * (c % kChunksPerRow);
       }
-      const std::uint8_t* scale_src =
-          matrix_row(args.w.scales, scale_row_bytes, at.g, n, min(at.n0 + tid, n - 1));
+      const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                                 weight_row<kActivates>(tid, at.n0 / kRows, n));
       // Token chunk i of this thread: row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
       // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
       // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
@@ -276,7 +354,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
     const std::uint8_t* decode_scales =
-        matrix_row(args.w.scales, scale_row_bytes, at.g, n, min(at.n0 + decode_row, n - 1));
+        matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                   weight_row<kActivates>(decode_row, at.n0 / kRows, n));
 
     // decode: stage `stage`'s codes of this thread's half row into W buffer `buffer`
     const auto decode = [&](int stage, int buffer, int kt) {
@@ -356,33 +435,48 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     if (k_tiles > 1) release((stage + kStages - 1) % kStages);
     release(stage);
 
-    float* d = args.arrays.d[at.g];
+    if constexpr (kActivates) {
+      activate_and_store<kTokens>(args, s.amax[wg], accum, coord, at, m, wg);
+    } else {
+      float* d = args.arrays.d[at.g];
 #pragma unroll
-    for (int i = 0; i < size(accum); ++i) {
-      const int col = at.n0 + get<0>(coord(i)), row = at.m0 + get<1>(coord(i));
-      if (row < m && col < n) d[static_cast<std::int64_t>(row) * n + col] = accum(i);
+      for (int i = 0; i < size(accum); ++i) {
+        const int col = at.n0 + get<0>(coord(i)), row = at.m0 + get<1>(coord(i));
+        if (row < m && col < n) d[static_cast<std::int64_t>(row) * n + col] = accum(i);
+      }
     }
   }
 }
 
-template <Precision P, int kTokens>
+template <Precision P, int kTokens, bool kActivates>
 std::size_t smem_bytes() {
-  return sizeof(Smem<P, kTokens>) + 1024;  // + the alignment of the dynamic allocation to 1024
+  return sizeof(Smem<P, kTokens, kActivates>) + 1024;  // + the dynamic allocation's alignment
 }
 
-// Calls f(integral_constant<Precision, P>, integral_constant<int, tokens>) with the GEMM's
-// precision (with_packed_precision, whose bf16 case cannot_take has refused: no bf16 kernel is
-// instantiated) and token rows.
+// Calls f(integral_constant<Precision, P>, integral_constant<int, tokens>,
+// integral_constant<bool, activates>) with the GEMM's precision (with_packed_precision, whose bf16
+// case cannot_take has refused: no bf16 kernel is instantiated), token rows and epilogue (an
+// activating one only where FC2's input is MXFP8: mxfp8, mxfp4).
 template <class F>
-void with_kernel(Precision p, PackedTokenTile tile, F f) {
+void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
   with_packed_precision(p, [&](auto precision) {
-    if constexpr (decltype(precision)::value != Precision::bf16) {
-      if (tile == PackedTokenTile::t64)
-        f(precision, std::integral_constant<int, 64>{});
-      else if (tile == PackedTokenTile::t128)
-        f(precision, std::integral_constant<int, 128>{});
-      else
-        f(precision, std::integral_constant<int, 256>{});
+    constexpr Precision kP = decltype(precision)::value;
+    if constexpr (kP != Precision::bf16) {
+      const auto with_tokens = [&](auto epilogue) {
+        if (tile == PackedTokenTile::t64)
+          f(precision, std::integral_constant<int, 64>{}, epilogue);
+        else if (tile == PackedTokenTile::t128)
+          f(precision, std::integral_constant<int, 128>{}, epilogue);
+        else
+          f(precision, std::integral_constant<int, 256>{}, epilogue);
+      };
+      if constexpr (protocol::activation_format(kP) == Precision::mxfp8) {
+        if (activates) {
+          with_tokens(std::true_type{});
+          return;
+        }
+      }
+      with_tokens(std::false_type{});
     }
   });
 }
@@ -398,17 +492,38 @@ const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int 
   return nullptr;
 }
 
+const char* PackedGroupedGemm::cannot_activate(Precision precision, int n) {
+  if (!packed_with_block_scales(precision) ||
+      protocol::activation_format(precision) != Precision::mxfp8)
+    return "FC1 activates in the packed GEMM's epilogue only where FC2's input is MXFP8 (mxfp8, "
+           "mxfp4)";
+  if (n < 2 * 64 || n % (2 * 64) != 0)
+    return "an activating FC1 needs N = 2I with I a positive multiple of 64";
+  return nullptr;
+}
+
 PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count,
-                                     int device, PackedTokenTile tile)
-    : precision_(precision), tile_(tile), groups_(groups), n_(n), k_(k), sm_count_(sm_count) {
+                                     int device, PackedTokenTile tile,
+                                     const PackedFc1Epilogue* epilogue)
+    : precision_(precision),
+      tile_(tile),
+      activates_(epilogue != nullptr),
+      epilogue_(epilogue != nullptr ? *epilogue : PackedFc1Epilogue{}),
+      groups_(groups),
+      n_(n),
+      k_(k),
+      sm_count_(sm_count) {
   if (const char* why = cannot_take(precision, groups, n, k))
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
+  if (const char* why = activates_ ? cannot_activate(precision, n) : nullptr)
+    throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   sm_count_ = grid_sms(device, sm_count);
-  with_kernel(precision, tile, [&](auto p, auto tokens) {
+  with_kernel(precision, tile, activates_, [&](auto p, auto tokens, auto activating) {
     constexpr Precision kP = decltype(p)::value;
     constexpr int kTokens = decltype(tokens)::value;
-    smem_ = smem_bytes<kP, kTokens>();
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP, kTokens>,
+    constexpr bool kActivates = decltype(activating)::value;
+    smem_ = smem_bytes<kP, kTokens, kActivates>();
+    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP, kTokens, kActivates>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem_)));
   });
@@ -417,7 +532,7 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                                                             std::size_t* bytes) {
     ScratchCursor cursor{base};
     PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
-                            cursor.take<float*>(g)};
+                            cursor.take<float*>(g), cursor.take<std::uint16_t*>(g)};
     *bytes = cursor.used;
     return arrays;
   };
@@ -432,9 +547,10 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 }
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
-  const Args args{arrays_, weights, groups_, n_, k_};
-  with_kernel(precision_, tile_, [&](auto p, auto tokens) {
-    launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value>,
+  const Args args{arrays_, weights, groups_, n_, k_, epilogue_};
+  with_kernel(precision_, tile_, activates_, [&](auto p, auto tokens, auto activating) {
+    launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value,
+                                      decltype(activating)::value>,
                    KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);
   });
 }

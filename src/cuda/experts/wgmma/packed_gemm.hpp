@@ -21,6 +21,7 @@
 
 #include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"  // GemmProblem
+#include "epmoe/config.hpp"                     // Activation, ScaleRounding
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -29,7 +30,20 @@ namespace epmoe::cuda::experts::wgmma {
 struct PackedGemmArrays {
   GemmProblem* problems;
   const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major
-  float** d;                // [M_e, N] row-major
+  float** d;                // [M_e, N] row-major (not written by an activating FC1)
+  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (else unused)
+};
+
+// FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j
+// of N / 2 (gate = column j, up = column N / 2 + j of D, each plus its bias), the activation, then
+// FC2's input quantization point (MXFP8 per 32 outputs, the wire codec's), stored as the exact bf16
+// codes FC2's GEMM reads, as the wgmma backend's activate kernel computes them from D. Such a GEMM
+// writes h, not d.
+struct PackedFc1Epilogue {
+  Activation activation = Activation::swiglu;
+  float swiglu_limit = 0.0f;
+  ScaleRounding rounding = ScaleRounding::rceil;
+  const float* b13 = nullptr;  // [groups, N] fp32, or none
 };
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
@@ -41,8 +55,11 @@ class PackedGroupedGemm {
  public:
   // `groups` groups of N x K weights in `precision` (mxfp8, mxfp4 or nvfp4), at most `sm_count`
   // persistent CTAs. Throws Error(unsupported) with cannot_take's reason.
+  // With `epilogue`, FC1 of an mxfp8 or mxfp4 layer that activates (PackedFc1Epilogue; N = 2I,
+  // I a multiple of 64): cannot_activate's reason otherwise.
   PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device,
-                    PackedTokenTile tile = PackedTokenTile::t64);
+                    PackedTokenTile tile = PackedTokenTile::t64,
+                    const PackedFc1Epilogue* epilogue = nullptr);
   ~PackedGroupedGemm();
   PackedGroupedGemm(const PackedGroupedGemm&) = delete;
   PackedGroupedGemm& operator=(const PackedGroupedGemm&) = delete;
@@ -51,6 +68,7 @@ class PackedGroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
   PackedTokenTile tile() const { return tile_; }
+  bool activates() const { return activates_; }
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
@@ -59,6 +77,9 @@ class PackedGroupedGemm {
 
   // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
   static const char* cannot_take(Precision precision, int groups, int n, int k);
+  // Empty, or why FC1 cannot activate in the epilogue (FC2's input must be MXFP8: mxfp8 and mxfp4
+  // layers; N = 2I with I a multiple of 64).
+  static const char* cannot_activate(Precision precision, int n);
 
   // Weight rows of the kernel's output tile (its token rows: PackedTokenTile).
   static constexpr int kWeightRows = 128;
@@ -66,6 +87,8 @@ class PackedGroupedGemm {
  private:
   Precision precision_;
   PackedTokenTile tile_;
+  bool activates_ = false;
+  PackedFc1Epilogue epilogue_{};
   int groups_, n_, k_, sm_count_;
   std::size_t smem_ = 0;
   PackedGemmArrays arrays_{};

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
       p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
+      p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // read when FC1 activates
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
@@ -228,7 +229,7 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
       home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
       home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
       e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.fp8() || p.glu() ? 1.0f : p.scratch.h_scale[pair];
+      const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
       const WeightFactors w = weight_factors(p, false, e);
       const auto* d =
           reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);

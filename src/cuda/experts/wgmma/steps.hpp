@@ -12,6 +12,7 @@
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "cuda/kernels.hpp"
+#include "protocol/wire.hpp"  // activation_format
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -42,6 +43,11 @@ EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
 EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
   return packed_with_block_scales(problem.precision);
 }
+// Of those, the precisions whose FC2 input is MXFP8 (mxfp8, mxfp4) activate in the packed FC1's
+// epilogue (PackedFc1Epilogue): no activate kernel; NVFP4 (a per-row s_enc over all of I) keeps it.
+EPMOE_HD bool packed_fc1_activates(const ExpertProblem& problem) {
+  return runs_packed(problem) && protocol::activation_format(problem.precision) == Precision::mxfp8;
+}
 
 struct Params {
   ExpertStep step;
@@ -58,6 +64,8 @@ struct Params {
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool packed() const { return runs_packed(problem); }
   EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }
+  // FC1's epilogue produced h16 (and h_scale is 1): bf16's activating GEMM or the packed one.
+  EPMOE_HD bool fc1_made_h() const { return glu() || packed_fc1_activates(problem); }
 };
 
 struct StepShapes {

@@ -58,6 +58,8 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
   };
   const char* fc1 = fc1_epilogue_activates(problem) ? Bf16GluGroupedGemm::cannot_take(problem)
                                                     : cannot_take(2 * i, h);
+  if (fc1 == nullptr && packed_fc1_activates(problem))
+    fc1 = PackedGroupedGemm::cannot_activate(problem.precision, 2 * i);
   const char* fc2 = cannot_take(h, i);
   if (fc1 != nullptr || fc2 != nullptr)
     return "hidden=" + std::to_string(h) + ", intermediate=" + std::to_string(i) +
@@ -114,8 +116,11 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         packed_gemms_,
         [&](const PackedGemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
         [&] {
-          return PackedGemms{std::make_unique<PackedGroupedGemm>(problem_.precision, experts, 2 * i,
-                                                                 h, sms, device, tile),
+          const PackedFc1Epilogue epilogue{problem_.activation, problem_.swiglu_limit,
+                                           problem_.rounding, biases_.biases().b13};
+          return PackedGemms{std::make_unique<PackedGroupedGemm>(
+                                 problem_.precision, experts, 2 * i, h, sms, device, tile,
+                                 packed_fc1_activates(problem_) ? &epilogue : nullptr),
                              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i,
                                                                  sms, device, tile)};
         });
@@ -236,7 +241,7 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
     run.packed_fc1->run(p.packed_weights.w13, stream);
   else
     run.fc1->run(stream);
-  launch_activate(p, run.shapes, stream);
+  if (!p.fc1_made_h()) launch_activate(p, run.shapes, stream);
 }
 
 void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
