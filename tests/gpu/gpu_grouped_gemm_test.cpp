@@ -360,10 +360,12 @@ struct PackedCase {
   int n, k;
 };
 // With `epilogue` (an activating FC1, PackedFc1Epilogue), returns nothing and fills *h instead.
+// `gathered`: A's rows stored in reverse order and read by index (a_rows), as FC1 reads each pair's
+// staged row.
 std::vector<float> run_packed_gemm(
     const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
     const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
-    std::vector<std::uint16_t>* h = nullptr) {
+    std::vector<std::uint16_t>* h = nullptr, bool gathered = false) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
@@ -393,7 +395,15 @@ std::vector<float> run_packed_gemm(
                                                                       ? formats::e4m3_to_float(s)
                                                                       : formats::e8m0_to_float(s));
   };
-  const DeviceCopy<std::uint16_t> a_dev(a);
+  std::vector<std::uint16_t> a_reversed(a.size());
+  std::vector<std::uint32_t> reversed_row(static_cast<std::size_t>(g.total));
+  for (int r = 0; r < g.total; ++r) {
+    reversed_row[static_cast<std::size_t>(r)] = static_cast<std::uint32_t>(g.total - 1 - r);
+    std::copy_n(a.begin() + static_cast<std::ptrdiff_t>(r) * k, k,
+                a_reversed.begin() + static_cast<std::ptrdiff_t>(g.total - 1 - r) * k);
+  }
+  const DeviceCopy<std::uint16_t> a_dev(gathered ? a_reversed : a);
+  const DeviceCopy<std::uint32_t> rows_dev(reversed_row);
   const DeviceCopy<std::uint8_t> codes_dev(codes), scales_dev(scales);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
   const DeviceCopy<std::uint16_t> h_dev(static_cast<std::size_t>(g.total) * n / 2);
@@ -402,15 +412,19 @@ std::vector<float> run_packed_gemm(
   PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue);
   EXPECT_EQ(gemm.tile(), tile);
   std::vector<const std::uint16_t*> a_ptr;
+  std::vector<const std::uint32_t*> a_rows;
   std::vector<float*> d_ptr;
   std::vector<std::uint16_t*> h_ptr;
   for (int group = 0; group < g.count(); ++group) {
-    a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
+    a_ptr.push_back(gathered ? a_dev.ptr
+                             : a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
+    a_rows.push_back(gathered ? rows_dev.ptr + g.first[group] : nullptr);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
     h_ptr.push_back(h_dev.ptr + static_cast<std::size_t>(g.first[group]) * n / 2);
   }
   upload(gemm.arrays().problems, g.problems(n, k));
   upload(gemm.arrays().a, a_ptr);
+  upload(gemm.arrays().a_rows, a_rows);
   upload(gemm.arrays().d, d_ptr);
   upload(gemm.arrays().h, h_ptr);
   gemm.run(w, nullptr);
@@ -436,8 +450,8 @@ std::vector<float> run_packed_gemm(
   return d;
 }
 
-// Every token tile (64, 128 and 256 rows) gives the same bits: each output is the same k16 WGMMA
-// steps over the same k tiles in the same order.
+// Every token tile (64, 128 and 256 rows), and A's rows read by index, give the same bits: each
+// output is the same k16 WGMMA steps over the same k tiles in the same order.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   using cuda::experts::wgmma::PackedTokenTile;
@@ -448,12 +462,17 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
     const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
     const std::vector<float> widest = run_packed_gemm(c, sm_count(), PackedTokenTile::t256);
+    const std::vector<float> gathered =
+        run_packed_gemm(c, sm_count(), PackedTokenTile::t256, nullptr, nullptr, true);
     EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
         << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
         << "128 token rows give other bits than 64: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), widest.data(), all.size() * sizeof(float)), 0)
         << "256 token rows give other bits than 64: " << to_string(c.precision);
+    EXPECT_EQ(std::memcmp(all.data(), gathered.data(), all.size() * sizeof(float)), 0)
+        << "rows read by index (a_rows) give other bits than contiguous ones: "
+        << to_string(c.precision);
   }
 }
 

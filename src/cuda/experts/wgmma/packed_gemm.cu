@@ -97,6 +97,7 @@ struct Smem {
   alignas(8) std::uint64_t full[kStages];   // the stage's copies landed (producer -> math)
   alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
   int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
+  std::uint32_t a_row[kTokens];             // the producer's: A's row of each token row of a tile
   // The activating epilogue's block amax partials: [math warpgroup][warp][token row], |h| bits.
   std::uint32_t amax[kActivates ? 2 : 1][4][kActivates ? kTokens : 1];
 };
@@ -170,6 +171,9 @@ struct RingPosition {
 
 __device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids 1 and 2
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroup) : "memory");
+}
+__device__ __forceinline__ void producer_barrier() {  // the producer warpgroup, id 3
+  warpgroup_barrier(3);
 }
 
 // An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
@@ -289,7 +293,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
          tile += static_cast<int>(gridDim.x)) {
       const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
       const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
-      const std::uint16_t* a = args.arrays.a[at.g] + static_cast<std::int64_t>(at.m0) * k;
+      const std::uint16_t* a = args.arrays.a[at.g];
+      const std::uint32_t* a_rows = args.arrays.a_rows[at.g];  // nullptr: contiguous
       // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes), once per tile. Past
       // N a weight row is a copy of row N - 1, never stored.
       const std::uint8_t* code_src[kCodeChunks];
@@ -302,13 +307,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       }
       const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
                                                  weight_row<kActivates>(tid, at.n0 / kRows, n));
-      // Token chunk i of this thread: row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
+      // Token chunk i of this thread: tile row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
       // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
-      // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
+      // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period); its source
+      // is A's row, the tile's rows in `a_row` (a_rows' entries, or m0 + the tile row), written
+      // once per tile by the producer warpgroup (shared memory: registers would spill where 256
+      // token rows leave the producer 72).
       constexpr int kRowStep = kProducerThreads / 8;
-      const std::uint16_t* token_src = a + static_cast<std::int64_t>(tid / 8) * k + 8 * (tid % 8);
       const int token_dst = swizzled(tid / 8, 8 * (tid % 8));
       const int token_chunks = min(kTokenChunks, (rows - tid / 8 + kRowStep - 1) / kRowStep);
+      producer_barrier();  // every producer thread is done with the previous tile's rows
+      for (int r = tid; r < rows; r += kProducerThreads)
+        s.a_row[r] = a_rows != nullptr ? a_rows[at.m0 + r] : static_cast<std::uint32_t>(at.m0 + r);
+      producer_barrier();
+      const std::uint16_t* token_src = a + 8 * (tid % 8);
       for (int kt = 0; kt < k_tiles; ++kt) {
         Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
 #pragma unroll
@@ -325,7 +337,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
         for (int i = 0; i < kTokenChunks; ++i)
           if (i < token_chunks)
             cp_async_16(&s.x[ring.stage][token_dst + i * kRowStep * kTileK],
-                        token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
+                        token_src + static_cast<std::int64_t>(s.a_row[tid / 8 + kRowStep * i]) * k +
+                            kt * kTileK);
         cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
         ring.advance<kStages>();
       }
@@ -531,8 +544,10 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
   const auto slice = [g = static_cast<std::size_t>(groups)](std::uint8_t* base,
                                                             std::size_t* bytes) {
     ScratchCursor cursor{base};
+    // (a braced list evaluates left to right: the members in their order)
     PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
-                            cursor.take<float*>(g), cursor.take<std::uint16_t*>(g)};
+                            cursor.take<const std::uint32_t*>(g), cursor.take<float*>(g),
+                            cursor.take<std::uint16_t*>(g)};
     *bytes = cursor.used;
     return arrays;
   };
