@@ -184,6 +184,8 @@ __device__ __forceinline__ void producer_barrier() {  // the producer warpgroup,
 // stored as bf16 codes. The accumulator fragment of WGMMA m64nNk16 is ((2, 2, N / 8), 1, 1):
 // index c + 2 h + 4 j is column 8 j + 2 (lane % 4) + c of the thread's row + 8 h, so the up sum of
 // gate index i is i + 2. Each h overwrites its gate sum (no registers beside the accumulators).
+// The sums are the values: an MX layer's rows have scale 1 and its weights no divisor or
+// multiplier (the activate kernel's `unscaled` leaves them as they are).
 template <int kTokens, class Accum, class Coord>
 __device__ __forceinline__ void activate_and_store(const Args& args,
                                                    std::uint32_t (&amax)[4][kTokens], Accum& accum,
