@@ -531,18 +531,22 @@ TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel
                   formats::float_to_bf16(formats::mxfp8_decode_value(q, code)));
               const float got =
                   formats::bf16_to_float(h[static_cast<std::size_t>(r) * inter + 32 * b + j]);
-              if (got == want) continue;
+              if (got == want || (std::isnan(got) && std::isnan(want))) continue;
               ++differ;
-              worst = std::max(worst, std::abs(static_cast<double>(got) - want) /
-                                          std::max(std::abs(static_cast<double>(want)), 1e-30));
+              // In E4M3 steps at this magnitude: 1/8 of the value, or the subnormal step 2^-9 of
+              // the block scale 2^(code - 127).
+              const double step = std::max(std::abs(static_cast<double>(want)) / 8.0,
+                                           std::ldexp(1.0, static_cast<int>(code) - 127 - 9));
+              worst = std::max(worst, std::abs(static_cast<double>(got) - want) / step);
             }
           }
         }
-        std::printf("activating FC1 %s %s, %s token rows: %zu of %d codes differ, worst %.3g\n",
-                    to_string(p), to_string(epilogue.activation),
-                    tile == PackedTokenTile::t64 ? "64" : "256", differ, total * inter, worst);
+        std::printf(
+            "activating FC1 %s %s, %s token rows: %zu of %d codes differ, worst %.3g E4M3 steps\n",
+            to_string(p), to_string(epilogue.activation),
+            tile == PackedTokenTile::t64 ? "64" : "256", differ, total * inter, worst);
         EXPECT_LE(differ, static_cast<std::size_t>(total) * inter / 200) << to_string(p);
-        EXPECT_LE(worst, 0.25) << to_string(p);  // one E4M3 step (3 mantissa bits) at most
+        EXPECT_LE(worst, 1.0) << to_string(p);  // one E4M3 step at most
       }
     }
   }
