@@ -11,9 +11,10 @@
 //
 // Warp roles (three warpgroups, one role per branch of the kernel):
 //   producer  warpgroup 0: each k tile's packed codes (16-byte cp.async), the aligned 4-byte word
-//             holding each weight row's block scale codes, and the token rows (rows past M_e are
-//             not loaded: they only reach output columns that are never stored) into a ring of
-//             kStages stages, each signalled by a `full` mbarrier when its copies land
+//             holding each weight row's block scale codes (an activating FC1's rows in
+//             weight_row's order), and the token rows (contiguous, or by index: a_rows; rows past
+//             M_e are not loaded: they only reach output columns that are never stored) into a ring
+//             of kStages stages, each signalled by a `full` mbarrier when its copies land
 //             (cp.async.mbarrier.arrive.noinc); it runs ahead across tiles, so the next tile's
 //             first k tiles load while the math warpgroups finish and store this one
 //   math      warpgroups 1 and 2, 64 weight rows each: decode k tile kt + 1 of their own rows to
@@ -22,7 +23,7 @@
 //             bf16x2 multiply, e2m1_bf16.hpp); 4 k16 WGMMAs per k tile, fp32 accumulators in
 //             registers; a stage goes back to the producer (its `empty` mbarrier) once the
 //             WGMMAs that read it have retired; then D[m, n] from the accumulators, rows past M_e
-//             and columns past N left alone
+//             and columns past N left alone, or, for an activating FC1, h (activate_and_store)
 // The two math warpgroups synchronize only through the producer's stages: each decodes and
 // multiplies its own weight rows (a 128-thread named barrier between its decode and its WGMMA).
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
