@@ -177,17 +177,17 @@ EPMOE_HD float round_to_e2m1(float x) {
 //              may result and those above 448 saturate.
 //   e is clamped to [-127, 127]; amax == 0 (or so small that e < -127) gives code 0 (2^-127);
 //   NaN or ±Inf amax gives 0xFF (NaN).
+// Written as selects, not early returns: a GEMM epilogue evaluates it for many columns at once.
 EPMOE_HD std::uint8_t mxfp8_scale_code(float amax, ScaleRounding rounding) {
   const std::uint32_t a = float_bits(amax) & kF32AbsMask;
-  if (a >= kF32InfBits) return kE8m0Nan;
-  if (a < 0x00800000u) return 0;  // zero or fp32 subnormal: e <= -134 under both rules
   const int exp = static_cast<int>(a >> 23) - 127;
   int e = exp - 8;
   // 448 = 1.75 * 2^8: amax / 448 = (1.m / 1.75) * 2^(exp-8) exceeds 2^(exp-8) iff 1.m > 1.75.
-  if (rounding == ScaleRounding::rceil && (a & 0x7fffffu) > 0x600000u) ++e;
-  if (e < -127) e = -127;
-  if (e > 127) e = 127;
-  return static_cast<std::uint8_t>(e + 127);
+  e += rounding == ScaleRounding::rceil && (a & 0x7fffffu) > 0x600000u ? 1 : 0;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  // zero or fp32 subnormal (e <= -134 under both rules): 0
+  const std::uint8_t code = a < 0x00800000u ? 0 : static_cast<std::uint8_t>(e + 127);
+  return a >= kF32InfBits ? kE8m0Nan : code;
 }
 
 // Largest |x| of n floats as fp32 bits; >= kF32InfBits when any value is NaN or ±Inf.

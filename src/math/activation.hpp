@@ -12,9 +12,9 @@
 namespace epmoe::math {
 
 // The float64 forms take IEEE exp and division. activation_f32 on the device takes the fast ones:
-// __expf (ex2.approx) and a correctly rounded reciprocal times the numerator, a few fp32 ulps from
-// the float64 value, far inside the bf16 / FP8 quantization of h that follows; IEEE fp32 division
-// and expf made the wgmma activate kernel issue-bound.
+// __expf (ex2.approx) and the approximate reciprocal (rcp.approx, within 1 ulp) times the
+// numerator, a few fp32 ulps from the float64 value, far inside the bf16 / FP8 quantization of h
+// that follows; IEEE fp32 division and expf made the wgmma activate kernel issue-bound.
 EPMOE_HD double exp_of(double x) {
   return exp(x);
 }
@@ -30,7 +30,9 @@ EPMOE_HD double divide(double a, double b) {
 }
 EPMOE_HD float divide(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return a * __frcp_rn(b);
+  float reciprocal;  // no branch: __frcp_rn's slow path split the GEMM epilogues per element
+  asm("rcp.approx.f32 %0, %1;" : "=f"(reciprocal) : "f"(b));
+  return a * reciprocal;
 #else
   return a * (1.0f / b);
 #endif

@@ -359,13 +359,13 @@ struct PackedCase {
   Precision precision;
   int n, k;
 };
-// With `epilogue` (an activating FC1, PackedFc1Epilogue), returns nothing and fills *h instead.
-// `gathered`: A's rows stored in reverse order and read by index (a_rows), as FC1 reads each pair's
-// staged row.
+// With `epilogue` (an activating FC1, PackedFc1Epilogue, and its biases b13: [groups, N] on the
+// device, or nullptr), returns nothing and fills *h instead. `gathered`: A's rows stored in reverse
+// order and read by index (a_rows), as FC1 reads each pair's staged row.
 std::vector<float> run_packed_gemm(
     const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
     const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
-    std::vector<std::uint16_t>* h = nullptr, bool gathered = false) {
+    std::vector<std::uint16_t>* h = nullptr, bool gathered = false, const float* b13 = nullptr) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
@@ -415,18 +415,21 @@ std::vector<float> run_packed_gemm(
   std::vector<const std::uint32_t*> a_rows;
   std::vector<float*> d_ptr;
   std::vector<std::uint16_t*> h_ptr;
+  std::vector<const float*> b13_ptr;
   for (int group = 0; group < g.count(); ++group) {
     a_ptr.push_back(gathered ? a_dev.ptr
                              : a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
     a_rows.push_back(gathered ? rows_dev.ptr + g.first[group] : nullptr);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
     h_ptr.push_back(h_dev.ptr + static_cast<std::size_t>(g.first[group]) * n / 2);
+    b13_ptr.push_back(b13 == nullptr ? nullptr : b13 + static_cast<std::size_t>(group) * n);
   }
   upload(gemm.arrays().problems, g.problems(n, k));
   upload(gemm.arrays().a, a_ptr);
   upload(gemm.arrays().a_rows, a_rows);
   upload(gemm.arrays().d, d_ptr);
   upload(gemm.arrays().h, h_ptr);
+  upload(gemm.arrays().b13, b13_ptr);
   gemm.run(w, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (epilogue != nullptr) {
@@ -497,13 +500,14 @@ TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel
     const std::vector<float> d = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
     for (const bool oai : {false, true}) {
       const PackedFc1Epilogue epilogue{oai ? Activation::swiglu_oai : Activation::swiglu,
-                                       oai ? kSwigluOaiLimit : 0.0f, ScaleRounding::rceil,
-                                       oai ? b13_dev.ptr : nullptr};
+                                       oai ? kSwigluOaiLimit : 0.0f, ScaleRounding::rceil};
       // The group of each row (groups {0, 1, 65, 300, 0}, as run_packed_gemm's).
       const auto group_of_row = [](int r) { return r < 1 ? 1 : r < 66 ? 2 : 3; };
       for (const PackedTokenTile tile : {PackedTokenTile::t64, PackedTokenTile::t256}) {
         std::vector<std::uint16_t> h;
-        run_packed_gemm(c, sm_count(), tile, &epilogue, &h);
+        // (the 256-row tile reads A's rows by index, as FC1 reads each pair's staged row)
+        run_packed_gemm(c, sm_count(), tile, &epilogue, &h, tile == PackedTokenTile::t256,
+                        oai ? b13_dev.ptr : nullptr);
         ASSERT_EQ(h.size(), static_cast<std::size_t>(total) * inter);
         std::size_t differ = 0;
         double worst = 0.0;

@@ -29,6 +29,8 @@
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
 // share a group's token rows); each CTA computes the groups' tile prefix from device memory once.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>  // the E4M3 conversions of the activating epilogue
 
 #include <cub/block/block_scan.cuh>
 
@@ -48,8 +50,7 @@
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
 #include "math/activation.hpp"
-#include "math/expert_row.hpp"  // math::biased
-#include "protocol/wire.hpp"    // activation_format
+#include "protocol/wire.hpp"  // activation_format
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -99,8 +100,8 @@ struct Smem {
   alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
   int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
   std::uint32_t a_row[kTokens];             // the producer's: A's row of each token row of a tile
-  // The activating epilogue's block amax partials: [math warpgroup][warp][token row], |h| bits.
-  std::uint32_t amax[kActivates ? 2 : 1][4][kActivates ? kTokens : 1];
+  // The activating epilogue's block amax partials: [math warpgroup][token row][warp], |h| bits.
+  alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
 };
 
 struct Args {
@@ -187,48 +188,71 @@ __device__ __forceinline__ void producer_barrier() {  // the producer warpgroup,
 // gate index i is i + 2. Each h overwrites its gate sum (no registers beside the accumulators).
 // The sums are the values: an MX layer's rows have scale 1 and its weights no divisor or
 // multiplier (the activate kernel's `unscaled` leaves them as they are).
-template <int kTokens, class Accum, class Coord>
+// Both math warpgroups run it at once, with the tensor cores idle, so it is written for
+// instruction-level parallelism over its columns: no branch per element (the activation chosen by
+// the caller, each bias loaded once, E4M3 by the hardware's conversions, which the wire codec
+// matches bit for bit), and columns of token rows past M_e skipped 16 at a time (decode fills few).
+template <int kTokens, class Activate, class Accum, class Coord>
 __device__ __forceinline__ void activate_and_store(const Args& args,
-                                                   std::uint32_t (&amax)[4][kTokens], Accum& accum,
+                                                   std::uint32_t (&amax)[kTokens][4], Accum& accum,
                                                    const Coord& coord, const TilePlace& at, int m,
-                                                   int wg) {
+                                                   int wg, Activate activate) {
   using namespace formats;
   static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
   const int inter = args.n / 2;
-  const PackedFc1Epilogue& e = args.epilogue;
-  const float* b13 = e.b13 == nullptr ? nullptr : e.b13 + static_cast<std::int64_t>(at.g) * args.n;
-  const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
   const int wg_tid = static_cast<int>(threadIdx.x) % kWarpgroup;
   const int warp = wg_tid / 32, lane = wg_tid % 32;
   const int out = at.n0 / 2 + get<0>(coord(0)) / 16 * 8 + get<0>(coord(0)) % 8;  // one per thread
+  const int rows = m - at.m0;  // the tile's token rows that exist (columns 0 .. rows - 1)
+  const float* b13 = args.arrays.b13[at.g];
+  const float gate_bias = b13 == nullptr ? 0.0f : b13[out];
+  const float up_bias = b13 == nullptr ? 0.0f : b13[inter + out];
+  // j: 8 columns (2 per thread); a branch per 16 columns (2 j) leaves 4 columns' chains to overlap
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
+    if (j % 2 == 0 && 8 * j >= rows) break;  // uniform over the warpgroup
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = c + 4 * j, col = get<1>(coord(i));
-      accum(i) = math::activation_f32(e.activation, math::biased(accum(i), b13, out),
-                                      math::biased(accum(i + 2), b13_up, out), e.swiglu_limit);
+      // math::biased's rule, the bias loaded once (none: the sum itself, -0 stays -0)
+      const float gate = b13 == nullptr ? accum(i) : accum(i) + gate_bias;
+      const float up = b13 == nullptr ? accum(i + 2) : accum(i + 2) + up_bias;
+      accum(i) = activate(gate, up);
       std::uint32_t bits = float_bits(accum(i)) & kF32AbsMask;
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2)
         bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset));
-      if (lane < 4) amax[warp][col] = bits;  // lanes 0-3 hold every column of the warp
+      if (lane < 4) amax[col][warp] = bits;  // lanes 0-3 hold every column of the warp
     }
   }
   warpgroup_barrier(1 + wg);  // every warp's partials
-  std::uint16_t* h16 = args.arrays.h[at.g];
+  std::uint16_t* h16 = args.arrays.h[at.g] + out;
+  const ScaleRounding rounding = args.epilogue.rounding;
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
+    if (j % 2 == 0 && 8 * j >= rows) break;
+    const int i = 4 * j, col = get<1>(coord(i));  // and col + 1, at i + 1
+    std::uint8_t code[2];
+    float x[2];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const int i = c + 4 * j, col = get<1>(coord(i)), row = at.m0 + col;
-      const std::uint32_t block_amax =
-          max(max(amax[0][col], amax[1][col]), max(amax[2][col], amax[3][col]));
-      const std::uint8_t code = mxfp8_scale_code(bits_float(block_amax), e.rounding);
-      const std::uint8_t q = mxfp8_encode_value(accum(i), code, mxfp8_inverse_scale(code));
-      if (row < m)
-        h16[static_cast<std::int64_t>(row) * inter + out] =
-            float_to_bf16(mxfp8_decode_value(q, code));
+      const uint4 part = *reinterpret_cast<const uint4*>(amax[col + c]);
+      code[c] =
+          mxfp8_scale_code(bits_float(max(max(part.x, part.y), max(part.z, part.w))), rounding);
+      x[c] = accum(i + c) * mxfp8_inverse_scale(code[c]);
+    }
+    // e4m3(x) (cvt.rn.satfinite, as float_to_e4m3), and back exactly (cvt to f16)
+    const __nv_fp8x2_storage_t q =
+        __nv_cvt_float2_to_fp8x2(make_float2(x[0], x[1]), __NV_SATFINITE, __NV_E4M3);
+    const float2 e4m3 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
+    const float value[2] = {e4m3.x, e4m3.y};
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      // mxfp8_decode_value: a NaN-scale block (every element NaN) gives the quiet NaN; no other
+      // element is NaN (a NaN or Inf element makes the block amax's scale NaN)
+      const float h = code[c] == kE8m0Nan ? quiet_nan() : value[c] * e8m0_to_float(code[c]);
+      if (col + c < rows)
+        h16[static_cast<std::int64_t>(at.m0 + col + c) * inter] = float_to_bf16(h);
     }
   }
 }
@@ -452,7 +476,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     release(stage);
 
     if constexpr (kActivates) {
-      activate_and_store<kTokens>(args, s.amax[wg], accum, coord, at, m, wg);
+      const PackedFc1Epilogue& e = args.epilogue;
+      if (e.activation == Activation::swiglu_oai)
+        activate_and_store<kTokens>(
+            args, s.amax[wg], accum, coord, at, m, wg,
+            [&](float gate, float up) { return math::swiglu_oai(gate, up, e.swiglu_limit); });
+      else
+        activate_and_store<kTokens>(
+            args, s.amax[wg], accum, coord, at, m, wg,
+            [&](float gate, float up) { return math::swiglu(gate, up, e.swiglu_limit); });
     } else {
       float* d = args.arrays.d[at.g];
 #pragma unroll
@@ -548,9 +580,10 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                                                             std::size_t* bytes) {
     ScratchCursor cursor{base};
     // (a braced list evaluates left to right: the members in their order)
-    PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
-                            cursor.take<const std::uint32_t*>(g), cursor.take<float*>(g),
-                            cursor.take<std::uint16_t*>(g)};
+    PackedGemmArrays arrays{
+        cursor.take<GemmProblem>(g),          cursor.take<const std::uint16_t*>(g),
+        cursor.take<const std::uint32_t*>(g), cursor.take<float*>(g),
+        cursor.take<std::uint16_t*>(g),       cursor.take<const float*>(g)};
     *bytes = cursor.used;
     return arrays;
   };

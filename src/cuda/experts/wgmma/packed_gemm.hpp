@@ -36,10 +36,12 @@ struct PackedGemmArrays {
   const std::uint32_t** a_rows;  // [groups]: nullptr (contiguous) or the group's M_e row indices
   float** d;                     // [M_e, N] row-major (not written by an activating FC1)
   std::uint16_t** h;             // an activating FC1's output, [M_e, N / 2] (else unused)
+  const float** b13;             // an activating FC1's [N] biases (gate, then up), or nullptr
 };
 
 // FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j
-// of N / 2 (gate = column j, up = column N / 2 + j of D, each plus its bias), the activation, then
+// of N / 2 (gate = column j, up = column N / 2 + j of D, each plus its bias, arrays' b13), the
+// activation, then
 // FC2's input quantization point (MXFP8 per 32 outputs, the wire codec's), stored as the exact bf16
 // codes FC2's GEMM reads, as the wgmma backend's activate kernel computes them from D. Such a GEMM
 // writes h, not d.
@@ -47,7 +49,6 @@ struct PackedFc1Epilogue {
   Activation activation = Activation::swiglu;
   float swiglu_limit = 0.0f;
   ScaleRounding rounding = ScaleRounding::rceil;
-  const float* b13 = nullptr;  // [groups, N] fp32, or none
 };
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256

@@ -42,10 +42,12 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.packed_fc1.a[e] = p.step.in.x16;  // each pair's staged row, by gather's x_rows
       p.packed_fc1.a_rows[e] = p.scratch.x_rows + first;
       p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
-      p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // read when FC1 activates
+      p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
+      p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
       p.packed_fc2.a_rows[e] = nullptr;  // contiguous
+      p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }

@@ -120,7 +120,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         [&](const PackedGemms& p) { return p.fc1->sm_count() == sms && p.fc1->tile() == tile; },
         [&] {
           const PackedFc1Epilogue epilogue{problem_.activation, problem_.swiglu_limit,
-                                           problem_.rounding, biases_.biases().b13};
+                                           problem_.rounding};
           return PackedGemms{std::make_unique<PackedGroupedGemm>(
                                  problem_.precision, experts, 2 * i, h, sms, device, tile,
                                  packed_fc1_activates(problem_) ? &epilogue : nullptr),
