@@ -360,12 +360,11 @@ struct PackedCase {
   int n, k;
 };
 // With `epilogue` (an activating FC1, PackedFc1Epilogue, and its biases b13: [groups, N] on the
-// device, or nullptr), returns nothing and fills *h instead. `gathered`: A's rows stored in reverse
-// order and read by index (a_rows), as FC1 reads each pair's staged row.
+// device, or nullptr), returns nothing and fills *h instead.
 std::vector<float> run_packed_gemm(
     const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
     const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
-    std::vector<std::uint16_t>* h = nullptr, bool gathered = false, const float* b13 = nullptr) {
+    std::vector<std::uint16_t>* h = nullptr, const float* b13 = nullptr) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
@@ -395,15 +394,7 @@ std::vector<float> run_packed_gemm(
                                                                       ? formats::e4m3_to_float(s)
                                                                       : formats::e8m0_to_float(s));
   };
-  std::vector<std::uint16_t> a_reversed(a.size());
-  std::vector<std::uint32_t> reversed_row(static_cast<std::size_t>(g.total));
-  for (int r = 0; r < g.total; ++r) {
-    reversed_row[static_cast<std::size_t>(r)] = static_cast<std::uint32_t>(g.total - 1 - r);
-    std::copy_n(a.begin() + static_cast<std::ptrdiff_t>(r) * k, k,
-                a_reversed.begin() + static_cast<std::ptrdiff_t>(g.total - 1 - r) * k);
-  }
-  const DeviceCopy<std::uint16_t> a_dev(gathered ? a_reversed : a);
-  const DeviceCopy<std::uint32_t> rows_dev(reversed_row);
+  const DeviceCopy<std::uint16_t> a_dev(a);
   const DeviceCopy<std::uint8_t> codes_dev(codes), scales_dev(scales);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
   const DeviceCopy<std::uint16_t> h_dev(static_cast<std::size_t>(g.total) * n / 2);
@@ -412,21 +403,17 @@ std::vector<float> run_packed_gemm(
   PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue);
   EXPECT_EQ(gemm.tile(), tile);
   std::vector<const std::uint16_t*> a_ptr;
-  std::vector<const std::uint32_t*> a_rows;
   std::vector<float*> d_ptr;
   std::vector<std::uint16_t*> h_ptr;
   std::vector<const float*> b13_ptr;
   for (int group = 0; group < g.count(); ++group) {
-    a_ptr.push_back(gathered ? a_dev.ptr
-                             : a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
-    a_rows.push_back(gathered ? rows_dev.ptr + g.first[group] : nullptr);
+    a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
     h_ptr.push_back(h_dev.ptr + static_cast<std::size_t>(g.first[group]) * n / 2);
     b13_ptr.push_back(b13 == nullptr ? nullptr : b13 + static_cast<std::size_t>(group) * n);
   }
   upload(gemm.arrays().problems, g.problems(n, k));
   upload(gemm.arrays().a, a_ptr);
-  upload(gemm.arrays().a_rows, a_rows);
   upload(gemm.arrays().d, d_ptr);
   upload(gemm.arrays().h, h_ptr);
   upload(gemm.arrays().b13, b13_ptr);
@@ -453,8 +440,8 @@ std::vector<float> run_packed_gemm(
   return d;
 }
 
-// Every token tile (64, 128 and 256 rows), and A's rows read by index, give the same bits: each
-// output is the same k16 WGMMA steps over the same k tiles in the same order.
+// Every token tile (64, 128 and 256 rows) gives the same bits: each output is the same k16 WGMMA
+// steps over the same k tiles in the same order.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   using cuda::experts::wgmma::PackedTokenTile;
@@ -465,17 +452,12 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
     const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
     const std::vector<float> widest = run_packed_gemm(c, sm_count(), PackedTokenTile::t256);
-    const std::vector<float> gathered =
-        run_packed_gemm(c, sm_count(), PackedTokenTile::t256, nullptr, nullptr, true);
     EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
         << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
         << "128 token rows give other bits than 64: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), widest.data(), all.size() * sizeof(float)), 0)
         << "256 token rows give other bits than 64: " << to_string(c.precision);
-    EXPECT_EQ(std::memcmp(all.data(), gathered.data(), all.size() * sizeof(float)), 0)
-        << "rows read by index (a_rows) give other bits than contiguous ones: "
-        << to_string(c.precision);
   }
 }
 
@@ -505,9 +487,7 @@ TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel
       const auto group_of_row = [](int r) { return r < 1 ? 1 : r < 66 ? 2 : 3; };
       for (const PackedTokenTile tile : {PackedTokenTile::t64, PackedTokenTile::t256}) {
         std::vector<std::uint16_t> h;
-        // (the 256-row tile reads A's rows by index, as FC1 reads each pair's staged row)
-        run_packed_gemm(c, sm_count(), tile, &epilogue, &h, tile == PackedTokenTile::t256,
-                        oai ? b13_dev.ptr : nullptr);
+        run_packed_gemm(c, sm_count(), tile, &epilogue, &h, oai ? b13_dev.ptr : nullptr);
         ASSERT_EQ(h.size(), static_cast<std::size_t>(total) * inter);
         std::size_t differ = 0;
         double worst = 0.0;
@@ -570,6 +550,8 @@ TEST(GpuGroupedGemm, PackedGemmRefusesWhatItCannotTake) {
   EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::bf16, 4, 256, 256), nullptr);
   EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::mxfp8, 4, 256, 96), nullptr);
   EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::mxfp8, 0, 256, 256), nullptr);
+  EXPECT_NE(PackedGroupedGemm::cannot_take(Precision::mxfp4, 4, 256, (1 << 22) + 64), nullptr);
+  EXPECT_EQ(PackedGroupedGemm::cannot_take(Precision::mxfp4, 4, 256, 1 << 22), nullptr);
   EXPECT_EQ(PackedGroupedGemm::cannot_take(Precision::nvfp4, 4, 320, 192), nullptr);
 }
 

@@ -12,9 +12,9 @@
 // Warp roles (three warpgroups, one role per branch of the kernel):
 //   producer  warpgroup 0: each k tile's packed codes (16-byte cp.async), the aligned 4-byte word
 //             holding each weight row's block scale codes (an activating FC1's rows in
-//             weight_row's order), and the token rows (contiguous, or by index: a_rows; rows past
-//             M_e are not loaded: they only reach output columns that are never stored) into a ring
-//             of kStages stages, each signalled by a `full` mbarrier when its copies land
+//             weight_row's order), and the token rows (rows past M_e are not loaded: they only
+//             reach output columns that are never stored) into a ring of kStages stages, each
+//             signalled by a `full` mbarrier when its copies land
 //             (cp.async.mbarrier.arrive.noinc); it runs ahead across tiles, so the next tile's
 //             first k tiles load while the math warpgroups finish and store this one
 //   math      warpgroups 1 and 2, 64 weight rows each: decode k tile kt + 1 of their own rows to
@@ -99,7 +99,6 @@ struct Smem {
   alignas(8) std::uint64_t full[kStages];   // the stage's copies landed (producer -> math)
   alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
   int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
-  std::uint32_t a_row[kTokens];             // the producer's: A's row of each token row of a tile
   // The activating epilogue's block amax partials: [math warpgroup][token row][warp], |h| bits.
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
 };
@@ -173,9 +172,6 @@ struct RingPosition {
 
 __device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids 1 and 2
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroup) : "memory");
-}
-__device__ __forceinline__ void producer_barrier() {  // the producer warpgroup, id 3
-  warpgroup_barrier(3);
 }
 
 // An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
@@ -320,8 +316,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
          tile += static_cast<int>(gridDim.x)) {
       const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
       const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
-      const std::uint16_t* a = args.arrays.a[at.g];
-      const std::uint32_t* a_rows = args.arrays.a_rows[at.g];  // nullptr: contiguous
+      const std::uint16_t* a = args.arrays.a[at.g] + static_cast<std::int64_t>(at.m0) * k;
       // Each thread's sources at k tile 0 (a k tile adds kt * its k bytes), once per tile. Past
       // N a weight row is a copy of row N - 1, never stored.
       const std::uint8_t* code_src[kCodeChunks];
@@ -334,20 +329,16 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       }
       const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
                                                  weight_row<kActivates>(tid, at.n0 / kRows, n));
-      // Token chunk i of this thread: tile row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
+      // Token chunk i of this thread: row tid / 8 + kRowStep i, 16 bytes at unit tid % 8; the
       // rows past the tile's are not loaded (i < token_chunks). Its swizzled place moves by
-      // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period); its source
-      // is A's row, the tile's rows in `a_row` (a_rows' entries, or m0 + the tile row), written
-      // once per tile by the producer warpgroup (shared memory: registers would spill where 256
-      // token rows leave the producer 72).
+      // kRowStep rows per chunk (kRowStep is a multiple of the swizzle's 8-row period).
       constexpr int kRowStep = kProducerThreads / 8;
+      const std::uint16_t* token_src = a + static_cast<std::int64_t>(tid / 8) * k + 8 * (tid % 8);
       const int token_dst = swizzled(tid / 8, 8 * (tid % 8));
       const int token_chunks = min(kTokenChunks, (rows - tid / 8 + kRowStep - 1) / kRowStep);
-      producer_barrier();  // every producer thread is done with the previous tile's rows
-      for (int r = tid; r < rows; r += kProducerThreads)
-        s.a_row[r] = a_rows != nullptr ? a_rows[at.m0 + r] : static_cast<std::uint32_t>(at.m0 + r);
-      producer_barrier();
-      const std::uint16_t* token_src = a + 8 * (tid % 8);
+      // 32-bit offsets (256 K < 2^31, cannot_take): 16 chunks' 64-bit addresses spilled the 72
+      // registers of a 256-row tile's producer
+      const int row_step = kRowStep * k;
       for (int kt = 0; kt < k_tiles; ++kt) {
         Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
 #pragma unroll
@@ -364,8 +355,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
         for (int i = 0; i < kTokenChunks; ++i)
           if (i < token_chunks)
             cp_async_16(&s.x[ring.stage][token_dst + i * kRowStep * kTileK],
-                        token_src + static_cast<std::int64_t>(s.a_row[tid / 8 + kRowStep * i]) * k +
-                            kt * kTileK);
+                        token_src + (i * row_step + kt * kTileK));
         cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
         ring.advance<kStages>();
       }
@@ -537,6 +527,7 @@ const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int 
   if (groups < 1 || groups > kMaxGroups) return "groups must be 1..1024";
   if (n < 1) return "N must be positive";
   if (k < kTileK || k % kTileK != 0) return "K must be a positive multiple of 64 (the k tile)";
+  if (k > (1 << 22)) return "K must be at most 2^22 (a tile's token rows are 32-bit offsets)";
   return nullptr;
 }
 
@@ -580,10 +571,9 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                                                             std::size_t* bytes) {
     ScratchCursor cursor{base};
     // (a braced list evaluates left to right: the members in their order)
-    PackedGemmArrays arrays{
-        cursor.take<GemmProblem>(g),          cursor.take<const std::uint16_t*>(g),
-        cursor.take<const std::uint32_t*>(g), cursor.take<float*>(g),
-        cursor.take<std::uint16_t*>(g),       cursor.take<const float*>(g)};
+    PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
+                            cursor.take<float*>(g), cursor.take<std::uint16_t*>(g),
+                            cursor.take<const float*>(g)};
     *bytes = cursor.used;
     return arrays;
   };

@@ -2,8 +2,7 @@
 // (packed_weights.hpp: MXFP8, MXFP4 or NVFP4 codes and block scales), so they stay resident at
 // the format's size (docs/design.md §4.1). One group per local expert:
 //   D_e [M_e, N] = A_e [M_e, K] . decoded(W_e) [N, K]^T
-// A's rows are bf16 codes (the expert's rows, contiguous or by index), W_e is expert e's matrix of
-// `weights`, D is
+// A's rows are bf16 codes (the expert's staged rows), W_e is expert e's matrix of `weights`, D is
 // fp32, row-major, with every weight decoded as the tiles of `tensor_core` decode it: the code
 // times its block scale (E4M3 * 2^s, E2M1 * 2^s, E2M1 * E4M3), exact in bf16, without NVFP4's
 // per-matrix divisor and multiplier (the caller applies those to D). So D is the exact product sum
@@ -30,13 +29,10 @@ namespace epmoe::cuda::experts::wgmma {
 // problems[e].n and .k must be the GEMM's N and K (M = problems[e].m).
 struct PackedGemmArrays {
   GemmProblem* problems;
-  // A's rows: bf16 codes of K, row-major: row r of group e is a[e] + r K, or, where a_rows[e] is
-  // set, a[e] + a_rows[e][r] K (FC1 reads each pair's row where it was staged, no gathered copy)
-  const std::uint16_t** a;
-  const std::uint32_t** a_rows;  // [groups]: nullptr (contiguous) or the group's M_e row indices
-  float** d;                     // [M_e, N] row-major (not written by an activating FC1)
-  std::uint16_t** h;             // an activating FC1's output, [M_e, N / 2] (else unused)
-  const float** b13;             // an activating FC1's [N] biases (gate, then up), or nullptr
+  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major
+  float** d;                // [M_e, N] row-major (not written by an activating FC1)
+  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (else unused)
+  const float** b13;        // an activating FC1's [N] biases (gate, then up), or nullptr
 };
 
 // FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j

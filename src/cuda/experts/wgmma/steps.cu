@@ -1,7 +1,7 @@
 // The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
-// activate (nvfp4 and fp8_block128: bf16's, mxfp8's and mxfp4's FC1 epilogues activate) and home.
-// Each joins the round like every kernel of the chain (nothing at all when this rank's round
-// already failed); home closes the expert step (fc2_round).
+// activate (every precision but bf16, whose FC1 epilogue activates) and home. Each
+// joins the round like every kernel of the chain (nothing at all when this rank's round already
+// failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
@@ -39,14 +39,12 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
     }
     if (p.packed()) {
       p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.packed_fc1.a[e] = p.step.in.x16;  // each pair's staged row, by gather's x_rows
-      p.packed_fc1.a_rows[e] = p.scratch.x_rows + first;
+      p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
       p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
       p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
       p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
-      p.packed_fc2.a_rows[e] = nullptr;  // contiguous
       p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
@@ -91,7 +89,7 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
 
 // One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (fp8) the
 // received row's wire payload itself, its E4M3 codes and 1 x 128 scales (checked by route; the
-// same bytes route decoded); for the packed GEMM only each pair's row index in x16 (x_rows).
+// same bytes route decoded).
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
@@ -117,12 +115,6 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
       for (std::int64_t b = lane; b < blocks; b += 32)
         p.scratch.a8_scale[static_cast<std::size_t>(pair) * blocks + b] = scales[b];
     }
-    return;
-  }
-  if (p.packed()) {  // the packed FC1 reads each pair's row where it is: only its index
-    for (std::uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x; pair < pairs;
-         pair += gridDim.x * blockDim.x)
-      p.scratch.x_rows[pair] = x_row_of_pair(in, in.pairs[pair]);
     return;
   }
   for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {

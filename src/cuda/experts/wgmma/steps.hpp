@@ -23,10 +23,9 @@ namespace epmoe::cuda::experts::wgmma {
 struct Scratch {
   float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
   // bf16
-  std::uint16_t* a1;      // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
-  std::uint32_t* x_rows;  // [max_pairs] packed, in place of a1: each pair's row of x16, read there
-  std::uint16_t* h16;     // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
-  float* h_scale;         // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
+  std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
+  std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
+  float* h_scale;      // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
   // E4M3: the rows' codes and their 1 x 128 scales, as on the wire
   std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
   float* a8_scale;   // [max_pairs, H / 128]

@@ -20,10 +20,7 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.h8 = cursor.take<std::uint8_t>(pairs * i);
     s.h8_scale = cursor.take<float>(pairs * (i / formats::kFp8Block128));
   } else {
-    if (runs_packed(e))
-      s.x_rows = cursor.take<std::uint32_t>(pairs);
-    else
-      s.a1 = cursor.take<std::uint16_t>(pairs * h);
+    s.a1 = cursor.take<std::uint16_t>(pairs * h);
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
   }
