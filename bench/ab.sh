@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# A/B of the working tree against an earlier commit on one GPU machine, in one device call: the
-# same `epmoe bench` arguments run on both builds in alternating turns, so the difference between
-# them is measured on the same GPU, not across calls. Two steps:
+# A/B of the working tree against earlier commits on one GPU machine, in one device call: the
+# same `epmoe bench` arguments run on every build in alternating turns, so the differences between
+# them are measured on the same GPU, not across calls. Two steps:
 #
-#   bench/ab.sh prepare BASE_REV     # here: the base commit's files into .bench_ab/base
-#                                    # (git archive; ignored by git, so pass it to the device tool
-#                                    # as carry, with .gpu_deps)
+#   bench/ab.sh prepare BASE_REV [REV ...]   # here: each commit's files into .bench_ab/<side>
+#                                            # (git archive; sides base, alt1, alt2, ...; ignored
+#                                            # by git, so pass it to the device tool as carry,
+#                                            # with .gpu_deps)
 #   bench/ab.sh run [--turns N] [--tests] -- <epmoe bench arguments>   # on the GPU machine
 #
-# `run` builds `epmoe` from .bench_ab/base (build/ab-base) and from the working tree at the same
-# time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh does):
-# in build/ab-new, or with `--tests` in the GPU tests' build/gpu after running them
-# (EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh), then N turns (2) of base and new with the arguments
-# after `--` (each writes --json <side>_<turn>.json and its table, printed as it lands so the
-# call's output tail holds the numbers), and packs everything into one $OUT/ab.tgz (the device
-# tool returns only a few files).
+# `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
+# same time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh
+# does): in build/ab-new, or with `--tests` in the GPU tests' build/gpu after running them
+# (EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh), then N turns (2) of every side and new with the
+# arguments after `--` (each writes --json <side>_<turn>.json and its table, printed as it lands
+# so the call's output tail holds the numbers), and packs everything into one $OUT/ab.tgz (the
+# device tool returns only a few files). Several sides measure several candidate commits against
+# each other in one call; only the working tree is tested. Each side adds ~6 MB to the carry
+# (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
 #   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
 #           --precisions mxfp8,nvfp4 --tokens 1,16,64 --phases --rounds 30
 set -uo pipefail
@@ -23,17 +26,28 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
 dir=.bench_ab
 
 if [ "${1:-}" = prepare ]; then
-  rev=${2:?usage: bench/ab.sh prepare BASE_REV}
-  git rev-parse --verify --quiet "$rev^{commit}" >/dev/null || { echo "no commit $rev"; exit 1; }
+  shift
+  [ $# -ge 1 ] || { echo "usage: bench/ab.sh prepare BASE_REV [REV ...]"; exit 2; }
+  for rev in "$@"; do
+    git rev-parse --verify --quiet "$rev^{commit}" >/dev/null || { echo "no commit $rev"; exit 1; }
+  done
   grep -qxF "/$dir/" .git/info/exclude 2>/dev/null || echo "/$dir/" >>.git/info/exclude
-  rm -rf "$dir/base" && mkdir -p "$dir/base"
-  git archive "$rev" | tar -x -C "$dir/base" || exit 1
-  git rev-parse --short "$rev" >"$dir/base/.ab_rev"
-  echo "base $(cat "$dir/base/.ab_rev") in $dir/base; carry: [\".gpu_deps\", \"$dir\"]"
+  rm -rf "$dir" && mkdir -p "$dir"
+  n=0
+  for rev in "$@"; do
+    side=base
+    [ "$n" -gt 0 ] && side=alt$n
+    mkdir -p "$dir/$side"
+    git archive "$rev" | tar -x -C "$dir/$side" || exit 1
+    git rev-parse --short "$rev" >"$dir/$side/.ab_rev"
+    echo "$side $(cat "$dir/$side/.ab_rev") in $dir/$side"
+    n=$((n + 1))
+  done
+  echo "carry: [\".gpu_deps\", \"$dir\"]"
   exit 0
 fi
 
-[ "${1:-}" = run ] || { sed -n '2,21p' "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n '2,25p' "$0"; exit 2; }
 shift
 turns=2 tests=0
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
@@ -45,12 +59,14 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 done
 [ "${1:-}" = -- ] && shift
 [ -d "$dir/base" ] || { echo "no $dir/base: run 'bench/ab.sh prepare BASE_REV' here and carry $dir"; exit 1; }
+sides=(base)
+for d in "$dir"/alt*; do [ -d "$d" ] && sides+=("$(basename "$d")"); done
 out=${OUT:-bench/out}/ab
 mkdir -p "$out"
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 source scripts/gpu_env.sh || exit 1
-jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+jobs=$(( $(nproc) / (${#sides[@]} + 1) > 0 ? $(nproc) / (${#sides[@]} + 1) : 1 ))
 pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
 build() {  # source dir, build dir
   cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
@@ -60,8 +76,11 @@ build() {  # source dir, build dir
 # tests/gpu/run.sh): one library compile less, and the binary measured is the one tested.
 new_dir=build/ab-new
 [ "$tests" = 1 ] && new_dir=build/gpu
-build "$dir/base" build/ab-base >"$out/build_base.log" 2>&1 &
-base_pid=$!
+declare -A pids
+for side in "${sides[@]}"; do
+  build "$dir/$side" "build/ab-$side" >"$out/build_$side.log" 2>&1 &
+  pids[$side]=$!
+done
 tests_rc=0
 if [ "$tests" = 1 ]; then
   EPMOE_GPU_TESTS_ONLY=1 OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
@@ -73,15 +92,20 @@ else
   build . build/ab-new >"$out/build_new.log" 2>&1
 fi
 new_rc=$?
-wait "$base_pid"
-base_rc=$?
-if [ "$base_rc" -ne 0 ] || [ "$new_rc" -ne 0 ]; then
-  tail -20 "$out/build_base.log" "$out/build_new.log"
-  echo "BUILD FAILED (base rc=$base_rc, new rc=$new_rc)"
+failed=""
+[ "$new_rc" -ne 0 ] && failed="new"
+for side in "${sides[@]}"; do
+  wait "${pids[$side]}" || failed="$failed $side"
+done
+if [ -n "$failed" ]; then
+  for side in $failed; do tail -20 "$out/build_$side.log"; done
+  echo "BUILD FAILED:$failed"
   pack
   exit 1
 fi
-echo "built both in $(elapsed) s (base $(cat "$dir/base/.ab_rev" 2>/dev/null || echo '?'))"
+revs=""
+for side in "${sides[@]}"; do revs="$revs $side $(cat "$dir/$side/.ab_rev" 2>/dev/null || echo '?')"; done
+echo "built every side in $(elapsed) s:$revs"
 nvidia-smi -L
 
 table() {  # the bench table's lines of one side's turn
@@ -90,8 +114,8 @@ table() {  # the bench table's lines of one side's turn
 # Each turn's table is printed as it lands, so a call cut short by its time limit still shows the
 # turns that finished.
 for turn in $(seq 1 "$turns"); do
-  for side in base new; do
-    bin=build/ab-base/tools/epmoe
+  for side in "${sides[@]}" new; do
+    bin=build/ab-$side/tools/epmoe
     [ "$side" = new ] && bin=$new_dir/tools/epmoe
     $bin bench "$@" --json "$out/${side}_$turn.json" >"$out/${side}_$turn.txt" 2>&1 ||
       echo "$side turn $turn: epmoe bench rc=$?"
