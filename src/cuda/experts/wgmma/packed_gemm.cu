@@ -222,34 +222,43 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
     }
   }
   warpgroup_barrier(1 + wg);  // every warp's partials
-  std::uint16_t* h16 = args.arrays.h[at.g] + out;
+  // Each column's block scale, once per column rather than by each of the 32 threads holding one
+  // of its outputs: thread t takes columns t, t + 128, ... and leaves the scale's inverse and value
+  // (fp32 bits) in the column's first two partials, which only it reads in between.
   const ScaleRounding rounding = args.epilogue.rounding;
+#pragma unroll
+  for (int col = wg_tid; col < kTokens; col += kWarpgroup) {
+    const uint4 part = *reinterpret_cast<const uint4*>(amax[col]);
+    const std::uint8_t code =
+        mxfp8_scale_code(bits_float(max(max(part.x, part.y), max(part.z, part.w))), rounding);
+    *reinterpret_cast<uint2*>(amax[col]) =
+        make_uint2(float_bits(mxfp8_inverse_scale(code)), float_bits(e8m0_to_float(code)));
+  }
+  warpgroup_barrier(1 + wg);
+  const int first = get<1>(coord(0));  // the thread's first column: 2 (lane % 4)
+  std::uint16_t* h16 = args.arrays.h[at.g] + static_cast<std::int64_t>(at.m0 + first) * inter + out;
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
     if (j % 2 == 0 && 8 * j >= rows) break;
-    const int i = 4 * j, col = get<1>(coord(i));  // and col + 1, at i + 1
-    std::uint8_t code[2];
-    float x[2];
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint4 part = *reinterpret_cast<const uint4*>(amax[col + c]);
-      code[c] =
-          mxfp8_scale_code(bits_float(max(max(part.x, part.y), max(part.z, part.w))), rounding);
-      x[c] = accum(i + c) * mxfp8_inverse_scale(code[c]);
-    }
-    // e4m3(x) (cvt.rn.satfinite, as float_to_e4m3), and back exactly (cvt to f16)
+    const int col = first + 8 * j;  // and col + 1: accumulators 4 j and 4 j + 1
+    const uint2 scales[2] = {*reinterpret_cast<const uint2*>(amax[col]),
+                             *reinterpret_cast<const uint2*>(amax[col + 1])};
+    // e4m3(h / scale) (cvt.rn.satfinite, as float_to_e4m3), and back exactly (cvt to f16)
     const __nv_fp8x2_storage_t q =
-        __nv_cvt_float2_to_fp8x2(make_float2(x[0], x[1]), __NV_SATFINITE, __NV_E4M3);
+        __nv_cvt_float2_to_fp8x2(make_float2(accum(4 * j) * bits_float(scales[0].x),
+                                             accum(4 * j + 1) * bits_float(scales[1].x)),
+                                 __NV_SATFINITE, __NV_E4M3);
     const float2 e4m3 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
     const float value[2] = {e4m3.x, e4m3.y};
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       // mxfp8_decode_value: a NaN-scale block (every element NaN) gives the quiet NaN; no other
       // element is NaN (a NaN or Inf element makes the block amax's scale NaN)
-      const float h = code[c] == kE8m0Nan ? quiet_nan() : value[c] * e8m0_to_float(code[c]);
-      if (col + c < rows)
-        h16[static_cast<std::int64_t>(at.m0 + col + c) * inter] = float_to_bf16(h);
+      const float scale = bits_float(scales[c].y);
+      const float h = scale != scale ? quiet_nan() : value[c] * scale;
+      if (col + c < rows) h16[c * static_cast<std::int64_t>(inter)] = float_to_bf16(h);
     }
+    h16 += static_cast<std::int64_t>(8) * inter;
   }
 }
 
