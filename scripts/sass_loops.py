@@ -4,7 +4,9 @@ whose time goes to issuing instructions (session 20 found a loop of 649 instruct
 this way, a third of them address math and generic 64-bit loads of shared memory).
 
 For every kernel in the SASS, each innermost loop (a backward branch) that holds an HGMMA or HMMA
-instruction is printed with its static instruction count and its most frequent opcodes, and a warning where
+instruction, and each that holds asynchronous copies (cp.async, TMA) but no MMA (a producer warp's
+loop, marked "copies"), is printed with its static instruction count and its most frequent
+opcodes, and a warning where
 the loop reads or writes memory through generic addresses (LD / ST, not LDS / STS / LDG / STG:
 shared memory the compiler could not prove shared, or global memory behind pointers it loaded).
 
@@ -59,15 +61,21 @@ def main():
             target = re.search(r"\bBRA (0x[0-9a-f]+)", instruction)
             if target and int(target.group(1), 16) < address:
                 loops.add((int(target.group(1), 16), address))
-        def holds_mma(loop):
-            return any(re.search(r"\bH[G]?MMA\b", i) for a, i in code if loop[0] <= a <= loop[1])
+        def holds(loop, pattern):
+            return any(re.search(pattern, i) for a, i in code if loop[0] <= a <= loop[1])
 
-        mma_loops = [loop for loop in loops if holds_mma(loop)]
-        # innermost only: a loop around another tensor-core loop (a tile loop) is left out
-        innermost = [l for l in mma_loops
-                     if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in mma_loops)]
+        def innermost(selected):  # a loop around another selected loop (a tile loop) is left out
+            return [l for l in selected
+                    if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in selected)]
+
+        mma = r"\bH[G]?MMA\b"
+        kinds = {loop: "" for loop in innermost([l for l in loops if holds(l, mma)])}
+        # a warp-specialized producer's loop: asynchronous copies (cp.async, TMA) and no MMA
+        for loop in innermost([l for l in loops
+                               if holds(l, r"\b(LDGSTS|UTMALDG|UBLKCP)\b") and not holds(l, mma)]):
+            kinds.setdefault(loop, " (copies)")
         printed_name = False
-        for first, last in sorted(innermost):
+        for first, last in sorted(kinds):
             body = [i for a, i in code if first <= a <= last]
             if not printed_name:
                 print(f"{name}  ({len(code)} instructions)")
@@ -75,7 +83,8 @@ def main():
             mix = collections.Counter(opcode(i) for i in body)
             generic = sum(1 for i in body if re.search(r"\b(LD|ST)\.E", i))
             top = ", ".join(f"{op} {n}" for op, n in mix.most_common(args.top))
-            print(f"  loop {first:#x}..{last:#x}: {len(body)} instructions: {top}")
+            print(f"  loop {first:#x}..{last:#x}{kinds[(first, last)]}: {len(body)} instructions: "
+                  f"{top}")
             if generic:
                 print(f"    {generic} generic LD/ST in the loop (shared memory through a generic "
                       "pointer?)")
