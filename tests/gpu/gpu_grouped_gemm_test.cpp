@@ -447,7 +447,9 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   using cuda::experts::wgmma::PackedTokenTile;
   for (const PackedCase& c :
        {PackedCase{Precision::mxfp8, 320, 192}, PackedCase{Precision::mxfp8, 256, 1024},
-        PackedCase{Precision::mxfp4, 320, 1024}, PackedCase{Precision::nvfp4, 320, 1024}}) {
+        PackedCase{Precision::mxfp4, 320, 1024}, PackedCase{Precision::nvfp4, 320, 1024},
+        // one k tile: the k loop's first tile is its last
+        PackedCase{Precision::mxfp8, 192, 64}, PackedCase{Precision::nvfp4, 128, 64}}) {
     const std::vector<float> all = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
     const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
     const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
