@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Per-kernel GPU time of epmoe's rounds, on a GPU machine: `epmoe bench` for one point under
+# Nsight Compute (gpu__time_duration.sum of every launch, clocks left alone), then
+# bench/kernel_times.py's table per round (kernel, launches, µs each, µs; their sum) beside the
+# bench's own p50 from an unprofiled run of the same point. Where a round's time goes, kernel by
+# kernel, with the launch gaps as the difference.
+#
+#   bench/kernel_times.sh [--bin PATH] -- <epmoe bench arguments for one point>
+#   e.g.  bench/kernel_times.sh -- --models qwen3-30b-a3b --worlds 1 --precisions mxfp8 \
+#           --math wgmma --tokens 1
+#
+# --bin: an epmoe to profile (default build/gpu/tools/epmoe, the GPU tests' build; built as
+# bench/ab.sh builds it when missing). The profiled run sets --rounds 3 --warmup 1 itself (leave
+# them out). Writes $OUT (or bench/out)/kernel_times.{csv,log,txt}.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
+bin=build/gpu/tools/epmoe
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  case $1 in
+    --bin) bin=$2; shift 2 ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
+  esac
+done
+[ "${1:-}" = -- ] && shift
+[ $# -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
+command -v ncu >/dev/null || { echo "no ncu (Nsight Compute) on this machine"; exit 1; }
+out=${OUT:-bench/out}
+mkdir -p "$out"
+source scripts/gpu_env.sh || exit 1
+if [ ! -x "$bin" ]; then
+  bin=build/kernel-times/tools/epmoe
+  cmake -S . -B build/kernel-times "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DEPMOE_BUILD_TESTS=OFF -DNCCL_ROOT="$nccl_root" "${extra[@]}" >"$out/kernel_times.log" 2>&1 &&
+    cmake --build build/kernel-times -j "$(nproc)" --target epmoe_cli >>"$out/kernel_times.log" 2>&1 ||
+    { tail -20 "$out/kernel_times.log"; echo "BUILD FAILED"; exit 1; }
+fi
+# The same point unprofiled first: its p50 is the round as it runs (launch gaps included).
+"$bin" bench "$@" --no-measure 2>&1 | grep -E '^[a-z0-9][a-z0-9.:-]* +[0-9]+ +[a-z0-9_]+ +' |
+  tee "$out/kernel_times.txt"
+ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+  "$bin" bench "$@" --no-measure --rounds 3 --warmup 1 >"$out/kernel_times.csv" \
+  2>>"$out/kernel_times.log" || { tail -20 "$out/kernel_times.log"; echo "ncu failed"; exit 1; }
+python3 bench/kernel_times.py "$out/kernel_times.csv" | tee -a "$out/kernel_times.txt"
