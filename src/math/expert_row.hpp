@@ -30,8 +30,11 @@ EPMOE_HD float biased(double sum, const float* bias, std::int64_t i) {
 // itself; with one, the fp32 sum, which is the float64 sum rounded once to fp32 (rounding twice,
 // to 53 bits and then 24, is innocuous for a sum since 53 >= 2 * 24 + 1), with no float64 round
 // trip for the kernels to spend instructions on.
+EPMOE_HD float biased(float sum, bool has_bias, float bias) {  // the bias already loaded
+  return has_bias ? sum + bias : sum;
+}
 EPMOE_HD float biased(float sum, const float* bias, std::int64_t i) {
-  return bias == nullptr ? sum : sum + bias[i];
+  return biased(sum, bias != nullptr, bias == nullptr ? 0.0f : bias[i]);
 }
 
 // An fp32 GEMM sum of codes back to its value: v / s1 / s2 (the row's and the weight's scales), one

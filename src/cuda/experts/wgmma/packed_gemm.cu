@@ -50,7 +50,8 @@
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
 #include "math/activation.hpp"
-#include "protocol/wire.hpp"  // activation_format
+#include "math/expert_row.hpp"  // math::biased
+#include "protocol/wire.hpp"    // activation_format
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -210,10 +211,9 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = c + 4 * j, col = get<1>(coord(i));
-      // math::biased's rule, the bias loaded once (none: the sum itself, -0 stays -0)
-      const float gate = b13 == nullptr ? accum(i) : accum(i) + gate_bias;
-      const float up = b13 == nullptr ? accum(i + 2) : accum(i + 2) + up_bias;
-      accum(i) = activate(gate, up);
+      // math::biased with each bias loaded once (through the pointer, it was reloaded per element)
+      accum(i) = activate(math::biased(accum(i), b13 != nullptr, gate_bias),
+                          math::biased(accum(i + 2), b13 != nullptr, up_bias));
       std::uint32_t bits = float_bits(accum(i)) & kF32AbsMask;
 #pragma unroll
       for (int offset = 4; offset < 32; offset *= 2)
@@ -585,18 +585,17 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                                      const PackedFc1Epilogue* epilogue)
     : precision_(precision),
       tile_(tile),
-      activates_(epilogue != nullptr),
-      epilogue_(epilogue != nullptr ? *epilogue : PackedFc1Epilogue{}),
+      epilogue_(epilogue != nullptr ? std::optional(*epilogue) : std::nullopt),
       groups_(groups),
       n_(n),
       k_(k),
       sm_count_(sm_count) {
   if (const char* why = cannot_take(precision, groups, n, k))
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
-  if (const char* why = activates_ ? cannot_activate(precision, n) : nullptr)
+  if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   sm_count_ = grid_sms(device, sm_count);
-  with_kernel(precision, tile, activates_, [&](auto p, auto tokens, auto activating) {
+  with_kernel(precision, tile, epilogue_.has_value(), [&](auto p, auto tokens, auto activating) {
     constexpr Precision kP = decltype(p)::value;
     constexpr int kTokens = decltype(tokens)::value;
     constexpr bool kActivates = decltype(activating)::value;
@@ -627,8 +626,8 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 }
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
-  const Args args{arrays_, weights, groups_, n_, k_, epilogue_};
-  with_kernel(precision_, tile_, activates_, [&](auto p, auto tokens, auto activating) {
+  const Args args{arrays_, weights, groups_, n_, k_, epilogue_.value_or(PackedFc1Epilogue{})};
+  with_kernel(precision_, tile_, epilogue_.has_value(), [&](auto p, auto tokens, auto activating) {
     launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value,
                                       decltype(activating)::value>,
                    KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"  // GemmProblem
@@ -69,7 +70,6 @@ class PackedGroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
   PackedTokenTile tile() const { return tile_; }
-  bool activates() const { return activates_; }
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
@@ -88,8 +88,7 @@ class PackedGroupedGemm {
  private:
   Precision precision_;
   PackedTokenTile tile_;
-  bool activates_ = false;
-  PackedFc1Epilogue epilogue_{};
+  std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's
   int groups_, n_, k_, sm_count_;
   std::size_t smem_ = 0;
   PackedGemmArrays arrays_{};
