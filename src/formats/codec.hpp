@@ -120,10 +120,10 @@ EPMOE_HD float round_to_e4m3(float x) {
 // ---- E8M0 (OCP MX scale): unsigned exponent only, 2^(c-127); 0xFF = NaN; code 0 = 2^-127. ----
 inline constexpr std::uint8_t kE8m0Nan = 0xff;
 
-EPMOE_HD float e8m0_to_float(std::uint8_t c) {
-  if (c == kE8m0Nan) return quiet_nan();
-  if (c == 0) return bits_float(0x00400000u);  // 2^-127 is an fp32 subnormal
-  return bits_float(std::uint32_t{c} << 23);
+EPMOE_HD float e8m0_to_float(std::uint8_t c) {  // selects, not branches: kernels decode with it
+  const float value =
+      bits_float(c == 0 ? 0x00400000u : std::uint32_t{c} << 23);  // 2^-127: subnormal
+  return c == kE8m0Nan ? quiet_nan() : value;
 }
 
 // ---- FP4 E2M1: s ee m, bias 1, values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}; no NaN, no Inf. ----

@@ -1,7 +1,7 @@
-// The packed-weight grouped GEMM (packed_gemm.hpp): weights decoded to bf16 in shared memory and
-// fed to WGMMA, so they stay resident in their format. Written by hand (with CuTe's WGMMA atoms and
-// swizzled layouts) because CUTLASS 4's SM90 GEMMs cannot take MX's 32-wide or NVFP4's 16-wide
-// block scales along K (packed_gemm.hpp).
+// The packed-weight grouped GEMM (packed_gemm.hpp): weights decoded to bf16 in registers and fed
+// to WGMMA as its register operand, so they stay resident in their format. Written by hand (with
+// CuTe's WGMMA atoms and swizzled layouts) because CUTLASS 4's SM90 GEMMs cannot take MX's 32-wide
+// or NVFP4's 16-wide block scales along K (packed_gemm.hpp).
 //
 // The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
 // its B operand (N = 64, 128 or 256 token rows: PackedTokenTile), both K-major, so a decode
@@ -17,15 +17,19 @@
 //             signalled by a `full` mbarrier when its copies land
 //             (cp.async.mbarrier.arrive.noinc); it runs ahead across tiles, so the next tile's
 //             first k tiles load while the math warpgroups finish and store this one
-//   math      warpgroups 1 and 2, 64 weight rows each: decode k tile kt + 1 of their own rows to
-//             bf16 into the other of two swizzled W buffers while WGMMA runs on tile kt, exactly
-//             (MXFP8 by decode8, the tensor_core tiles' decode; E2M1 by byte-permute tables and a
-//             bf16x2 multiply, e2m1_bf16.hpp); 4 k16 WGMMAs per k tile, fp32 accumulators in
-//             registers; a stage goes back to the producer (its `empty` mbarrier) once the
-//             WGMMAs that read it have retired; then D[m, n] from the accumulators, rows past M_e
-//             and columns past N left alone, or, for an activating FC1, h (activate_and_store)
-// The two math warpgroups synchronize only through the producer's stages: each decodes and
-// multiplies its own weight rows (a 128-thread named barrier between its decode and its WGMMA).
+//   math      warpgroups 1 and 2, 64 weight rows each: one k16 WGMMA at a time with A from
+//             registers (at most 4 in flight, CUTLASS's mixed-input pipeline), each thread
+//             decoding the next k16 block of its own A fragment (2 rows x 4 k: one shared-memory
+//             load per row, the 4 threads of a row reading the same address) while the WGMMAs
+//             run, exactly (MXFP8 by the hardware's E4M3 conversion times the block scale, as
+//             decode8; E2M1 by byte-permute tables and a bf16x2 multiply, e2m1_bf16.hpp); fp32
+//             accumulators in registers; a stage goes back to the producer (its `empty` mbarrier)
+//             once the WGMMAs that read it have retired; then D[m, n] from the accumulators (rows
+//             past M_e and columns past N left alone), or, for an activating FC1, h
+//             (activate_and_store)
+// The two math warpgroups synchronize only through the producer's stages, and decoded weights
+// never pass through shared memory (session 21's kernel wrote them there: a store, a proxy fence
+// and a warpgroup barrier per k tile, and a third of the shared-memory traffic).
 // A persistent grid walks the tiles of every group (weight block fastest, so CTAs running at once
 // share a group's token rows); each CTA computes the groups' tile prefix from device memory once.
 #include <cuda_bf16.h>
@@ -45,7 +49,7 @@
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
 #include "cute/tensor.hpp"
-#include "cutlass/arch/barrier.h"  // fence_view_async_shared
+#include "cutlass/arch/barrier.h"  // ClusterBarrier
 #include "cutlass/arch/reg_reconfig.h"
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
@@ -70,14 +74,13 @@ static_assert(kProducerThreads == kRows, "a producer thread per weight row's sca
 
 using Bf16 = cutlass::bfloat16_t;
 using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
-using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, _2>{}));
 
 // What the token tile (WGMMA's N: 64, 128 or 256 token rows, PackedTokenTile) sets: the WGMMA, the
 // token rows' stages and the ring's depth (as deep as shared memory allows).
 template <int kTokens>
 struct TokenTile {
   static constexpr int kStages = kTokens == 64 ? 8 : kTokens == 128 ? 7 : 4;
-  using Op = decltype(SM90::GMMA::ss_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
+  using Op = decltype(SM90::GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
                                                  GMMA::Major::K, GMMA::Major::K>());
   using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
   using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
@@ -93,9 +96,11 @@ template <Precision P, int kTokens, bool kActivates>
 struct Smem {
   static constexpr int kStages = TokenTile<kTokens>::kStages;
   static constexpr int kCodeBytes = kTileK * PackedFormat<P>::kBits / 8;  // a weight row's k tile
-  alignas(1024) Bf16 w[2][kRows * kTileK];          // decoded weights, two buffers
+  // A row's codes are read by the 4 threads that hold its k16 block's weights (one load each,
+  // the same address); 16 bytes of padding per row put the 8 rows a warp reads on distinct banks.
+  static constexpr int kCodeStride = kCodeBytes + 16;
   alignas(1024) Bf16 x[kStages][kTokens * kTileK];  // token rows
-  alignas(16) std::uint8_t codes[kStages][kRows][kCodeBytes];
+  alignas(16) std::uint8_t codes[kStages][kRows][kCodeStride];
   std::uint32_t scale_words[kStages][kRows];
   alignas(8) std::uint64_t full[kStages];   // the stage's copies landed (producer -> math)
   alignas(8) std::uint64_t empty[kStages];  // both math warpgroups are done with it
@@ -416,99 +421,147 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
   const auto thr = mma.get_thread_slice(math_tid);
-  Tensor sW = make_tensor(make_smem_ptr(&s.w[0][0]), LayoutW{});
   Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), typename T::LayoutX{});
-  Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, buffer)
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
+  // A, the weights, from registers: one k tile, 4 k16 blocks of 8 bf16 per thread. Value v of
+  // block kb is weight row a_row + 8 ((v / 2) % 2), k 16 kb + a_k + (v % 2) + 8 (v / 4): as 32-bit
+  // words, 4 kb + {0: row a_row, k a_k..+1; 1: row a_row + 8, the same k; 2: row a_row, k a_k +
+  // 8..+9; 3: row a_row + 8, k a_k + 8..+9}, with a_k = 2 (lane % 4).
+  Tensor tCrA = thr.partition_fragment_A(make_tensor(make_smem_ptr(static_cast<Bf16*>(nullptr)),
+                                                     Layout<Shape<Int<kRows>, Int<kTileK>>>{}));
+  static_assert(decltype(size(tCrA))::value == 32, "one k tile of 8 bf16 per k16 block");
+  std::uint32_t* a_words = reinterpret_cast<std::uint32_t*>(tCrA.data());
+  Tensor a_coord = thr.partition_A(make_identity_tensor(Shape<Int<kRows>, Int<kTileK>>{}));
+  const int a_row = get<0>(a_coord(0)), a_k = get<1>(a_coord(0));
   Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
-  // This thread's decode: half `half` (32 k) of weight row `decode_row` of each k tile (the
-  // thread's own warpgroup's rows: 64 wg + math_tid % 128 / 2).
-  const int decode_row = math_tid / 2, half = math_tid % 2;
+  // The bytes of this thread's weights in a row's k16 block of codes (byte_perm selectors): MXFP8
+  // bytes a_k, a_k + 1 (of the block's first 8) and the same of its last 8; E2M1 bytes a_k / 2 and
+  // a_k / 2 + 4 (two codes each).
+  const std::uint32_t pick8 = static_cast<std::uint32_t>(a_k | (a_k + 1) << 4);
+  const std::uint32_t pick4 = static_cast<std::uint32_t>(a_k / 2 | (a_k / 2 + 4) << 4);
 
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
-    const std::uint8_t* decode_scales =
-        matrix_row(args.w.scales, scale_row_bytes, at.g, n,
-                   weight_row<kActivates>(decode_row, at.n0 / kRows, n));
+    const std::uint8_t* scale_rows[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      scale_rows[i] = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                 weight_row<kActivates>(a_row + 8 * i, at.n0 / kRows, n));
 
-    // decode: stage `stage`'s codes of this thread's half row into W buffer `buffer`
-    const auto decode = [&](int stage, int buffer, int kt) {
-      const std::uintptr_t scale_at =
-          reinterpret_cast<std::uintptr_t>(decode_scales + kt * (kTileK / kBlock));
-      const std::uint32_t word = s.scale_words[stage][decode_row] >> (8 * (scale_at & 3));
-      // this half's codes: MX one (byte `half`), NVFP4 two (bytes 2 half, 2 half + 1)
-      const std::uint32_t half_scales = word >> (kBlock == 32 ? 8 * half : 16 * half);
-      constexpr int kLoads = 32 * PackedFormat<P>::kBits / 8 / 16;  // 16-byte loads per half row
-      constexpr int kGroups = kWeightsPer16B<P> / 8;                // groups of 8 per load
-      // The half row's block scales, decoded once: MX one, NVFP4 two (its one load is the half
-      // row, groups 0-1 and 2-3 of it).
-      const float scale0 = group_scale<P>(half_scales, 0);
-      const float scale1 = kBlock == 32 ? scale0 : group_scale<P>(half_scales, 2);
-      const std::uint32_t scale0_bf16x2 = bf16x2_scale(scale0);
-      const std::uint32_t scale1_bf16x2 = kBlock == 32 ? scale0_bf16x2 : bf16x2_scale(scale1);
+    // decode: k16 block kb of the k tile in stage `stage` into A's words 4 kb .. 4 kb + 3, exactly
+    // (MXFP8 by the hardware's E4M3 conversion times the block scale, as decode8; E2M1 by
+    // byte-permute tables and a bf16x2 multiply, e2m1_bf16.hpp)
+    // The k tile's block scales of both rows, decoded once per k tile (before its block 0): MXFP8
+    // as fp32 bits, E2M1's as bf16 in both halves (bf16x2_scale); MX 2 blocks, NVFP4 4.
+    constexpr int kTileBlocks = kTileK / kBlock;
+    std::uint32_t tile_scales[2][kTileBlocks];
+    const auto load_scales = [&](int stage, int kt) {
 #pragma unroll
-      for (int load = 0; load < kLoads; ++load) {
-        const uint4 v = *reinterpret_cast<const uint4*>(
-            &s.codes[stage][decode_row][S::kCodeBytes / 2 * half + 16 * load]);
+      for (int i = 0; i < 2; ++i) {
+        const std::uintptr_t scale_at =
+            reinterpret_cast<std::uintptr_t>(scale_rows[i] + kt * kTileBlocks);
+        const std::uint32_t codes = s.scale_words[stage][a_row + 8 * i] >> (8 * (scale_at & 3));
 #pragma unroll
-        for (int gi = 0; gi < kGroups; ++gi) {
-          uint4 packed;
-          if constexpr (PackedFormat<P>::kBits == 4) {
-            // E2M1: byte-permute tables and a bf16x2 multiply (e2m1_bf16.hpp), exact
-            const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-            std::uint32_t out[4];
-            e2m1x8_to_bf16(words[gi], gi < 2 ? scale0_bf16x2 : scale1_bf16x2, out);
-            packed = uint4{out[0], out[1], out[2], out[3]};
-          } else {
-            float f[8];
-            decode8<P>(v, gi, gi < 2 ? scale0 : scale1, f);
-            // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
-            __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-          }
-          const int kk = 32 * half + kWeightsPer16B<P> * load + 8 * gi;
-          *reinterpret_cast<uint4*>(&s.w[buffer][swizzled(decode_row, kk)]) = packed;
+        for (int b = 0; b < kTileBlocks; ++b) {
+          const float scale = group_scale<P>(codes >> (8 * b), 0);
+          tile_scales[i][b] =
+              PackedFormat<P>::kBits == 4 ? bf16x2_scale(scale) : __float_as_uint(scale);
         }
       }
-      cutlass::arch::fence_view_async_shared();  // the W writes, before WGMMA reads them
-      warpgroup_barrier(1 + wg);                 // the warpgroup's whole half of W
+    };
+    const auto decode = [&](int stage, int kb) {
+      const int block = 16 * kb / kBlock;  // the k16 block's scale block
+      std::uint32_t* words = a_words + 4 * kb;
+      if constexpr (PackedFormat<P>::kBits == 4) {
+        std::uint32_t codes[2];  // the row's 4 codes in nibbles 0..3 (k a_k, +1, +8, +9)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint2 v = *reinterpret_cast<const uint2*>(&s.codes[stage][a_row + 8 * i][8 * kb]);
+          codes[i] = __byte_perm(v.x, v.y, pick4);
+        }
+        std::uint32_t out[4];  // row a_row: k a_k.., a_k + 8..; row a_row + 8: the same
+        e2m1x8_to_bf16<false>(__byte_perm(codes[0], codes[1], 0x5410u), 0u, out);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const std::uint32_t scale2 = tile_scales[i][block];
+          words[i] = bf16x2_mul(out[2 * i], scale2);
+          words[2 + i] = bf16x2_mul(out[2 * i + 1], scale2);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float scale = __uint_as_float(tile_scales[i][block]);
+          const uint4 v = *reinterpret_cast<const uint4*>(&s.codes[stage][a_row + 8 * i][16 * kb]);
+          const std::uint32_t pairs[2] = {__byte_perm(v.x, v.y, pick8),
+                                          __byte_perm(v.z, v.w, pick8)};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+                static_cast<__nv_fp8x2_storage_t>(pairs[h]), __NV_E4M3)));
+            // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
+            const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+            words[2 * h + i] = *reinterpret_cast<const std::uint32_t*>(&b);
+          }
+        }
+      }
     };
     const auto release = [&](int stage) {  // after the WGMMAs that read `stage` retired
       if (signals) Barrier::arrive(&s.empty[stage]);
     };
 
+    // One k16 WGMMA per step, at most 4 in flight (CUTLASS's mixed-input pipeline): after issuing
+    // block kb, the one issued 3 before it has retired, so block kb + 1 of this k tile (or block 0
+    // of the next) is decoded into the registers that one read. A stage goes back to the producer
+    // once block 3 of its k tile has retired (known after block 2 of the next k tile is issued).
     Barrier::wait(&s.full[ring.stage], ring.phase);
-    decode(ring.stage, 0, 0);
+    int stage = ring.stage, previous = 0;
+    ring.advance<kStages>();
+    load_scales(stage, 0);
+    decode(stage, 0);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     // The accumulators are fenced only around the k loop: inside it a fence is a use of their
     // registers while a WGMMA is in flight, and ptxas would wait for that WGMMA there (as it
     // does at a join of paths that waited for different counts of WGMMAs).
     warpgroup_fence_operand(accum);
-    int stage = ring.stage;  // of k tile kt
-    for (int kt = 0;; ++kt) {
-      stage = ring.stage;
+    const auto issue = [&](int kb, int on_stage) {  // block kb's WGMMA, reading stage `on_stage`
+      warpgroup_fence_operand(tCrA);
       warpgroup_arrive();
-#pragma unroll
-      for (int kb = 0; kb < size<2>(tCrW); ++kb) {
-        cute::gemm(mma, tCrW(_, _, kb, kt % 2), tCrX(_, _, kb, stage), accum);
-        mma.accumulate_ = GMMA::ScaleOut::One;
-      }
+      cute::gemm(mma, tCrA(_, _, kb), tCrX(_, _, kb, on_stage), accum);
+      mma.accumulate_ = GMMA::ScaleOut::One;
       warpgroup_commit_batch();
-      ring.advance<kStages>();
-      if (kt + 1 == k_tiles) break;
-      // While it runs: once WGMMA kt - 1 has retired, its stage goes back to the producer and
-      // k tile kt + 1 is decoded into the W buffer it read.
-      warpgroup_wait<1>();
-      if (kt > 0) release((stage + kStages - 1) % kStages);
-      Barrier::wait(&s.full[ring.stage], ring.phase);
-      decode(ring.stage, (kt + 1) % 2, kt + 1);
+      warpgroup_fence_operand(tCrA);
+    };
+    for (int kt = 0; kt + 1 < k_tiles; ++kt) {  // every k tile but the last
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        issue(kb, stage);
+        warpgroup_wait<3>();
+        if (kb == 2 && kt > 0) release(previous);  // k tile kt - 1's last block retired
+        if (kb < 3) {
+          decode(stage, kb + 1);
+        } else {
+          Barrier::wait(&s.full[ring.stage], ring.phase);
+          previous = stage;
+          stage = ring.stage;
+          ring.advance<kStages>();
+          load_scales(stage, kt + 1);
+          decode(stage, 0);
+        }
+      }
+    }
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) {  // the last k tile
+      issue(kb, stage);
+      if (kb < 3) {
+        warpgroup_wait<3>();
+        if (kb == 2 && k_tiles > 1) release(previous);
+        decode(stage, kb + 1);
+      }
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(accum);
-    if (k_tiles > 1) release((stage + kStages - 1) % kStages);
     release(stage);
 
     if constexpr (kActivates) {
