@@ -24,7 +24,9 @@ UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e
 def short_name(name):
     """A kernel's name without scopes or parameters; template arguments kept (they tell the packed
     GEMM's instantiations apart)."""
-    name = name.replace("(anonymous namespace)::", "")
+    # an anonymous namespace: "(anonymous namespace)::" or ncu's "<unnamed>::", whose "<" is
+    # lost where ncu drops the scopes before it ("unnamed>::dispatch_kernel(RoundParams)")
+    name = re.sub(r"\(anonymous namespace\)::|<?unnamed>::", "", name)
     if name.startswith("void "):
         name = name[len("void "):]
     depth = 0

@@ -33,6 +33,10 @@ def test_names_lose_scopes_and_parameters_and_keep_template_arguments():
     assert kt.short_name(DISPATCH) == "dispatch_kernel"
     assert kt.short_name(GEMM) == "packed_gemm_kernel<(Precision)1, 64, true>"
     assert kt.short_name(PREPARE) == "prepare_kernel<float>"
+    # as ncu 2025.3 printed them on an H200 (session 23): "<unnamed>" with its "<" cut off
+    assert kt.short_name("unnamed>::dispatch_kernel(RoundParams)") == "dispatch_kernel"
+    gemm = "void wgmma::<unnamed>::packed_gemm_kernel<1, 64, 0>(wgmma::<unnamed>::Args)"
+    assert kt.short_name(gemm) == "packed_gemm_kernel<1, 64, 0>"
 
 
 def test_units_become_microseconds(tmp_path):
