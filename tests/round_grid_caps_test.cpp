@@ -26,6 +26,19 @@ TEST(RoundGridCaps, DecodeAndSmallBucketsCapEachKernelByTheWorkTheirLargestTCanB
   EXPECT_EQ(round_grid_caps(1000, 1, 256).per_row_thread, 4);   // a partial CTA counts
 }
 
+TEST(RoundGridCaps, PerPairKernelsTakeWorldTimesTheLargestTTimesTopKPairs) {
+  // decode, 2 ranks, top_k 8: 256 pairs; a warp per pair, 8 per CTA: 32 CTAs
+  EXPECT_EQ(bucket_pairs(bucket_max_tokens(TokenBucket::decode), 2, 8), 256);
+  EXPECT_EQ(ctas_for(256, 8), 32);
+  EXPECT_EQ(ctas_for(256, 3), 86);  // a partial CTA counts
+  EXPECT_EQ(ctas_for(1, 8), 1);
+  // prefill saturates, whatever the world and top_k
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(bucket_pairs(bucket_max_tokens(TokenBucket::prefill), 64, 8), kMax);
+  EXPECT_EQ(bucket_pairs(kMax / 4, 2, 8), kMax);
+  EXPECT_GT(ctas_for(kMax, 8), std::int64_t{1} << 40);  // no wrap to a tiny grid
+}
+
 TEST(RoundGridCaps, ThePrefillBucketsCapsSaturateAndNeverBind) {
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   for (const int world : {1, 2, 8, 64}) {

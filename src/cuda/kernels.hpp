@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
@@ -56,15 +57,21 @@ KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num
   return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem};
 }
 
-// One value per token bucket, made from that bucket's knobs: the shapes (and a backend's GEMMs)
-// are built once at creation, and each forward picks its bucket's from T on the host.
+// One value per token bucket, made from that bucket's knobs (make(knobs), or make(knobs, bucket)
+// where it takes the bucket too): the shapes (and a backend's GEMMs) are built once at creation,
+// and each forward picks its bucket's from T on the host.
 template <class T>
 using PerBucket = std::array<T, kNumTokenBuckets>;
 template <class Make>
 auto per_bucket(const LayerConfig& config, Make make) {
-  PerBucket<decltype(make(config.knobs(TokenBucket::decode)))> out{};
-  for (int b = 0; b < kNumTokenBuckets; ++b)
-    out[b] = make(config.knobs(static_cast<TokenBucket>(b)));
+  const auto one = [&](TokenBucket bucket) {
+    if constexpr (std::is_invocable_v<Make, const Knobs&, TokenBucket>)
+      return make(config.knobs(bucket), bucket);
+    else
+      return make(config.knobs(bucket));
+  };
+  PerBucket<decltype(one(TokenBucket::decode))> out{};
+  for (int b = 0; b < kNumTokenBuckets; ++b) out[b] = one(static_cast<TokenBucket>(b));
   return out;
 }
 // `s` with at most `ctas` CTAs (and at least one).

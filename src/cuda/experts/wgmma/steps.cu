@@ -259,13 +259,16 @@ __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
 
 }  // namespace
 
-StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms) {
+StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
+                       std::int64_t max_pairs) {
   const int group = activate_group_size(problem);
+  const std::int64_t warp_ctas = ctas_for(max_pairs, kThreads / 32);
   return StepShapes{
-      occupancy_shape(gather_kernel, 0, device, num_sms),
-      occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem), device,
-                      num_sms),
-      occupancy_shape(home_kernel, 0, device, num_sms), group};
+      at_most(occupancy_shape(gather_kernel, 0, device, num_sms), warp_ctas),
+      at_most(occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
+                              device, num_sms),
+              ctas_for(max_pairs, kThreads / group)),
+      at_most(occupancy_shape(home_kernel, 0, device, num_sms), warp_ctas), group};
 }
 
 void launch_plan(const Params& p, cudaStream_t stream) {

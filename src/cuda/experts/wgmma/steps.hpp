@@ -72,7 +72,10 @@ struct StepShapes {
   KernelShape gather, activate, home;
   int activate_group;  // threads per h row in activate (a RowGroup slice)
 };
-StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms);
+// On `num_sms` SMs by occupancy, each capped by the CTAs `max_pairs` pairs can use (the bucket's
+// bucket_pairs, round_grid_caps.hpp): a warp per pair for gather and home, a RowGroup for activate.
+StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
+                       std::int64_t max_pairs);
 
 // Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
 // round already failed: the GEMMs then do nothing).

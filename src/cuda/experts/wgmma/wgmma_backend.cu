@@ -85,7 +85,12 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   else
     weights_ = std::make_unique<DeviceBf16CodeWeights>(
         problem_, fc1_epilogue_activates(problem_) ? GateUp::interleaved : GateUp::stacked);
-  runs_ = per_bucket(config, [&](const Knobs& k) { return make_bucket_run(k, device); });
+  runs_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
+    const std::int64_t max_tokens =
+        std::min(bucket_max_tokens(bucket), config.shape().max_tokens_per_rank);
+    return make_bucket_run(k, device,
+                           bucket_pairs(max_tokens, config.world(), config.shape().top_k));
+  });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
   scratch_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
@@ -93,12 +98,13 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
 
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
-WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device) {
+WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
+                                                      std::int64_t max_pairs) {
   const int experts = static_cast<int>(problem_.local_experts);
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
   BucketRun run;
-  run.shapes = step_shapes(problem_, device, k.num_sms);
+  run.shapes = step_shapes(problem_, device, k.num_sms, max_pairs);
   if (fp8()) {
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },

@@ -78,7 +78,8 @@ class WgmmaBackend final : public ExpertBackend {
     const PackedGroupedGemm* packed_fc2 = nullptr;
     StepShapes shapes{};
   };
-  BucketRun make_bucket_run(const Knobs& knobs, int device);
+  // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids.
+  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs);
   Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
   bool packed() const { return runs_packed(problem_); }
