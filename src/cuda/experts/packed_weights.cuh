@@ -106,6 +106,13 @@ __device__ inline float e2m1_times_2_pow_minus_126(std::uint32_t nibble) {
   return __uint_as_float(((nibble & 0x7u) << 22) | ((nibble & 0x8u) << 28));
 }
 
+// Two E4M3 codes (low byte first) as floats, by the hardware's cvt.f16x2.e4m3x2: exact, NaN stays
+// NaN (the packed GEMM's decode and its activating epilogue's E4M3 round trip take it too).
+__device__ __forceinline__ float2 e4m3x2_to_float2(std::uint16_t codes) {
+  return __half22float2(
+      __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3)));
+}
+
 // The 8 weights of group g of a 16-byte load `v`, times `scale` (group_scale).
 template <Precision P>
 __device__ inline void decode8(const uint4& v, int g, float scale, float (&out)[8]) {
@@ -118,11 +125,9 @@ __device__ inline void decode8(const uint4& v, int g, float scale, float (&out)[
     }
   } else if constexpr (P == Precision::mxfp8) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // E4M3 pairs by cvt.f16x2.e4m3x2, exact (NaN stays NaN)
+    for (int j = 0; j < 4; ++j) {  // E4M3 pairs
       const std::uint32_t word = words[2 * g + j / 2];
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-          static_cast<__nv_fp8x2_storage_t>(word >> (16 * (j % 2))), __NV_E4M3);
-      const float2 f = __half22float2(__half2(h));
+      const float2 f = e4m3x2_to_float2(static_cast<std::uint16_t>(word >> (16 * (j % 2))));
       out[2 * j] = f.x * scale;
       out[2 * j + 1] = f.y * scale;
     }

@@ -253,7 +253,7 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
         __nv_cvt_float2_to_fp8x2(make_float2(accum(4 * j) * bits_float(scales[0].x),
                                              accum(4 * j + 1) * bits_float(scales[1].x)),
                                  __NV_SATFINITE, __NV_E4M3);
-    const float2 e4m3 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3)));
+    const float2 e4m3 = e4m3x2_to_float2(q);
     const float value[2] = {e4m3.x, e4m3.y};
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -450,9 +450,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       scale_rows[i] = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
                                  weight_row<kActivates>(a_row + 8 * i, at.n0 / kRows, n));
 
-    // decode: k16 block kb of the k tile in stage `stage` into A's words 4 kb .. 4 kb + 3, exactly
-    // (MXFP8 by the hardware's E4M3 conversion times the block scale, as decode8; E2M1 by
-    // byte-permute tables and a bf16x2 multiply, e2m1_bf16.hpp)
     // The k tile's block scales of both rows, decoded once per k tile (before its block 0): MXFP8
     // as fp32 bits, E2M1's as bf16 in both halves (bf16x2_scale); MX 2 blocks, NVFP4 4.
     constexpr int kTileBlocks = kTileK / kBlock;
@@ -471,6 +468,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
         }
       }
     };
+    // decode: k16 block kb of the k tile in stage `stage` into A's words 4 kb .. 4 kb + 3, exactly
+    // (MXFP8 by the hardware's E4M3 conversion times the block scale, as decode8; E2M1 by
+    // byte-permute tables and a bf16x2 multiply, e2m1_bf16.hpp)
     const auto decode = [&](int stage, int kb) {
       const int block = 16 * kb / kBlock;  // the k16 block's scale block
       std::uint32_t* words = a_words + 4 * kb;
@@ -498,8 +498,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
                                           __byte_perm(v.z, v.w, pick8)};
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>(pairs[h]), __NV_E4M3)));
+            const float2 f = e4m3x2_to_float2(static_cast<std::uint16_t>(pairs[h]));
             // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
             const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
             words[2 * h + i] = *reinterpret_cast<const std::uint32_t*>(&b);

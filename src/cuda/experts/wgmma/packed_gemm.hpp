@@ -38,10 +38,9 @@ struct PackedGemmArrays {
 
 // FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j
 // of N / 2 (gate = column j, up = column N / 2 + j of D, each plus its bias, arrays' b13), the
-// activation, then
-// FC2's input quantization point (MXFP8 per 32 outputs, the wire codec's), stored as the exact bf16
-// codes FC2's GEMM reads, as the wgmma backend's activate kernel computes them from D. Such a GEMM
-// writes h, not d.
+// activation, then FC2's input quantization point (MXFP8 per 32 outputs, the wire codec's), stored
+// as the exact bf16 codes FC2's GEMM reads, as the wgmma backend's activate kernel computes them
+// from D. Such a GEMM writes h, not d.
 struct PackedFc1Epilogue {
   Activation activation = Activation::swiglu;
   float swiglu_limit = 0.0f;

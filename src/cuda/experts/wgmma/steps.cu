@@ -1,7 +1,7 @@
 // The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
-// activate (every precision but bf16, whose FC1 epilogue activates) and home. Each
-// joins the round like every kernel of the chain (nothing at all when this rank's round already
-// failed); home closes the expert step (fc2_round).
+// activate (nvfp4 and fp8_block128: bf16's, mxfp8's and mxfp4's FC1 epilogues activate) and home.
+// Each joins the round like every kernel of the chain (nothing at all when this rank's round
+// already failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
