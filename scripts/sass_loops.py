@@ -3,7 +3,7 @@
 whose time goes to issuing instructions (session 20 found a loop of 649 instructions per k tile
 this way, a third of them address math and generic 64-bit loads of shared memory).
 
-For every kernel in the SASS, each innermost loop (a backward branch) that holds an HGMMA or HMMA
+For every kernel in the SASS, each innermost loop (a backward branch) that holds an MMA (HGMMA, QGMMA or HMMA
 instruction, and each that holds asynchronous copies (cp.async, TMA) but no MMA (a producer warp's
 loop, marked "copies"), is printed with its static instruction count and its most frequent
 opcodes, and a warning where
@@ -68,7 +68,7 @@ def main():
             return [l for l in selected
                     if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in selected)]
 
-        mma = r"\bH[G]?MMA\b"
+        mma = r"\b(H|Q)G?MMA\b"  # bf16 and FP8 WGMMA, mma.sync
         kinds = {loop: "" for loop in innermost([l for l in loops if holds(l, mma)])}
         # a warp-specialized producer's loop: asynchronous copies (cp.async, TMA) and no MMA
         for loop in innermost([l for l in loops

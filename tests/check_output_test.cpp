@@ -147,6 +147,20 @@ TEST(CheckOutput, WgmmaOnE4m3BoundsOnlyRelL2) {
   EXPECT_GT(c.stats.rel_l2, reference::kFp8GemmMaxRelL2);
 }
 
+// mxfp8's wgmma GEMMs multiply E4M3 codes too: the same rule, naming the precision; its
+// tensor_core and exact paths keep theirs.
+TEST(CheckOutput, WgmmaOnMxfp8BoundsOnlyRelL2LikeFp8Block128) {
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i = 0; i < y.size(); ++i) bump(y, i, 1);
+  const OutputCheck c = check(y, ref, Rule{Combine::staged, ExpertMath::wgmma, Precision::mxfp8});
+  EXPECT_TRUE(c.pass) << " rel_l2=" << c.stats.rel_l2;
+  EXPECT_EQ(c.rule, "wgmma on E4M3 (mxfp8): rel_l2 <= 1e-2");
+  EXPECT_FALSE(
+      check(y, ref, Rule{Combine::staged, ExpertMath::tensor_core, Precision::mxfp8}).pass);
+  EXPECT_FALSE(check(y, ref, Rule{Combine::staged, ExpertMath::wgmma, Precision::mxfp4}).pass);
+}
+
 TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
   // Outputs near zero have ulps far below accumulation noise: up to 1e-3 x rms(ref) (here ~7e-4)
   // beyond 2 ulps is noise on any element; more is a mismatch. Exact maths still count them all.

@@ -282,6 +282,45 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
         << to_string(p);
 }
 
+// mxfp8's 64-row wgmma tile multiplies E4M3 codes where an expert gets at most 16 rows with
+// balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024 medium): qwen3
+// (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not in medium
+// (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up to world 4
+// (4 x 16 x 2 / 8 = 16), not at world 8 (32). Never another precision or another block_m.
+TEST(DefaultKnobTable, Mxfp8MultipliesE4m3OnlyOn64RowTilesWithAFewRowsPerExpert) {
+  const LayerShape qwen3 = known_models()[0].layer_shape(8192);
+  ASSERT_EQ(qwen3.num_experts, 128);
+  ASSERT_EQ(qwen3.top_k, 8);
+  Knobs k64;
+  k64.block_m = 64;
+  const auto e4m3 = [&](Precision p, int world, const LayerShape& shape, TokenBucket b,
+                        const Knobs& k) { return core::wgmma_e4m3_tokens(p, world, shape, b, k); };
+  EXPECT_TRUE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::decode, k64));
+  EXPECT_TRUE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::small, k64));
+  EXPECT_FALSE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::medium, k64));
+  EXPECT_TRUE(e4m3(Precision::mxfp8, 2, qwen3, TokenBucket::small, k64));
+  EXPECT_FALSE(e4m3(Precision::mxfp8, 4, qwen3, TokenBucket::small, k64));
+  for (Precision p : kPrecisions) {
+    if (p != Precision::mxfp8) {
+      EXPECT_FALSE(e4m3(p, 1, qwen3, TokenBucket::decode, k64)) << to_string(p);
+    }
+  }
+  for (const std::int32_t rows : {128, 256}) {
+    Knobs k = k64;
+    k.block_m = rows;
+    EXPECT_FALSE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::decode, k)) << rows;
+  }
+  const LayerShape mixtral = known_models()[3].layer_shape(8192);
+  ASSERT_EQ(mixtral.num_experts, 8);
+  ASSERT_EQ(mixtral.top_k, 2);
+  EXPECT_TRUE(e4m3(Precision::mxfp8, 4, mixtral, TokenBucket::decode, k64));
+  EXPECT_FALSE(e4m3(Precision::mxfp8, 8, mixtral, TokenBucket::decode, k64));
+  // The default table's decode knobs name the 64-row tile for every real shape, so its decode
+  // bucket runs E4M3 wherever the rows allow.
+  EXPECT_TRUE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::decode,
+                   default_knobs(Precision::mxfp8, 1, qwen3, TokenBucket::decode)));
+}
+
 TEST(DefaultKnobTable, GptOssNvfp4UsesBlockN128BecauseTwoITilesExactly) {
   const LayerShape gpt_oss = known_models()[2].layer_shape(8192);
   ASSERT_EQ(gpt_oss.hidden, 2880);

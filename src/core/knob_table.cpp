@@ -120,18 +120,26 @@ std::int64_t bytes_per_element_x2(Precision precision) {  // ×2 so that nvfp4 s
   return 4;
 }
 
+// Rows one expert receives per round of `bucket` with balanced routing: every rank sends T·K/E
+// (T: the bucket's representative_tokens). Clamped to make_config's limits so that any shape (also
+// an invalid one) gets a value in range.
+std::int64_t balanced_rows_per_expert(int world, const LayerShape& shape, TokenBucket bucket) {
+  const std::int64_t w = std::clamp<std::int64_t>(world, 1, kMaxWorld);
+  const std::int64_t experts = std::clamp<std::int64_t>(shape.num_experts, 1, kMaxExperts);
+  const std::int64_t top_k = std::clamp<std::int64_t>(shape.top_k, 1, kMaxTopK);
+  return w * representative_tokens(bucket) * top_k / experts;
+}
+
 Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket) {
   // Clamped to make_config's limits so that any shape (also an invalid one) gets in-space knobs.
   const std::int64_t w = std::clamp<std::int64_t>(world, 1, kMaxWorld);
   const std::int64_t experts = std::clamp<std::int64_t>(shape.num_experts, 1, kMaxExperts);
-  const std::int64_t top_k = std::clamp<std::int64_t>(shape.top_k, 1, kMaxTopK);
   const std::int64_t local_experts = std::max<std::int64_t>(experts / w, 1);
   const std::int64_t hidden = std::clamp<std::int64_t>(shape.hidden, 0, kMaxHidden);
   const bool large_tokens = bucket == TokenBucket::medium || bucket == TokenBucket::prefill;
 
   Knobs k;
-  // Rows one expert receives per round with balanced routing: every rank sends T·K/E.
-  const std::int64_t rows_per_expert = w * representative_tokens(bucket) * top_k / experts;
+  const std::int64_t rows_per_expert = balanced_rows_per_expert(world, shape, bucket);
   // block_m: an expert with <= 64 rows would leave half of a 128-row tile empty (and 64 is the
   // M of one WGMMA warpgroup), so decode-like loads use 64; larger loads use 128.
   k.block_m = rows_per_expert <= 64 ? 64 : 128;
@@ -206,6 +214,12 @@ std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::
     --stages;
   }
   return stages;
+}
+
+bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
+                       const Knobs& knobs) {
+  return precision == Precision::mxfp8 && knobs.block_m == 64 &&
+         balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
 }
 
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n) {

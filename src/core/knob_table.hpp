@@ -49,6 +49,17 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
          precision == Precision::mxfp4;
 }
 
+// mxfp8 under wgmma: whether a bucket's 64-row packed tiles (block_m = 64) multiply E4M3 codes
+// (MXFP8 token rows times E4M3 weights, nothing decoded) rather than decode the weights to bf16:
+// where an expert gets at most kWgmmaE4m3MaxRows rows per round with balanced routing (the
+// bucket's representative T, as the table's other rules). The E4M3 tile promotes each k32 block's
+// sums per token row, which costs more than the decode from a few tens of rows per expert (qwen3
+// at world 1 on one H200, bench/RESULTS.md session 23: 7-17 % faster at up to 4 rows, 8 % slower
+// at 32). The wgmma backend asks it per bucket; no knob sets it.
+inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
+bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
+                       const Knobs& knobs);
+
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
 // fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m 128 runs the

@@ -194,7 +194,8 @@ std::string output_rule(Combine combine, ExpertMath math, Precision precision) {
                 kWgmmaOutlierFraction == 1e-2 && kTensorCoreUlps == 2 &&
                 kTensorCoreRmsFloor == 1e-3 && kInKernelReduceUlps == 1 && kAbsFloor == 1e-6 &&
                 kFp8GemmMaxRelL2 == 1e-2);
-  if (fp8_gemm(math, precision)) return "wgmma on E4M3 (fp8_block128): rel_l2 <= 1e-2";
+  if (fp8_gemm(math, precision))
+    return std::string("wgmma on E4M3 (") + to_string(precision) + "): rel_l2 <= 1e-2";
   if (math != ExpertMath::exact) {
     return std::string(to_string(math)) + ": rel_l2 <= 4e-3 and at most max(1, " +
            (math == ExpertMath::wgmma ? "1%" : "0.1%") +

@@ -141,6 +141,7 @@ std::vector<MathAndPrecision> num_sms_cases() {
   return {{ExpertMath::exact, Precision::mxfp8},
           {ExpertMath::tensor_core, Precision::nvfp4},
           {ExpertMath::wgmma, Precision::bf16},
+          {ExpertMath::wgmma, Precision::mxfp8},
           {ExpertMath::wgmma, Precision::fp8_block128}};
 }
 
@@ -183,6 +184,22 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
                          [](const auto& param_info) {
                            return std::string(to_string(param_info.param));
                          });
+
+// mxfp8 picks its packed GEMM per bucket: 64 token rows where an expert gets at most 16 rows
+// (core::wgmma_e4m3_tokens; kShape's decode bucket: 8 at world 1, 16 at world 2) multiply E4M3
+// codes of the MXFP8 rows (gather copies the wire rows, FC1's epilogue writes h as MXFP8); 64
+// rows elsewhere (small, medium: 64 and 512 rows), 128 and 256 decode the weights to bf16 (gather
+// decodes the wire rows). Each, in every bucket (T = 0, 1, 64, 1000), matches the reference;
+// mixing them between rounds (the default table) too.
+TEST(GpuKnobs, Mxfp8RunsE4m3OnFewRowsAndBf16ElsewhereEachMatchingTheReference) {
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
+  for (const std::int32_t rows : {64, 128, 256}) {
+    const Knobs k = knobs_with(kShape, Precision::mxfp8, [rows](Knobs& kn) { kn.block_m = rows; });
+    run_rounds(kShape, Precision::mxfp8, ExpertMath::wgmma, every_bucket(k),
+               "mxfp8 block_m=" + std::to_string(rows));
+  }
+  run_rounds(kShape, Precision::mxfp8, ExpertMath::wgmma, {}, "mxfp8 default knobs");
+}
 
 // A graph captured at T = 1000 (medium: num_sms = 8 and the 128 x 256 tile there) keeps that
 // bucket's launches when replayed between eager rounds at T = 5 (decode: the default knobs), and

@@ -194,7 +194,9 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids
 // instruction-level parallelism over its columns: no branch per element (the activation chosen by
 // the caller, each bias loaded once, E4M3 by the hardware's conversions, which the wire codec
 // matches bit for bit), and columns of token rows past M_e skipped 16 at a time (decode fills few).
-template <int kTokens, class Activate, class Accum, class Coord>
+// kCodesOut (mxfp8's E4M3 64-row FC1, t64_e4m3): h stored as MXFP8, its E4M3 codes and each token's
+// block scale value, for FC2's E4M3 GEMM.
+template <int kTokens, bool kCodesOut, class Activate, class Accum, class Coord>
 __device__ __forceinline__ void activate_and_store(const Args& args,
                                                    std::uint32_t (&amax)[kTokens][4], Accum& accum,
                                                    const Coord& coord, const TilePlace& at, int m,
@@ -238,10 +240,18 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
         mxfp8_scale_code(bits_float(max(max(part.x, part.y), max(part.z, part.w))), rounding);
     *reinterpret_cast<uint2*>(amax[col]) =
         make_uint2(float_bits(mxfp8_inverse_scale(code)), float_bits(e8m0_to_float(code)));
+    if constexpr (kCodesOut) {
+      // the block's scale value: the warpgroup's 32 outputs are block n0 / 64 + wg of the row
+      if (col < rows)
+        args.arrays.h8_scale[at.g][static_cast<std::int64_t>(at.m0 + col) * (inter / 32) +
+                                   at.n0 / 64 + wg] = e8m0_to_float(code);
+    }
   }
   warpgroup_barrier(1 + wg);
   const int first = get<1>(coord(0));  // the thread's first column: 2 (lane % 4)
-  std::uint16_t* h16 = args.arrays.h[at.g] + static_cast<std::int64_t>(at.m0 + first) * inter + out;
+  const std::int64_t h_at = static_cast<std::int64_t>(at.m0 + first) * inter + out;
+  std::uint16_t* h16 = kCodesOut ? nullptr : args.arrays.h[at.g] + h_at;
+  std::uint8_t* h8 = kCodesOut ? args.arrays.h8[at.g] + h_at : nullptr;
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
     if (j % 2 == 0 && 8 * j >= rows) break;
@@ -253,6 +263,14 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
         __nv_cvt_float2_to_fp8x2(make_float2(accum(4 * j) * bits_float(scales[0].x),
                                              accum(4 * j + 1) * bits_float(scales[1].x)),
                                  __NV_SATFINITE, __NV_E4M3);
+    if constexpr (kCodesOut) {  // the codes; their value is the code times the block's scale
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (col + c < rows)
+          h8[c * static_cast<std::int64_t>(inter)] = static_cast<std::uint8_t>(q >> (8 * c));
+      h8 += static_cast<std::int64_t>(8) * inter;
+      continue;
+    }
     const float2 e4m3 = e4m3x2_to_float2(q);
     const float value[2] = {e4m3.x, e4m3.y};
 #pragma unroll
@@ -298,19 +316,59 @@ __device__ __forceinline__ void store_sums(float* d, const Accum& accum, const C
   }
 }
 
-template <Precision P, int kTokens, bool kActivates>
-__global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args) {
-  using S = Smem<P, kTokens, kActivates>;
-  using T = TokenTile<kTokens>;
-  using Barrier = cutlass::arch::ClusterBarrier;
-  constexpr int kStages = T::kStages;
+// A tile's epilogue, per math warpgroup: an activating FC1's (activate_and_store, with the layer's
+// activation chosen once) or D's (store_sums).
+template <int kTokens, bool kActivates, bool kCodesOut, class Amax, class Accum, class Coord>
+__device__ __forceinline__ void finish_tile(const Args& args, Amax& amax, Accum& accum,
+                                            const Coord& coord, const TilePlace& at, int m,
+                                            int wg) {
+  if constexpr (kActivates) {
+    const PackedFc1Epilogue& e = args.epilogue;
+    if (e.activation == Activation::swiglu_oai)
+      activate_and_store<kTokens, kCodesOut>(
+          args, amax, accum, coord, at, m, wg,
+          [&](float gate, float up) { return math::swiglu_oai(gate, up, e.swiglu_limit); });
+    else
+      activate_and_store<kTokens, kCodesOut>(
+          args, amax, accum, coord, at, m, wg,
+          [&](float gate, float up) { return math::swiglu(gate, up, e.swiglu_limit); });
+  } else {
+    store_sums<kTokens>(args.arrays.d[at.g], accum, coord, at, m, args.n);
+  }
+}
+
+// The kernel's shared memory S, 1024-byte aligned (the swizzles' period) by an offset from
+// smem_raw, not through an integer cast: the compiler then still knows it is shared memory and
+// emits LDS / STS, where a cast made every decode access a generic 64-bit LD / ST.
+template <class S>
+__device__ __forceinline__ S& aligned_smem() {
   extern __shared__ std::uint8_t smem_raw[];
-  // 1024-byte aligned (the 128-byte swizzle's period) by an offset from smem_raw, not through an
-  // integer cast: the compiler then still knows `s` is shared memory and emits LDS / STS, where a
-  // cast made every decode access a generic 64-bit LD / ST.
   const std::uint32_t misaligned =
       static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u;
-  S& s = *reinterpret_cast<S*>(smem_raw + ((1024u - misaligned) & 1023u));
+  return *reinterpret_cast<S*>(smem_raw + ((1024u - misaligned) & 1023u));
+}
+
+// The aligned 4-byte word holding the block scale codes at `scale_at` (a k tile's are in one word;
+// the math warpgroups shift by scale_at's offset in it) into shared memory `word`.
+__device__ __forceinline__ void copy_scale_word(std::uint32_t* word, const std::uint8_t* scale_at) {
+  cp_async_4(word, reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(scale_at) &
+                                                 ~std::uintptr_t{3}));
+}
+
+// What every role of a packed GEMM kernel knows once it has started (start_gemm).
+struct GemmStart {
+  int tid, n, k, groups;
+  int weight_blocks;  // per group: N / 128 rounded up
+  int tiles;          // of every group
+};
+
+// Every role's start: the ring's barriers initialized, the previous kernel waited for (plan wrote
+// the problems and pointers), and the groups' tile prefix (s.tile_end) computed.
+template <int kStages, int kTokens, class S>
+__device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
+  const int weight_blocks = (args.n + kRows - 1) / kRows;
+  constexpr int tokens = kTokens;
+  using Barrier = cutlass::arch::ClusterBarrier;
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
@@ -319,27 +377,32 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     }
     cutlass::arch::fence_barrier_init();
   }
-  wait_for_previous_kernel();  // the plan kernel wrote the problems and pointers
-
-  const int n = args.n, k = args.k, groups = args.groups;
-  const int weight_blocks = (n + kRows - 1) / kRows;
-  {
-    using Scan = cub::BlockScan<int, kGemmThreads>;
-    __shared__ typename Scan::TempStorage scan;
-    int tiles[kGroupsPerThread];
+  wait_for_previous_kernel();
+  const int groups = args.groups;
+  using Scan = cub::BlockScan<int, kGemmThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  int tiles[kGroupsPerThread];
 #pragma unroll
-    for (int i = 0; i < kGroupsPerThread; ++i) {
-      const int g = kGroupsPerThread * tid + i;
-      tiles[i] =
-          g < groups ? weight_blocks * ((args.arrays.problems[g].m + kTokens - 1) / kTokens) : 0;
-    }
-    Scan(scan).InclusiveSum(tiles, tiles);
-#pragma unroll
-    for (int i = 0; i < kGroupsPerThread; ++i)
-      if (kGroupsPerThread * tid + i < groups) s.tile_end[kGroupsPerThread * tid + i] = tiles[i];
+  for (int i = 0; i < kGroupsPerThread; ++i) {
+    const int g = kGroupsPerThread * tid + i;
+    tiles[i] = g < groups ? weight_blocks * ((args.arrays.problems[g].m + tokens - 1) / tokens) : 0;
   }
+  Scan(scan).InclusiveSum(tiles, tiles);
+#pragma unroll
+  for (int i = 0; i < kGroupsPerThread; ++i)
+    if (kGroupsPerThread * tid + i < groups) s.tile_end[kGroupsPerThread * tid + i] = tiles[i];
   __syncthreads();  // the tile prefix and the barriers' initialization, for every role
-  const int tiles = s.tile_end[groups - 1];
+  return GemmStart{tid, args.n, args.k, groups, weight_blocks, s.tile_end[groups - 1]};
+}
+
+template <Precision P, int kTokens, bool kActivates>
+__global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args) {
+  using S = Smem<P, kTokens, kActivates>;
+  using T = TokenTile<kTokens>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kStages = T::kStages;
+  S& s = aligned_smem<S>();
+  const auto [tid, n, k, groups, weight_blocks, tiles] = start_gemm<kStages, kTokens>(s, args);
 
   constexpr int kBlock = PackedFormat<P>::kBlock;
   const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
@@ -396,10 +459,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
           cp_async_16(&s.codes[ring.stage][c / kChunksPerRow][16 * (c % kChunksPerRow)],
                       code_src[i] + kt * S::kCodeBytes);
         }
-        const std::uint8_t* scale_at = scale_src + kt * (kTileK / kBlock);
-        cp_async_4(&s.scale_words[ring.stage][tid],
-                   reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(scale_at) &
-                                                 ~std::uintptr_t{3}));
+        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * (kTileK / kBlock));
 #pragma unroll
         for (int i = 0; i < kTokenChunks; ++i)
           if (i < token_chunks)
@@ -563,43 +623,279 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     warpgroup_fence_operand(accum);
     release(stage);
 
-    if constexpr (kActivates) {
-      const PackedFc1Epilogue& e = args.epilogue;
-      if (e.activation == Activation::swiglu_oai)
-        activate_and_store<kTokens>(
-            args, s.amax[wg], accum, coord, at, m, wg,
-            [&](float gate, float up) { return math::swiglu_oai(gate, up, e.swiglu_limit); });
-      else
-        activate_and_store<kTokens>(
-            args, s.amax[wg], accum, coord, at, m, wg,
-            [&](float gate, float up) { return math::swiglu(gate, up, e.swiglu_limit); });
-    } else {
-      store_sums<kTokens>(args.arrays.d[at.g], accum, coord, at, m, n);
-    }
+    finish_tile<kTokens, kActivates, false>(args, s.amax[wg], accum, coord, at, m, wg);
   }
 }
 
-template <Precision P, int kTokens, bool kActivates>
-std::size_t smem_bytes() {
-  return sizeof(Smem<P, kTokens, kActivates>) + 1024;  // + the dynamic allocation's alignment
+// ---- mxfp8's E4M3 64-row tile (t64_e4m3): E4M3 weights times MXFP8 token rows, nothing decoded
+//
+// The same tiles, ring and warp roles as packed_gemm_kernel, but both operands are E4M3 codes in
+// shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores multiply
+// the codes: each k tile is two k32 WGMMAs, one MX block of both operands each, whose sums the math
+// warpgroups add to fp32 sums times the weight row's block scale times the token's (promotion, as
+// DeepGEMM's FP8 GEMMs do per 128). The block scales are powers of two, so that product is the
+// exact product of the decoded values' sums but for WGMMA's FP8 accumulation within a block.
+//   producer  warpgroup 0: each k tile's 128 weight rows of codes and the tokens' rows of codes
+//             (16-byte cp.async into the swizzled layouts WGMMA reads), the 4-byte word holding
+//             each weight row's block scale codes, each token row's two block scale values (8
+//             bytes)
+//   math      warpgroups 1 and 2, 64 weight rows each: per k32 block a WGMMA into block sums,
+//             waited for, then sums += block sums x weight scale x token scale (only the 8-column
+//             groups of token rows that exist); a stage goes back once the next k tile's first
+//             WGMMA has retired (every warp of the warpgroup issued it, so each is past its reads
+//             of the stage's scales); then the same epilogues, an activating FC1 storing h as
+//             MXFP8 codes and scale values
+namespace e4m3 {
+
+constexpr int kBlockK = formats::kMxfp8Block;  // an MX block: one k32 WGMMA
+constexpr int kBlocks = kTileK / kBlockK;      // per k tile
+using Code = cutlass::float_e4m3_t;
+using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swizzle
+
+template <int kTokens>
+struct Tile {
+  static_assert(kTokens == 64, "t64_e4m3: 64 token rows");
+  static constexpr int kStages = 16;  // as deep as shared memory allows
+  using Op =
+      decltype(SM90::GMMA::ss_op_selector<Code, Code, float, Shape<_64, Int<kTokens>, Int<kBlockK>>,
+                                          GMMA::Major::K, GMMA::Major::K>());
+  using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
+  using LayoutW = decltype(tile_to_shape(Atom{}, Shape<Int<kRows>, Int<kTileK>, Int<kStages>>{}));
+  using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
+};
+
+template <int kTokens, bool kActivates>
+struct Smem {
+  static constexpr int kStages = Tile<kTokens>::kStages;
+  alignas(1024) std::uint8_t w[kStages][kRows * kTileK];    // weight codes (LayoutW)
+  alignas(1024) std::uint8_t x[kStages][kTokens * kTileK];  // token codes (LayoutX)
+  alignas(16) float x_scales[kStages][kTokens][kBlocks];    // token row, block: the scale's value
+  std::uint32_t scale_words[kStages][kRows];
+  alignas(8) std::uint64_t full[kStages];
+  alignas(8) std::uint64_t empty[kStages];
+  int tile_end[kMaxGroups];
+  alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
+};
+
+}  // namespace e4m3
+
+template <int kTokens, bool kActivates>
+__global__ void __launch_bounds__(kGemmThreads, 1) packed_e4m3_gemm_kernel(Args args) {
+  using S = e4m3::Smem<kTokens, kActivates>;
+  using T = e4m3::Tile<kTokens>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kStages = T::kStages;
+  S& s = aligned_smem<S>();
+  const auto [tid, n, k, groups, weight_blocks, tiles] = start_gemm<kStages, kTokens>(s, args);
+  const std::int64_t scale_row_bytes = k / e4m3::kBlockK;  // weights: one E8M0 per block
+  const int k_tiles = k / kTileK;
+  RingPosition ring;
+
+  if (tid < kProducerThreads) {
+    // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
+    constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
+    constexpr int kRowStep = kProducerThreads / kChunksPerRow;
+    constexpr int kCodeChunks = kRows / kRowStep;     // 16-byte copies per thread
+    constexpr int kTokenChunks = kTokens / kRowStep;  //
+    const typename T::LayoutW layout_w{};
+    const typename T::LayoutX layout_x{};
+    const int unit = 16 * (tid % kChunksPerRow);  // this thread's 16 bytes of each row it copies
+    for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
+         tile += static_cast<int>(gridDim.x)) {
+      const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
+      const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
+      // Each thread's sources at k tile 0 and places in stage 0, once per tile. Past N a weight
+      // row is a copy of row N - 1, never stored; token rows past the tile's are not loaded.
+      const std::uint8_t* code_src[kCodeChunks];
+      int code_dst[kCodeChunks];
+#pragma unroll
+      for (int i = 0; i < kCodeChunks; ++i) {
+        const int t = tid / kChunksPerRow + i * kRowStep;
+        code_src[i] =
+            matrix_row(args.w.codes, k, at.g, n, weight_row<kActivates>(t, at.n0 / kRows, n)) +
+            unit;
+        code_dst[i] = layout_w(t, unit, 0);
+      }
+      const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                                 weight_row<kActivates>(tid, at.n0 / kRows, n));
+      const std::uint8_t* token_src =
+          args.arrays.a8[at.g] + static_cast<std::int64_t>(at.m0 + tid / kChunksPerRow) * k + unit;
+      int token_dst[kTokenChunks];
+#pragma unroll
+      for (int i = 0; i < kTokenChunks; ++i)
+        token_dst[i] = layout_x(tid / kChunksPerRow + i * kRowStep, unit, 0);
+      const int token_chunks =
+          min(kTokenChunks, (rows - tid / kChunksPerRow + kRowStep - 1) / kRowStep);
+      const float* token_scale_src =
+          args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / e4m3::kBlockK);
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
+#pragma unroll
+        for (int i = 0; i < kCodeChunks; ++i)
+          cp_async_16(&s.w[ring.stage][code_dst[i]], code_src[i] + kt * kTileK);
+        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * e4m3::kBlocks);
+#pragma unroll
+        for (int i = 0; i < kTokenChunks; ++i)
+          if (i < token_chunks)
+            cp_async_16(&s.x[ring.stage][token_dst[i]],
+                        token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
+        if (tid < rows)
+          cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * e4m3::kBlocks);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
+        ring.advance<kStages>();
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // ---- math: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of each tile
+  const int math_tid = tid - kProducerThreads, wg = math_tid / kWarpgroup;
+  const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
+  typename T::TiledMma mma;
+  const auto thr = mma.get_thread_slice(math_tid);
+  Tensor sW =
+      make_tensor(make_smem_ptr(reinterpret_cast<e4m3::Code*>(&s.w[0][0])), typename T::LayoutW{});
+  Tensor sX =
+      make_tensor(make_smem_ptr(reinterpret_cast<e4m3::Code*>(&s.x[0][0])), typename T::LayoutX{});
+  Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, stage)
+  Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
+  Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
+  Tensor sums = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});  // a k32 block's
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
+  static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
+  // The thread's weight rows (row0, row0 + 8) and first token column (index c + 2 h + 4 j of the
+  // sums is column col0 + 8 j + c of row row0 + 8 h, as activate_and_store reads them).
+  const int row0 = get<0>(coord(0)), col0 = get<1>(coord(0));
+  const auto release = [&](int stage) {
+    if (signals) Barrier::arrive(&s.empty[stage]);
+  };
+
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
+    const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
+    const int m = args.arrays.problems[at.g].m;
+    const int rows = m - at.m0;
+    const std::uint8_t* scale_rows[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      scale_rows[h] = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                 weight_row<kActivates>(row0 + 8 * h, at.n0 / kRows, n));
+#pragma unroll
+    for (int i = 0; i < size(accum); ++i) accum(i) = 0.0f;
+
+    // WGMMA of block kb of the k tile in `stage` into `sums` (its own sums: ScaleOut::Zero)
+    const auto issue = [&](int stage, int kb) {
+      warpgroup_fence_operand(sums);
+      warpgroup_arrive();
+      mma.accumulate_ = GMMA::ScaleOut::Zero;
+      cute::gemm(mma, tCrW(_, _, kb, stage), tCrX(_, _, kb, stage), sums);
+      warpgroup_commit_batch();
+    };
+    // accum += a retired block's sums x its weight row's scale x its token's scale, over the
+    // 8-column groups of token rows that exist (all of them in a full tile, without a test)
+    const auto promote = [&](int stage, int kb, int kt) {
+      warpgroup_fence_operand(sums);
+      float weight_scale[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uintptr_t scale_at =
+            reinterpret_cast<std::uintptr_t>(scale_rows[h] + kt * e4m3::kBlocks);
+        const std::uint32_t codes =
+            s.scale_words[stage][row0 + 8 * h] >> (8 * (scale_at & 3) + 8 * kb);
+        weight_scale[h] = formats::e8m0_to_float(static_cast<std::uint8_t>(codes));
+      }
+      const auto columns = [&](int j) {  // token rows col0 + 8 j and + 1
+        const float4 both = *reinterpret_cast<const float4*>(&s.x_scales[stage][col0 + 8 * j][0]);
+        const float token_scale[2] = {kb == 0 ? both.x : both.y, kb == 0 ? both.z : both.w};
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = c + 2 * h + 4 * j;
+            accum(i) = fmaf(sums(i), weight_scale[h] * token_scale[c], accum(i));
+          }
+      };
+      if (rows >= kTokens) {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j) columns(j);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j) {
+          if (8 * j >= rows) break;  // uniform over the warpgroup
+          columns(j);
+        }
+      }
+    };
+    const auto next_stage = [&] {
+      Barrier::wait(&s.full[ring.stage], ring.phase);
+      const int stage = ring.stage;
+      ring.advance<kStages>();
+      return stage;
+    };
+
+    // One k32 block at a time: its WGMMA, waited for, then its promotion (as DeepGEMM's FP8
+    // kernels wait before promoting; the two math warpgroups overlap each other). Two blocks' sums
+    // in flight made ptxas serialize the WGMMAs and inject waits (C7514 / C7517), and measured
+    // slower (bench/RESULTS.md, session 23). A k tile's stage goes back once the next k tile's
+    // first WGMMA has retired: every warp of the warpgroup issued it, so each is past its reads of
+    // the stage's scales.
+    int previous = -1;  // the stage of the k tile before
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = next_stage();
+#pragma unroll
+      for (int kb = 0; kb < e4m3::kBlocks; ++kb) {
+        issue(stage, kb);
+        warpgroup_wait<0>();
+        if (kb == 0 && previous >= 0) release(previous);
+        promote(stage, kb, kt);
+      }
+      previous = stage;
+    }
+    // The last k tile's stage: every warp of the warpgroup past its reads of it, then back.
+    warpgroup_barrier(1 + wg);
+    release(previous);
+    finish_tile<kTokens, kActivates, true>(args, s.amax[wg], accum, coord, at, m, wg);
+  }
 }
 
-// Calls f(integral_constant<Precision, P>, integral_constant<int, tokens>,
-// integral_constant<bool, activates>) with the GEMM's precision (with_packed_precision, whose bf16
-// case cannot_take has refused: no bf16 kernel is instantiated), token rows and epilogue (an
-// activating one only where FC2's input is MXFP8: mxfp8, mxfp4).
+template <Precision P, int kTokens, bool kActivates, bool kE4m3>
+constexpr std::size_t smem_bytes() {
+  std::size_t bytes = 1024;  // the dynamic allocation's alignment
+  if constexpr (kE4m3)
+    bytes += sizeof(e4m3::Smem<kTokens, kActivates>);
+  else
+    bytes += sizeof(Smem<P, kTokens, kActivates>);
+  return bytes;
+}
+
+// The kernel of a precision, token rows and epilogue, or mxfp8's that multiplies E4M3 codes.
+template <Precision P, int kTokens, bool kActivates, bool kE4m3>
+constexpr auto kernel_of() {
+  if constexpr (kE4m3)
+    return packed_e4m3_gemm_kernel<kTokens, kActivates>;
+  else
+    return packed_gemm_kernel<P, kTokens, kActivates>;
+}
+
+// Calls f(precision, token rows, activates, e4m3) with each as a compile-time constant; the E4M3
+// kernel only for mxfp8's t64_e4m3 (the constructor refuses it for other precisions).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
   with_packed_precision(p, [&](auto precision) {
     constexpr Precision kP = decltype(precision)::value;
     if constexpr (kP != Precision::bf16) {
       const auto with_tokens = [&](auto epilogue) {
-        if (tile == PackedTokenTile::t64)
-          f(precision, std::integral_constant<int, 64>{}, epilogue);
-        else if (tile == PackedTokenTile::t128)
-          f(precision, std::integral_constant<int, 128>{}, epilogue);
-        else
-          f(precision, std::integral_constant<int, 256>{}, epilogue);
+        using std::integral_constant;
+        if (tile == PackedTokenTile::t64_e4m3) {
+          if constexpr (kP == Precision::mxfp8)
+            f(precision, integral_constant<int, 64>{}, epilogue, std::true_type{});
+        } else if (tile == PackedTokenTile::t64) {
+          f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{});
+        } else if (tile == PackedTokenTile::t128) {
+          f(precision, integral_constant<int, 128>{}, epilogue, std::false_type{});
+        } else {
+          f(precision, integral_constant<int, 256>{}, epilogue, std::false_type{});
+        }
       };
       if constexpr (protocol::activation_format(kP) == Precision::mxfp8) {
         if (activates) {
@@ -648,24 +944,33 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
+  if (tile == PackedTokenTile::t64_e4m3 && precision != Precision::mxfp8)
+    throw Error(ErrorCode::unsupported,
+                "packed grouped GEMM: the E4M3 64-row tile (t64_e4m3) takes mxfp8 weights only");
   sm_count_ = grid_sms(device, sm_count);
-  with_kernel(precision, tile, epilogue_.has_value(), [&](auto p, auto tokens, auto activating) {
-    constexpr Precision kP = decltype(p)::value;
-    constexpr int kTokens = decltype(tokens)::value;
-    constexpr bool kActivates = decltype(activating)::value;
-    smem_ = smem_bytes<kP, kTokens, kActivates>();
-    EPMOE_CUDA_CHECK(cudaFuncSetAttribute(packed_gemm_kernel<kP, kTokens, kActivates>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_)));
-  });
+  with_kernel(precision, tile, epilogue_.has_value(),
+              [&](auto p, auto tokens, auto activating, auto e4m3) {
+                constexpr Precision kP = decltype(p)::value;
+                constexpr int kTokens = decltype(tokens)::value;
+                constexpr bool kActivates = decltype(activating)::value;
+                constexpr bool kE4m3 = decltype(e4m3)::value;
+                constexpr std::size_t kSmem = smem_bytes<kP, kTokens, kActivates, kE4m3>();
+                static_assert(kSmem <= 227 * 1024, "an SM's shared memory");
+                smem_ = kSmem;
+                EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel_of<kP, kTokens, kActivates, kE4m3>(),
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      static_cast<int>(smem_)));
+              });
   // The arrays sliced from one allocation; with base == nullptr only measured (ScratchCursor).
   const auto slice = [g = static_cast<std::size_t>(groups)](std::uint8_t* base,
                                                             std::size_t* bytes) {
     ScratchCursor cursor{base};
     // (a braced list evaluates left to right: the members in their order)
-    PackedGemmArrays arrays{cursor.take<GemmProblem>(g), cursor.take<const std::uint16_t*>(g),
-                            cursor.take<float*>(g), cursor.take<std::uint16_t*>(g),
-                            cursor.take<const float*>(g)};
+    PackedGemmArrays arrays{cursor.take<GemmProblem>(g),  cursor.take<const std::uint16_t*>(g),
+                            cursor.take<float*>(g),       cursor.take<std::uint16_t*>(g),
+                            cursor.take<const float*>(g), cursor.take<const std::uint8_t*>(g),
+                            cursor.take<const float*>(g), cursor.take<std::uint8_t*>(g),
+                            cursor.take<float*>(g)};
     *bytes = cursor.used;
     return arrays;
   };
@@ -681,11 +986,12 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
   const Args args{arrays_, weights, groups_, n_, k_, epilogue_.value_or(PackedFc1Epilogue{})};
-  with_kernel(precision_, tile_, epilogue_.has_value(), [&](auto p, auto tokens, auto activating) {
-    launch_chained(packed_gemm_kernel<decltype(p)::value, decltype(tokens)::value,
-                                      decltype(activating)::value>,
-                   KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);
-  });
+  with_kernel(precision_, tile_, epilogue_.has_value(),
+              [&](auto p, auto tokens, auto activating, auto e4m3) {
+                launch_chained(kernel_of<decltype(p)::value, decltype(tokens)::value,
+                                         decltype(activating)::value, decltype(e4m3)::value>(),
+                               KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);
+              });
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

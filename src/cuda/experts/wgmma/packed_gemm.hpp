@@ -6,7 +6,10 @@
 // fp32, row-major, with every weight decoded as the tiles of `tensor_core` decode it: the code
 // times its block scale (E4M3 * 2^s, E2M1 * 2^s, E2M1 * E4M3), exact in bf16, without NVFP4's
 // per-matrix divisor and multiplier (the caller applies those to D). So D is the exact product sum
-// with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values.
+// with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values. mxfp8's A on
+// its E4M3 tile is MXFP8 instead (t64_e4m3): E4M3 times E4M3 in the tensor cores, each k32
+// block's sums times both block scales added in fp32 (WGMMA's FP8 sums keep fewer bits than fp32
+// within a block).
 //
 // Why by hand: CUTLASS 4's SM90 mixed-input GEMMs take a scale group that is a multiple of the
 // tile's K (≥ 64), not MX's 32 or NVFP4's 16, and its blockwise-FP8 GEMMs a scale granularity of at
@@ -30,10 +33,17 @@ namespace epmoe::cuda::experts::wgmma {
 // problems[e].n and .k must be the GEMM's N and K (M = problems[e].m).
 struct PackedGemmArrays {
   GemmProblem* problems;
-  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major
+  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major (but t64_e4m3)
   float** d;                // [M_e, N] row-major (not written by an activating FC1)
-  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (else unused)
+  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (but t64_e4m3)
   const float** b13;        // an activating FC1's [N] biases (gate, then up), or nullptr
+  // t64_e4m3 (mxfp8's E4M3 tile): the tokens as MXFP8, E4M3 codes [M_e, K] and each block's
+  // scale value (2^(s - 127), NaN for s = 0xFF) [M_e, K / 32]; an activating FC1's h the same
+  // way, [M_e, N / 2] and [M_e, N / 64]
+  const std::uint8_t** a8;
+  const float** a8_scale;
+  std::uint8_t** h8;
+  float** h8_scale;
 };
 
 // FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j
@@ -49,8 +59,14 @@ struct PackedFc1Epilogue {
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
 // to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
-// (wgmma_backend.hpp).
-enum class PackedTokenTile : std::uint8_t { t64, t128, t256 };
+// (wgmma_backend.hpp). t64_e4m3 (mxfp8 only) is a 64-row tile that multiplies E4M3 codes: its
+// tokens are MXFP8 rows (the wire rows, and FC2's input from an activating FC1), so each k32
+// WGMMA of E4M3 weights and E4M3 tokens is one block of both, and its sums times the two block
+// scales are the decoded values' products: no decode. Its cost is a scale promotion per token row
+// and k32 block, which beats decoding the weights at a few rows per expert and loses from a few
+// tens (core::wgmma_e4m3_tokens picks it per bucket); the other tiles decode the weights to bf16
+// and take bf16 rows.
+enum class PackedTokenTile : std::uint8_t { t64, t64_e4m3, t128, t256 };
 
 class PackedGroupedGemm {
  public:
@@ -69,6 +85,7 @@ class PackedGroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
   PackedTokenTile tile() const { return tile_; }
+  bool e4m3_tokens() const { return tile_ == PackedTokenTile::t64_e4m3; }  // (arrays' a8, h8)
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`

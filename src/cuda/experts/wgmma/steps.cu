@@ -4,6 +4,7 @@
 // already failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
+#include "cuda/experts/packed_weights.cuh"  // e4m3x2_to_float2
 #include "cuda/experts/wgmma/steps.hpp"
 #include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/activation.hpp"
@@ -35,6 +36,21 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
       p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
+      continue;
+    }
+    if (p.packed() && p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
+      constexpr std::int64_t kMx = formats::kMxfp8Block;
+      p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
+      p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
+      p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
+      p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+      p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+      p.packed_fc2.problems[e] = GemmProblem{m, h, i};
+      p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
+      p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+      p.packed_fc2.b13[e] = nullptr;
+      p.packed_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
     if (p.packed()) {
@@ -87,9 +103,28 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
   return w.multiplier != 1.0f ? v * w.multiplier : v;
 }
 
-// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (fp8) the
-// received row's wire payload itself, its E4M3 codes and 1 x 128 scales (checked by route; the
-// same bytes route decoded).
+// 8 E4M3 codes (two words, low byte first) of one MX block times its scale value, as bf16 codes:
+// the wire codec's decode (mxfp8_decode_value) rounded by float_to_bf16, as route stages rows
+// for the other precisions, bit for bit: the hardware's E4M3 conversion is exact, the product the
+// same fp32 multiply, and cvt.rn.bf16x2.f32 rounds to nearest even (a NaN: its canonical one,
+// as float_to_bf16 of the GPU's NaN product).
+__device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, float scale) {
+  const std::uint32_t words[2] = {lo, hi};
+  std::uint32_t out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = e4m3x2_to_float2(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    out[j] = *reinterpret_cast<const std::uint32_t*>(&b);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (E4M3
+// operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
+// values (fp8_block128's 1 x 128 fp32 scales; mxfp8's 1 x 32 E8M0 codes decoded), or (mxfp8 in a
+// bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an E4M3 value times
+// a power of two). Route checked the rows and staged nothing for them.
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
@@ -99,9 +134,28 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const std::int64_t hidden = p.problem.hidden;
   const std::int64_t vectors = hidden / 8;
   const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (p.fp8()) {
+  if (const int block = e4m3_scale_block(p.problem); block != 0) {
     const TokenBackTarget& t = p.step.home;
-    const std::int64_t blocks = hidden / formats::kFp8Block128;
+    const std::int64_t blocks = hidden / block;
+    if (p.packed() && !p.packed_e4m3) {  // mxfp8's bf16 rows
+      for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
+           pair += gridDim.x * warps) {
+        const std::uint32_t packed = in.pairs[pair];
+        const std::uint8_t* payload =
+            t.peer_windows[t.rank] +
+            t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
+            protocol::wire_payload_offset(t.top_k);
+        auto* dst =
+            reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
+        for (std::int64_t v = lane; v < hidden / 16; v += 32) {  // 16 codes of one MX block
+          const uint4 codes = *reinterpret_cast<const uint4*>(payload + 16 * v);
+          const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
+          dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
+          dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
+        }
+      }
+      return;
+    }
     for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
       const std::uint32_t packed = in.pairs[pair];
       const std::uint8_t* payload =
@@ -111,9 +165,15 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
       const auto* codes = reinterpret_cast<const uint4*>(payload);
       auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
       for (std::int64_t v = lane; v < hidden / 16; v += 32) dst[v] = codes[v];
-      const auto* scales = reinterpret_cast<const float*>(payload + hidden);
-      for (std::int64_t b = lane; b < blocks; b += 32)
-        p.scratch.a8_scale[static_cast<std::size_t>(pair) * blocks + b] = scales[b];
+      float* scale = p.scratch.a8_scale + static_cast<std::size_t>(pair) * blocks;
+      if (p.fp8()) {
+        const auto* scales = reinterpret_cast<const float*>(payload + hidden);
+        for (std::int64_t b = lane; b < blocks; b += 32) scale[b] = scales[b];
+      } else {
+        const std::uint8_t* codes8 = payload + hidden;  // (mxfp8: H / 32 E8M0 codes)
+        for (std::int64_t b = lane; b < blocks; b += 32)
+          scale[b] = formats::e8m0_to_float(codes8[b]);
+      }
     }
     return;
   }

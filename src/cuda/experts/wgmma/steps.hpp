@@ -12,25 +12,29 @@
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
 #include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "cuda/kernels.hpp"
+#include "formats/codec.hpp"  // the E4M3 operands' blocks
 #include "protocol/wire.hpp"  // activation_format
 
 namespace epmoe::cuda::experts::wgmma {
 
 // Per-pair scratch, rows in pair order (grouped by expert: pair_offset), so each expert's rows
 // are one contiguous GEMM operand.
-// bf16 operands (every precision but fp8_block128) or E4M3 ones with their scales (fp8_block128):
-// one set is allocated, the other's pointers are null.
+// bf16 operands (bf16, nvfp4, mxfp4) or E4M3 ones with their scales (fp8_block128): one set is
+// allocated, the other's pointers are null. mxfp8 runs either by its bucket's tile
+// (PackedTokenTile::t64_e4m3): both sets, each E4M3 array inside its bf16 one (a round uses one of
+// them).
 struct Scratch {
   float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
   // bf16
   std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
-  // E4M3: the rows' codes and their 1 x 128 scales, as on the wire
+  // E4M3: the rows' codes and their blocks' scales (fp32 values) along K, as on the wire: 1 x 128
+  // (fp8_block128) or 1 x 32 (mxfp8), e4m3_scale_block
   std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
-  float* a8_scale;   // [max_pairs, H / 128]
+  float* a8_scale;   // [max_pairs, H / block]
   std::uint8_t* h8;  // [max_pairs, I] FC2's operand: h at its quantization point
-  float* h8_scale;   // [max_pairs, I / 128]
+  float* h8_scale;   // [max_pairs, I / block]
 };
 
 // fp8_block128 runs E4M3 operands and GEMMs with the format's block scales; every other precision
@@ -43,8 +47,16 @@ EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
 EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
   return packed_with_block_scales(problem.precision);
 }
-// Of those, the precisions whose FC2 input is MXFP8 (mxfp8, mxfp4) activate in the packed FC1's
-// epilogue (PackedFc1Epilogue): no activate kernel; NVFP4 (a per-row s_enc over all of I) keeps it.
+// The block along K of a precision's E4M3 operands' scales: 128 (fp8_block128), 32 (mxfp8, whose
+// E4M3 tile multiplies E4M3 codes: packed_gemm.hpp, t64_e4m3), or 0 (bf16 operands only).
+EPMOE_HD int e4m3_scale_block(const ExpertProblem& problem) {
+  return runs_e4m3(problem)                      ? formats::kFp8Block128
+         : problem.precision == Precision::mxfp8 ? formats::kMxfp8Block
+                                                 : 0;
+}
+// Of the packed precisions, those whose FC2 input is MXFP8 (mxfp8, mxfp4) activate in the packed
+// FC1's epilogue (PackedFc1Epilogue): no activate kernel; NVFP4 (a per-row s_enc over all of I)
+// keeps it.
 EPMOE_HD bool packed_fc1_activates(const ExpertProblem& problem) {
   return runs_packed(problem) && protocol::activation_format(problem.precision) == Precision::mxfp8;
 }
@@ -61,6 +73,9 @@ struct Params {
   GroupedGemmArrays fc1, fc2;               // the GEMMs' device arrays, written by plan (bf16)
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
+  // this bucket's packed GEMMs multiply E4M3 codes (mxfp8's t64_e4m3 tile): FC1
+  // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8)
+  bool packed_e4m3 = false;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool packed() const { return runs_packed(problem); }
   EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }

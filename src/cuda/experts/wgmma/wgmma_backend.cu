@@ -14,15 +14,27 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   ScratchCursor cursor{base};
   Scratch s{};
   s.d = cursor.take<float>(pairs * std::max(2 * i, h));
+  const auto block = static_cast<std::size_t>(e4m3_scale_block(e));
   if (runs_e4m3(e)) {
     s.a8 = cursor.take<std::uint8_t>(pairs * h);
-    s.a8_scale = cursor.take<float>(pairs * (h / formats::kFp8Block128));
+    s.a8_scale = cursor.take<float>(pairs * (h / block));
     s.h8 = cursor.take<std::uint8_t>(pairs * i);
-    s.h8_scale = cursor.take<float>(pairs * (i / formats::kFp8Block128));
+    s.h8_scale = cursor.take<float>(pairs * (i / block));
   } else {
     s.a1 = cursor.take<std::uint16_t>(pairs * h);
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
+  }
+  if (block != 0 && !runs_e4m3(e) && base != nullptr) {
+    // mxfp8: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2 n
+    // bytes; the rows' scales 16-byte aligned, as the kernels read them)
+    const auto inside = [&](std::uint16_t* bf16, std::size_t n, std::uint8_t** codes,
+                            float** scales) {
+      *codes = reinterpret_cast<std::uint8_t*>(bf16);
+      *scales = reinterpret_cast<float*>(*codes + protocol::align16(n));
+    };
+    inside(s.a1, pairs * h, &s.a8, &s.a8_scale);
+    inside(s.h16, pairs * i, &s.h8, &s.h8_scale);
   }
   *bytes = cursor.used;
   return s;
@@ -88,8 +100,10 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   runs_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
     const std::int64_t max_tokens =
         std::min(bucket_max_tokens(bucket), config.shape().max_tokens_per_rank);
+    const bool e4m3 =
+        core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket, k);
     return make_bucket_run(k, device,
-                           bucket_pairs(max_tokens, config.world(), config.shape().top_k));
+                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), e4m3);
   });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
@@ -99,7 +113,7 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
 WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
-                                                      std::int64_t max_pairs) {
+                                                      std::int64_t max_pairs, bool e4m3_tokens) {
   const int experts = static_cast<int>(problem_.local_experts);
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
@@ -115,7 +129,8 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
-    const PackedTokenTile tile = k.block_m == 64    ? PackedTokenTile::t64
+    const PackedTokenTile tile = e4m3_tokens        ? PackedTokenTile::t64_e4m3
+                                 : k.block_m == 64  ? PackedTokenTile::t64
                                  : k.block_m == 256 ? PackedTokenTile::t256
                                                     : PackedTokenTile::t128;
     const PackedGemms& g = find_or_make(
@@ -218,6 +233,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.packed_weights = packed_weights_->weights();
     p.packed_fc1 = run.packed_fc1->arrays();
     p.packed_fc2 = run.packed_fc2->arrays();
+    p.packed_e4m3 = run.packed_fc1->e4m3_tokens();
   } else {
     p.weights = weights_->weights();
     if (run.glu_fc1 != nullptr)
