@@ -11,7 +11,7 @@
 #
 # `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
 # same time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh
-# does): in build/ab-new, or with `--tests` in the GPU tests' build/gpu after running them
+# does): in build/ab-new, with `--tests` while the GPU tests build and run in build/gpu
 # (EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh), then N turns (2) of every side and new with the
 # arguments after `--` (each writes --json <side>_<turn>.json and its table, printed as it lands
 # so the call's output tail holds the numbers), and packs everything into one $OUT/ab.tgz (the
@@ -66,19 +66,21 @@ mkdir -p "$out"
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 source scripts/gpu_env.sh || exit 1
-jobs=$(( $(nproc) / (${#sides[@]} + 1) > 0 ? $(nproc) / (${#sides[@]} + 1) : 1 ))
+jobs=$(( $(nproc) / (${#sides[@]} + 1) > 0 ? $(nproc) / (${#sides[@]} + 1) : 1 ))  # (sides + new)
 pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
 build() {  # source dir, build dir
   cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
     -DNCCL_ROOT="$nccl_root" "${extra[@]}" && cmake --build "$2" -j "$jobs" --target epmoe_cli
 }
-# With --tests the working tree's epmoe comes from the GPU tests' own build (build/gpu, built by
-# tests/gpu/run.sh): one library compile less, and the binary measured is the one tested.
-new_dir=build/ab-new
-[ "$tests" = 1 ] && new_dir=build/gpu
+# Every measured binary is built the same way (Release, no tests), the working tree's too: the GPU
+# tests' build (build/gpu, --tests) compiles the fault switches in (EPMOE_FAULT_INJECTION follows
+# EPMOE_BUILD_TESTS), which cost every kernel of the chain a little (session 25 measured mxfp4 at
+# T = 1 2-4 us slower from that build than from the same code built as the sides are).
 declare -A pids
-for side in "${sides[@]}"; do
-  build "$dir/$side" "build/ab-$side" >"$out/build_$side.log" 2>&1 &
+for side in "${sides[@]}" new; do
+  src=$dir/$side
+  [ "$side" = new ] && src=.
+  build "$src" "build/ab-$side" >"$out/build_$side.log" 2>&1 &
   pids[$side]=$!
 done
 tests_rc=0
@@ -87,14 +89,9 @@ if [ "$tests" = 1 ]; then
   tests_rc=$?
   echo "GPU tests rc=$tests_rc at $(elapsed) s: $(grep -E '^\[ *(PASSED|FAILED) *\]|BUILD FAILED' "$out/tests.log" | tr '\n' ' ')"
   grep -E '^\[ *FAILED *\]' "$out/tests.log" | head -20
-  cmake --build build/gpu -j "$(nproc)" --target epmoe_cli >"$out/build_new.log" 2>&1
-else
-  build . build/ab-new >"$out/build_new.log" 2>&1
 fi
-new_rc=$?
 failed=""
-[ "$new_rc" -ne 0 ] && failed="new"
-for side in "${sides[@]}"; do
+for side in "${sides[@]}" new; do
   wait "${pids[$side]}" || failed="$failed $side"
 done
 if [ -n "$failed" ]; then
@@ -116,7 +113,6 @@ table() {  # the bench table's lines of one side's turn
 for turn in $(seq 1 "$turns"); do
   for side in "${sides[@]}" new; do
     bin=build/ab-$side/tools/epmoe
-    [ "$side" = new ] && bin=$new_dir/tools/epmoe
     $bin bench "$@" --json "$out/${side}_$turn.json" >"$out/${side}_$turn.txt" 2>&1 ||
       echo "$side turn $turn: epmoe bench rc=$?"
     echo "== $side, turn $turn (at $(elapsed) s)"
