@@ -36,6 +36,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>  // the E4M3 conversions of the activating epilogue
 
+#include <cuda.h>  // CUtensorMap
+
 #include <cub/block/block_scan.cuh>
 
 #include "cuda/cuda_check.hpp"
@@ -46,11 +48,14 @@
 #include "cuda/experts/wgmma/packed_gemm.hpp"
 #include "cuda/kernels.hpp"  // grid_sms, launch_chained
 #include "cuda/pdl.cuh"
+#include "cute/arch/copy_sm90_desc.hpp"  // TMA::CacheHintSm90, prefetch_tma_descriptor
+#include "cute/arch/copy_sm90_tma.hpp"   // SM90_TMA_LOAD_3D / _5D
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"  // ClusterBarrier
 #include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cuda_host_adapter.hpp"  // cuTensorMapEncodeTiled through the runtime
 #include "epmoe/errors.hpp"
 #include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
 #include "math/activation.hpp"
@@ -364,7 +369,9 @@ struct GemmStart {
 
 // Every role's start: the ring's barriers initialized, the previous kernel waited for (plan wrote
 // the problems and pointers), and the groups' tile prefix (s.tile_end) computed.
-template <int kStages, int kTokens, class S>
+// kFullArrivals: the `full` barrier's arrivals per use (a noinc arrival per producer thread, and
+// the E4M3 kernel's TMA issuer's expect_tx arrival).
+template <int kStages, int kTokens, int kFullArrivals = kProducerThreads, class S>
 __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
   const int weight_blocks = (args.n + kRows - 1) / kRows;
   constexpr int tokens = kTokens;
@@ -372,8 +379,8 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
-      Barrier::init(&s.full[i], kProducerThreads);  // one noinc arrival per producer thread
-      Barrier::init(&s.empty[i], 2);                // one arrival per math warpgroup
+      Barrier::init(&s.full[i], kFullArrivals);
+      Barrier::init(&s.empty[i], 2);  // one arrival per math warpgroup
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -635,10 +642,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
 // warpgroups add to fp32 sums times the weight row's block scale times the token's (promotion, as
 // DeepGEMM's FP8 GEMMs do per 128). The block scales are powers of two, so that product is the
 // exact product of the decoded values' sums but for WGMMA's FP8 accumulation within a block.
-//   producer  warpgroup 0: each k tile's 128 weight rows of codes and the tokens' rows of codes
-//             (16-byte cp.async into the swizzled layouts WGMMA reads), the 4-byte word holding
+//   producer  warpgroup 0: each k tile's 128 weight rows of codes by TMA (one thread issues it and
+//             the `full` barrier counts its bytes; load_weight_codes), the tokens' rows of codes
+//             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
 //             each weight row's block scale codes, each token row's two block scale values (8
-//             bytes)
+//             bytes); `full` completes when the TMA bytes and every thread's copies have landed
 //   math      warpgroups 1 and 2, 64 weight rows each: per k32 block a WGMMA into block sums,
 //             waited for, then sums += block sums x weight scale x token scale (only the 8-column
 //             groups of token rows that exist); a stage goes back once the next k tile's first
@@ -677,16 +685,65 @@ struct Smem {
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
 };
 
+// The weights' codes as TMA sees them (weight_codes_map): [groups, N, K] bytes as {K, N, groups},
+// 64-byte swizzled as LayoutW; a k tile of a tile's 128 weight rows is one load {64 codes, 128
+// rows}, rows past N zeros (never stored). An activating FC1's tile rows interleave gate and up
+// rows by 8 (weight_row), so its tensor is 5-D {K, 8 rows, gate | up, N / 16 row groups, groups}
+// with byte strides {K, I K, 8 K, N K} and a load {64, 8, 2, 8, 1}: TMA fills the box's dimensions
+// in order, so tile row t is row t % 8 of row group 8 block + t / 16, gate or up by t / 8 % 2, as
+// weight_row (16 loads of 8 rows each measured 14-16 % slower at T = 16-128: bench/RESULTS.md,
+// session 25).
+template <bool kActivates>
+__device__ __forceinline__ void load_weight_codes(const CUtensorMap* map, std::uint64_t* full,
+                                                  std::uint8_t* stage, int k0,
+                                                  const TilePlace& at) {
+  constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+  if constexpr (kActivates)
+    cute::SM90_TMA_LOAD_5D::copy(map, full, kHint, stage, k0, 0, 0, at.n0 / kRows * 8, at.g);
+  else
+    cute::SM90_TMA_LOAD_3D::copy(map, full, kHint, stage, k0, at.n0, at.g);
+}
+
+// The TMA descriptor of load_weight_codes over `codes` ([groups, N, K] E4M3 codes).
+CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool activates) {
+  CUtensorMap map{};
+  const auto g = static_cast<cuuint64_t>(groups), rows = static_cast<cuuint64_t>(n),
+             cols = static_cast<cuuint64_t>(k);
+  const cuuint64_t plain_dims[3] = {cols, rows, g};
+  const cuuint64_t plain_strides[2] = {cols, rows * cols};
+  const cuuint32_t plain_box[3] = {kTileK, kRows, 1};
+  const cuuint64_t glu_dims[5] = {cols, 8, 2, rows / 16, g};
+  const cuuint64_t glu_strides[4] = {cols, rows / 2 * cols, 8 * cols, rows * cols};
+  const cuuint32_t glu_box[5] = {kTileK, 8, 2, kRows / 16, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, activates ? 5 : 3, codes,
+      activates ? glu_dims : plain_dims, activates ? glu_strides : plain_strides,
+      activates ? glu_box : plain_box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    throw Error(ErrorCode::internal,
+                "packed grouped GEMM: cuTensorMapEncodeTiled of the weight "
+                "codes failed (CUresult " +
+                    std::to_string(static_cast<int>(result)) + ")");
+  return map;
+}
+
 }  // namespace e4m3
 
+// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map).
 template <int kTokens, bool kActivates>
-__global__ void __launch_bounds__(kGemmThreads, 1) packed_e4m3_gemm_kernel(Args args) {
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
   using S = e4m3::Smem<kTokens, kActivates>;
   using T = e4m3::Tile<kTokens>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   S& s = aligned_smem<S>();
-  const auto [tid, n, k, groups, weight_blocks, tiles] = start_gemm<kStages, kTokens>(s, args);
+  if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
+  const auto [tid, n, k, groups, weight_blocks, tiles] =
+      start_gemm<kStages, kTokens, kProducerThreads + 1>(s, args);
   const std::int64_t scale_row_bytes = k / e4m3::kBlockK;  // weights: one E8M0 per block
   const int k_tiles = k / kTileK;
   RingPosition ring;
@@ -695,9 +752,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_e4m3_gemm_kernel(Args 
     // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
     constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
     constexpr int kRowStep = kProducerThreads / kChunksPerRow;
-    constexpr int kCodeChunks = kRows / kRowStep;     // 16-byte copies per thread
-    constexpr int kTokenChunks = kTokens / kRowStep;  //
-    const typename T::LayoutW layout_w{};
+    constexpr int kTokenChunks = kTokens / kRowStep;  // 16-byte copies per thread
     const typename T::LayoutX layout_x{};
     const int unit = 16 * (tid % kChunksPerRow);  // this thread's 16 bytes of each row it copies
     for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
@@ -705,17 +760,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_e4m3_gemm_kernel(Args 
       const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
       const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
       // Each thread's sources at k tile 0 and places in stage 0, once per tile. Past N a weight
-      // row is a copy of row N - 1, never stored; token rows past the tile's are not loaded.
-      const std::uint8_t* code_src[kCodeChunks];
-      int code_dst[kCodeChunks];
-#pragma unroll
-      for (int i = 0; i < kCodeChunks; ++i) {
-        const int t = tid / kChunksPerRow + i * kRowStep;
-        code_src[i] =
-            matrix_row(args.w.codes, k, at.g, n, weight_row<kActivates>(t, at.n0 / kRows, n)) +
-            unit;
-        code_dst[i] = layout_w(t, unit, 0);
-      }
+      // row's scales are row N - 1's (its codes TMA's zeros), never stored; token rows past the
+      // tile's are not loaded.
       const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
                                                  weight_row<kActivates>(tid, at.n0 / kRows, n));
       const std::uint8_t* token_src =
@@ -730,9 +776,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_e4m3_gemm_kernel(Args 
           args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / e4m3::kBlockK);
       for (int kt = 0; kt < k_tiles; ++kt) {
         Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
-#pragma unroll
-        for (int i = 0; i < kCodeChunks; ++i)
-          cp_async_16(&s.w[ring.stage][code_dst[i]], code_src[i] + kt * kTileK);
+        if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full`
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[ring.stage],
+                                                                         kRows * kTileK);
+          e4m3::load_weight_codes<kActivates>(&weight_codes, &s.full[ring.stage],
+                                              &s.w[ring.stage][0], kt * kTileK, at);
+        }
         copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * e4m3::kBlocks);
 #pragma unroll
         for (int i = 0; i < kTokenChunks; ++i)
@@ -986,11 +1035,19 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
   const Args args{arrays_, weights, groups_, n_, k_, epilogue_.value_or(PackedFc1Epilogue{})};
+  if (e4m3_tokens() && codes_map_of_ != weights.codes) {  // (the weights change rarely, if ever)
+    codes_map_ = e4m3::weight_codes_map(weights.codes, groups_, n_, k_, epilogue_.has_value());
+    codes_map_of_ = weights.codes;
+  }
   with_kernel(precision_, tile_, epilogue_.has_value(),
               [&](auto p, auto tokens, auto activating, auto e4m3) {
-                launch_chained(kernel_of<decltype(p)::value, decltype(tokens)::value,
-                                         decltype(activating)::value, decltype(e4m3)::value>(),
-                               KernelShape{sm_count_, smem_, kGemmThreads}, stream, args);
+                const auto kernel = kernel_of<decltype(p)::value, decltype(tokens)::value,
+                                              decltype(activating)::value, decltype(e4m3)::value>();
+                const KernelShape shape{sm_count_, smem_, kGemmThreads};
+                if constexpr (decltype(e4m3)::value)
+                  launch_chained(kernel, shape, stream, args, codes_map_);
+                else
+                  launch_chained(kernel, shape, stream, args);
               });
 }
 

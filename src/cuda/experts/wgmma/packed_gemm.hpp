@@ -17,6 +17,7 @@
 // shared memory layout; the loads, the decode and the schedule are its own (packed_gemm.cu).
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -104,6 +105,9 @@ class PackedGroupedGemm {
  private:
   Precision precision_;
   PackedTokenTile tile_;
+  // t64_e4m3: the TMA descriptor of the weight codes run() was last given, encoded on the host
+  mutable CUtensorMap codes_map_{};
+  mutable const std::uint8_t* codes_map_of_ = nullptr;
   std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's
   int groups_, n_, k_, sm_count_;
   std::size_t smem_ = 0;
