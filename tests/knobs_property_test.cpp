@@ -282,7 +282,7 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
         << to_string(p);
 }
 
-// mxfp8's 64-row wgmma tile multiplies E4M3 codes where an expert gets at most 16 rows with
+// mxfp8's block_m 64 runs the wgmma E4M3 tile (16 token rows) where an expert gets at most 16 rows with
 // balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024 medium): qwen3
 // (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not in medium
 // (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up to world 4

@@ -49,8 +49,8 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
          precision == Precision::mxfp4;
 }
 
-// mxfp8 under wgmma: whether a bucket's 64-row packed tiles (block_m = 64) multiply E4M3 codes
-// (MXFP8 token rows times E4M3 weights, nothing decoded) rather than decode the weights to bf16:
+// mxfp8 under wgmma: whether a bucket whose block_m is 64 runs the E4M3 tile (16 token rows, MXFP8
+// token rows times E4M3 weights, nothing decoded) rather than the 64-row tile that decodes the weights to bf16:
 // where an expert gets at most kWgmmaE4m3MaxRows rows per round with balanced routing (the
 // bucket's representative T, as the table's other rules). The E4M3 tile promotes each k32 block's
 // sums per token row, which costs more than the decode from a few tens of rows per expert (qwen3

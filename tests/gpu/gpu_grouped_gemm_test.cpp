@@ -362,11 +362,11 @@ struct PackedCase {
 const char* tile_name(cuda::experts::wgmma::PackedTokenTile tile) {
   using cuda::experts::wgmma::PackedTokenTile;
   return tile == PackedTokenTile::t64        ? "64"
-         : tile == PackedTokenTile::t64_e4m3 ? "64 (E4M3)"
+         : tile == PackedTokenTile::t16_e4m3 ? "16 (E4M3)"
          : tile == PackedTokenTile::t128     ? "128"
                                              : "256";
 }
-// mxfp8's E4M3 tile (t64_e4m3) multiplies E4M3 codes: its token rows are MXFP8 (random rows
+// mxfp8's E4M3 tile (t16_e4m3) multiplies E4M3 codes: its token rows are MXFP8 (random rows
 // encoded by the host codec), and WGMMA's FP8 sums within each k32 block keep fewer bits than
 // fp32, so its bound is looser (a wrong block scale is still off by a factor of 2 or more).
 // With `epilogue` (an activating FC1, PackedFc1Epilogue, and its biases b13: [groups, N] on the
@@ -386,7 +386,7 @@ std::vector<float> run_packed_gemm(
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> byte(0, 255);
-  const bool e4m3 = tile == cuda::experts::wgmma::PackedTokenTile::t64_e4m3;
+  const bool e4m3 = tile == cuda::experts::wgmma::PackedTokenTile::t16_e4m3;
   std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * k);
   std::vector<std::uint8_t> a8(e4m3 ? a.size() : 0), a8_codes(e4m3 ? a.size() / 32 : 0);
   std::vector<float> a8_scale(a8_codes.size());
@@ -493,7 +493,7 @@ std::vector<float> run_packed_gemm(
 }
 
 // Every token tile (64, 128 and 256 rows) gives the same bits: each output is the same k16 WGMMA
-// steps over the same k tiles in the same order. mxfp8's E4M3 tile (t64_e4m3, other inputs and
+// steps over the same k tiles in the same order. mxfp8's E4M3 tile (t16_e4m3, other inputs and
 // sums) gives the same bits on 3 CTAs as on all; other precisions cannot make it.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
@@ -512,13 +512,13 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
         << "128 token rows give other bits than 64: " << to_string(c.precision);
     if (c.precision == Precision::mxfp8) {
-      const std::vector<float> e4m3 = run_packed_gemm(c, sm_count(), PackedTokenTile::t64_e4m3);
-      const std::vector<float> e4m3_three = run_packed_gemm(c, 3, PackedTokenTile::t64_e4m3);
+      const std::vector<float> e4m3 = run_packed_gemm(c, sm_count(), PackedTokenTile::t16_e4m3);
+      const std::vector<float> e4m3_three = run_packed_gemm(c, 3, PackedTokenTile::t16_e4m3);
       EXPECT_EQ(std::memcmp(e4m3.data(), e4m3_three.data(), e4m3.size() * sizeof(float)), 0)
           << "the E4M3 tile on 3 persistent CTAs gives other bits than one per SM";
     } else {
       EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(c.precision, 1, c.n, c.k, 1, 0,
-                                                           PackedTokenTile::t64_e4m3),
+                                                           PackedTokenTile::t16_e4m3),
                    Error)
           << to_string(c.precision);
     }
@@ -551,8 +551,8 @@ TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel
       // The group of each row (groups {0, 1, 65, 300, 0}, as run_packed_gemm's).
       const auto group_of_row = [](int r) { return r < 1 ? 1 : r < 66 ? 2 : 3; };
       for (const PackedTokenTile tile :
-           {PackedTokenTile::t64, PackedTokenTile::t64_e4m3, PackedTokenTile::t256}) {
-        if (tile == PackedTokenTile::t64_e4m3 && p != Precision::mxfp8) continue;
+           {PackedTokenTile::t64, PackedTokenTile::t16_e4m3, PackedTokenTile::t256}) {
+        if (tile == PackedTokenTile::t16_e4m3 && p != Precision::mxfp8) continue;
         // the plain GEMM's sums of the same inputs (the E4M3 tile takes MXFP8 rows)
         const std::vector<float> d = run_packed_gemm(c, sm_count(), tile);
         std::vector<float> h;

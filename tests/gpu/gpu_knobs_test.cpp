@@ -185,10 +185,10 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
                            return std::string(to_string(param_info.param));
                          });
 
-// mxfp8 picks its packed GEMM per bucket: 64 token rows where an expert gets at most 16 rows
-// (core::wgmma_e4m3_tokens; kShape's decode bucket: 8 at world 1, 16 at world 2) multiply E4M3
-// codes of the MXFP8 rows (gather copies the wire rows, FC1's epilogue writes h as MXFP8); 64
-// rows elsewhere (small, medium: 64 and 512 rows), 128 and 256 decode the weights to bf16 (gather
+// mxfp8 picks its packed GEMM per bucket: block_m 64 where an expert gets at most 16 rows
+// (core::wgmma_e4m3_tokens; kShape's decode bucket: 8 at world 1, 16 at world 2) runs the E4M3
+// tile (16 token rows; gather copies the wire rows, FC1's epilogue writes h as MXFP8); 64
+// elsewhere (small, medium: 64 and 512 rows), 128 and 256 decode the weights to bf16 (gather
 // decodes the wire rows). Each, in every bucket (T = 0, 1, 64, 1000), matches the reference;
 // mixing them between rounds (the default table) too.
 TEST(GpuKnobs, Mxfp8RunsE4m3OnFewRowsAndBf16ElsewhereEachMatchingTheReference) {

@@ -199,7 +199,7 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids
 // instruction-level parallelism over its columns: no branch per element (the activation chosen by
 // the caller, each bias loaded once, E4M3 by the hardware's conversions, which the wire codec
 // matches bit for bit), and columns of token rows past M_e skipped 16 at a time (decode fills few).
-// kCodesOut (mxfp8's E4M3 64-row FC1, t64_e4m3): h stored as MXFP8, its E4M3 codes and each token's
+// kCodesOut (mxfp8's E4M3 FC1, t16_e4m3): h stored as MXFP8, its E4M3 codes and each token's
 // block scale value, for FC2's E4M3 GEMM.
 template <int kTokens, bool kCodesOut, class Activate, class Accum, class Coord>
 __device__ __forceinline__ void activate_and_store(const Args& args,
@@ -634,7 +634,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   }
 }
 
-// ---- mxfp8's E4M3 64-row tile (t64_e4m3): E4M3 weights times MXFP8 token rows, nothing decoded
+// ---- mxfp8's E4M3 tile (t16_e4m3): E4M3 weights times 16 MXFP8 token rows, nothing decoded
 //
 // The same tiles, ring and warp roles as packed_gemm_kernel, but both operands are E4M3 codes in
 // shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores multiply
@@ -662,7 +662,7 @@ using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swiz
 
 template <int kTokens>
 struct Tile {
-  static_assert(kTokens == 64, "t64_e4m3: 64 token rows");
+  static_assert(kTokens == 16, "t16_e4m3: 16 token rows");
   static constexpr int kStages = 16;  // as deep as shared memory allows
   using Op =
       decltype(SM90::GMMA::ss_op_selector<Code, Code, float, Shape<_64, Int<kTokens>, Int<kBlockK>>,
@@ -752,7 +752,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
     constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
     constexpr int kRowStep = kProducerThreads / kChunksPerRow;
-    constexpr int kTokenChunks = kTokens / kRowStep;  // 16-byte copies per thread
+    // 16-byte copies per thread of the token rows (16 rows: threads 0-63 copy one each)
+    constexpr int kTokenChunks = (kTokens + kRowStep - 1) / kRowStep;
     const typename T::LayoutX layout_x{};
     const int unit = 16 * (tid % kChunksPerRow);  // this thread's 16 bytes of each row it copies
     for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
@@ -927,7 +928,7 @@ constexpr auto kernel_of() {
 }
 
 // Calls f(precision, token rows, activates, e4m3) with each as a compile-time constant; the E4M3
-// kernel only for mxfp8's t64_e4m3 (the constructor refuses it for other precisions).
+// kernel only for mxfp8's t16_e4m3 (the constructor refuses it for other precisions).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
   with_packed_precision(p, [&](auto precision) {
@@ -935,9 +936,9 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
     if constexpr (kP != Precision::bf16) {
       const auto with_tokens = [&](auto epilogue) {
         using std::integral_constant;
-        if (tile == PackedTokenTile::t64_e4m3) {
+        if (tile == PackedTokenTile::t16_e4m3) {
           if constexpr (kP == Precision::mxfp8)
-            f(precision, integral_constant<int, 64>{}, epilogue, std::true_type{});
+            f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{});
         } else if (tile == PackedTokenTile::t64) {
           f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{});
         } else if (tile == PackedTokenTile::t128) {
@@ -993,9 +994,9 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
-  if (tile == PackedTokenTile::t64_e4m3 && precision != Precision::mxfp8)
+  if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8)
     throw Error(ErrorCode::unsupported,
-                "packed grouped GEMM: the E4M3 64-row tile (t64_e4m3) takes mxfp8 weights only");
+                "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 weights only");
   sm_count_ = grid_sms(device, sm_count);
   with_kernel(precision, tile, epilogue_.has_value(),
               [&](auto p, auto tokens, auto activating, auto e4m3) {

@@ -7,7 +7,7 @@
 // times its block scale (E4M3 * 2^s, E2M1 * 2^s, E2M1 * E4M3), exact in bf16, without NVFP4's
 // per-matrix divisor and multiplier (the caller applies those to D). So D is the exact product sum
 // with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values. mxfp8's A on
-// its E4M3 tile is MXFP8 instead (t64_e4m3): E4M3 times E4M3 in the tensor cores, each k32
+// its E4M3 tile is MXFP8 instead (t16_e4m3): E4M3 times E4M3 in the tensor cores, each k32
 // block's sums times both block scales added in fp32 (WGMMA's FP8 sums keep fewer bits than fp32
 // within a block).
 //
@@ -34,11 +34,11 @@ namespace epmoe::cuda::experts::wgmma {
 // problems[e].n and .k must be the GEMM's N and K (M = problems[e].m).
 struct PackedGemmArrays {
   GemmProblem* problems;
-  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major (but t64_e4m3)
+  const std::uint16_t** a;  // bf16 codes, [M_e, K] row-major (but t16_e4m3)
   float** d;                // [M_e, N] row-major (not written by an activating FC1)
-  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (but t64_e4m3)
+  std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (but t16_e4m3)
   const float** b13;        // an activating FC1's [N] biases (gate, then up), or nullptr
-  // t64_e4m3 (mxfp8's E4M3 tile): the tokens as MXFP8, E4M3 codes [M_e, K] and each block's
+  // t16_e4m3 (mxfp8's E4M3 tile): the tokens as MXFP8, E4M3 codes [M_e, K] and each block's
   // scale value (2^(s - 127), NaN for s = 0xFF) [M_e, K / 32]; an activating FC1's h the same
   // way, [M_e, N / 2] and [M_e, N / 64]
   const std::uint8_t** a8;
@@ -60,14 +60,14 @@ struct PackedFc1Epilogue {
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
 // to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
-// (wgmma_backend.hpp). t64_e4m3 (mxfp8 only) is a 64-row tile that multiplies E4M3 codes: its
+// (wgmma_backend.hpp). t16_e4m3 (mxfp8 only) is a 16-row tile that multiplies E4M3 codes: its
 // tokens are MXFP8 rows (the wire rows, and FC2's input from an activating FC1), so each k32
 // WGMMA of E4M3 weights and E4M3 tokens is one block of both, and its sums times the two block
 // scales are the decoded values' products: no decode. Its cost is a scale promotion per token row
 // and k32 block, which beats decoding the weights at a few rows per expert and loses from a few
 // tens (core::wgmma_e4m3_tokens picks it per bucket); the other tiles decode the weights to bf16
 // and take bf16 rows.
-enum class PackedTokenTile : std::uint8_t { t64, t64_e4m3, t128, t256 };
+enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256 };
 
 class PackedGroupedGemm {
  public:
@@ -86,7 +86,7 @@ class PackedGroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
   PackedTokenTile tile() const { return tile_; }
-  bool e4m3_tokens() const { return tile_ == PackedTokenTile::t64_e4m3; }  // (arrays' a8, h8)
+  bool e4m3_tokens() const { return tile_ == PackedTokenTile::t16_e4m3; }  // (arrays' a8, h8)
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
@@ -105,7 +105,7 @@ class PackedGroupedGemm {
  private:
   Precision precision_;
   PackedTokenTile tile_;
-  // t64_e4m3: the TMA descriptor of the weight codes run() was last given, encoded on the host
+  // t16_e4m3: the TMA descriptor of the weight codes run() was last given, encoded on the host
   mutable CUtensorMap codes_map_{};
   mutable const std::uint8_t* codes_map_of_ = nullptr;
   std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's

@@ -21,7 +21,7 @@ namespace epmoe::cuda::experts::wgmma {
 // are one contiguous GEMM operand.
 // bf16 operands (bf16, nvfp4, mxfp4) or E4M3 ones with their scales (fp8_block128): one set is
 // allocated, the other's pointers are null. mxfp8 runs either by its bucket's tile
-// (PackedTokenTile::t64_e4m3): both sets, each E4M3 array inside its bf16 one (a round uses one of
+// (PackedTokenTile::t16_e4m3): both sets, each E4M3 array inside its bf16 one (a round uses one of
 // them).
 struct Scratch {
   float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
@@ -48,7 +48,7 @@ EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
   return packed_with_block_scales(problem.precision);
 }
 // The block along K of a precision's E4M3 operands' scales: 128 (fp8_block128), 32 (mxfp8, whose
-// E4M3 tile multiplies E4M3 codes: packed_gemm.hpp, t64_e4m3), or 0 (bf16 operands only).
+// E4M3 tile multiplies E4M3 codes: packed_gemm.hpp, t16_e4m3), or 0 (bf16 operands only).
 EPMOE_HD int e4m3_scale_block(const ExpertProblem& problem) {
   return runs_e4m3(problem)                      ? formats::kFp8Block128
          : problem.precision == Precision::mxfp8 ? formats::kMxfp8Block
@@ -73,7 +73,7 @@ struct Params {
   GroupedGemmArrays fc1, fc2;               // the GEMMs' device arrays, written by plan (bf16)
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
-  // this bucket's packed GEMMs multiply E4M3 codes (mxfp8's t64_e4m3 tile): FC1
+  // this bucket's packed GEMMs multiply E4M3 codes (mxfp8's t16_e4m3 tile): FC1
   // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8)
   bool packed_e4m3 = false;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }

@@ -129,7 +129,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
-    const PackedTokenTile tile = e4m3_tokens        ? PackedTokenTile::t64_e4m3
+    const PackedTokenTile tile = e4m3_tokens        ? PackedTokenTile::t16_e4m3
                                  : k.block_m == 64  ? PackedTokenTile::t64
                                  : k.block_m == 256 ? PackedTokenTile::t256
                                                     : PackedTokenTile::t128;

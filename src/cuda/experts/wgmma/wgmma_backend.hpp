@@ -22,8 +22,8 @@
 // Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
 // 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
 // bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
-// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's 64-row tile multiplies E4M3
-// codes where an expert gets a few rows, core::wgmma_e4m3_tokens); num_sms sizes the GEMMs'
+// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's 64 runs the E4M3 tile of 16
+// rows where an expert gets a few rows, core::wgmma_e4m3_tokens); num_sms sizes the GEMMs'
 // persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids.
 // with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not
 // read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
@@ -82,7 +82,7 @@ class WgmmaBackend final : public ExpertBackend {
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
-  // `e4m3_tokens`: mxfp8's 64-row tile multiplies E4M3 codes (core::wgmma_e4m3_tokens).
+  // `e4m3_tokens`: mxfp8's block_m 64 runs the E4M3 tile (t16_e4m3, core::wgmma_e4m3_tokens).
   BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs,
                             bool e4m3_tokens);
   Params params(const ExpertStep& step, const BucketRun& run) const;
