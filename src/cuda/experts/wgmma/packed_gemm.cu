@@ -1,7 +1,9 @@
 // The packed-weight grouped GEMM (packed_gemm.hpp): weights decoded to bf16 in registers and fed
 // to WGMMA as its register operand, so they stay resident in their format. Written by hand (with
 // CuTe's WGMMA atoms and swizzled layouts) because CUTLASS 4's SM90 GEMMs cannot take MX's 32-wide
-// or NVFP4's 16-wide block scales along K (packed_gemm.hpp).
+// or NVFP4's 16-wide block scales along K (packed_gemm.hpp). mxfp8's E4M3 tile (t16_e4m3,
+// packed_e4m3_gemm_kernel below) decodes nothing: E4M3 times E4M3 per MX block, its weight codes
+// by TMA.
 //
 // The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
 // its B operand (N = 64, 128 or 256 token rows: PackedTokenTile), both K-major, so a decode
