@@ -87,8 +87,10 @@ tests_rc=0
 if [ "$tests" = 1 ]; then
   EPMOE_GPU_TESTS_ONLY=1 OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
   tests_rc=$?
-  echo "GPU tests rc=$tests_rc at $(elapsed) s: $(grep -E '^\[ *(PASSED|FAILED) *\]|BUILD FAILED' "$out/tests.log" | tr '\n' ' ')"
-  grep -E '^\[ *FAILED *\]' "$out/tests.log" | head -20
+  # (gtest's summary is in the tests' own log; run.sh's in tests.log)
+  logs=("$out/tests.log" "$out/tests/gpu_tests.log")
+  echo "GPU tests rc=$tests_rc at $(elapsed) s: $(grep -hE '^\[ *(PASSED|FAILED) *\]|BUILD FAILED' "${logs[@]}" 2>/dev/null | tr '\n' ' ')"
+  grep -hE '^\[ *FAILED *\]' "${logs[@]}" 2>/dev/null | head -20
 fi
 failed=""
 for side in "${sides[@]}" new; do
