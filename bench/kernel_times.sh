@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Per-kernel GPU time of epmoe's rounds, on a GPU machine: `epmoe bench` for one point under
-# Nsight Compute (gpu__time_duration.sum of every launch, clocks left alone), then
-# bench/kernel_times.py's table per round (kernel, launches, µs each, µs; their sum) beside the
-# bench's own p50 from an unprofiled run of the same point. Where a round's time goes, kernel by
-# kernel, with the launch gaps as the difference.
+# Nsight Compute (every launch's gpu__time_duration.sum, DRAM bytes and SM throughput, clocks left
+# alone), then bench/kernel_times.py's table per round (kernel, launches, µs each, µs, DRAM GB/s
+# over its own time, SM % of peak; their sum) beside the bench's own p50 from an unprofiled run of
+# the same point. Where a round's time goes, kernel by kernel, with the launch gaps as the
+# difference, and how close each weight-streaming GEMM comes to HBM's bandwidth.
 #
 #   bench/kernel_times.sh [--bin PATH] -- <epmoe bench arguments for one point>
 #   e.g.  bench/kernel_times.sh -- --models qwen3-30b-a3b --worlds 1 --precisions mxfp8 \
@@ -38,7 +39,12 @@ fi
 # The same point unprofiled first: its p50 is the round as it runs (launch gaps included).
 "$bin" bench "$@" --no-measure 2>&1 | grep -E '^[a-z0-9][a-z0-9.:-]* +[0-9]+ +[a-z0-9_]+ +' |
   tee "$out/kernel_times.txt"
-ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+# Each kernel's time, DRAM bytes and SM throughput (ncu flushes the caches before each kernel, so
+# DRAM bytes are what it reads cold: a GEMM's weights as in a round, a small kernel's inputs more
+# than a round, where the previous kernel left them in L2).
+metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed
+ncu --clock-control none --metrics "$metrics" --csv \
   "$bin" bench "$@" --no-measure --rounds 3 --warmup 1 >"$out/kernel_times.csv" \
   2>>"$out/kernel_times.log" || { tail -20 "$out/kernel_times.log"; echo "ncu failed"; exit 1; }
 python3 bench/kernel_times.py "$out/kernel_times.csv" | tee -a "$out/kernel_times.txt"
