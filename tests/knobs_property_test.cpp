@@ -282,12 +282,12 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
         << to_string(p);
 }
 
-// mxfp8's block_m 64 runs the wgmma E4M3 tile (16 token rows) where an expert gets at most 16 rows with
-// balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024 medium): qwen3
+// mxfp8's block_m 64 runs the wgmma E4M3 tile (16 token rows) where an expert gets at most 16 rows
+// with balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024 medium): qwen3
 // (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not in medium
 // (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up to world 4
 // (4 x 16 x 2 / 8 = 16), not at world 8 (32). Never another precision or another block_m.
-TEST(DefaultKnobTable, Mxfp8MultipliesE4m3OnlyOn64RowTilesWithAFewRowsPerExpert) {
+TEST(DefaultKnobTable, Mxfp8RunsTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert) {
   const LayerShape qwen3 = known_models()[0].layer_shape(8192);
   ASSERT_EQ(qwen3.num_experts, 128);
   ASSERT_EQ(qwen3.top_k, 8);
