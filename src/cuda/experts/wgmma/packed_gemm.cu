@@ -665,7 +665,7 @@ using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swiz
 template <int kTokens>
 struct Tile {
   static_assert(kTokens == 16, "t16_e4m3: 16 token rows");
-  static constexpr int kStages = 16;  // as deep as shared memory allows
+  static constexpr int kStages = 16;  // ~155 KB at 16 token rows (22 would fit; not measured)
   using Op =
       decltype(SM90::GMMA::ss_op_selector<Code, Code, float, Shape<_64, Int<kTokens>, Int<kBlockK>>,
                                           GMMA::Major::K, GMMA::Major::K>());
@@ -886,9 +886,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     };
 
     // One k32 block at a time: its WGMMA, waited for, then its promotion (as DeepGEMM's FP8
-    // kernels wait before promoting; the two math warpgroups overlap each other). Two blocks' sums
-    // in flight made ptxas serialize the WGMMAs and inject waits (C7514 / C7517), and measured
-    // slower (bench/RESULTS.md, session 23). A k tile's stage goes back once the next k tile's
+    // kernels wait before promoting; the two math warpgroups overlap each other). At 64 token rows
+    // two blocks' sums in flight made ptxas serialize the WGMMAs and inject waits (C7514 / C7517),
+    // and measured slower (bench/RESULTS.md, session 23); at 16 they compile clean, not yet
+    // measured (session 25). A k tile's stage goes back once the next k tile's
     // first WGMMA has retired: every warp of the warpgroup issued it, so each is past its reads of
     // the stage's scales.
     int previous = -1;  // the stage of the k tile before

@@ -38,31 +38,26 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
       continue;
     }
-    if (p.packed() && p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
-      constexpr std::int64_t kMx = formats::kMxfp8Block;
-      p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
-      p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
-      p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
-      p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
-      p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-      p.packed_fc2.problems[e] = GemmProblem{m, h, i};
-      p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
-      p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
-      p.packed_fc2.b13[e] = nullptr;
-      p.packed_fc2.d[e] = p.scratch.d + first * hidden;
-      continue;
-    }
     if (p.packed()) {
       p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
-      p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
-      p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
       p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
-      p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
       p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
+      if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
+        constexpr std::int64_t kMx = formats::kMxfp8Block;
+        p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
+        p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
+        p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
+        p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+        p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
+        p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+      } else {
+        p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
+        p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
+        p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
+        p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
+      }
       continue;
     }
     if (p.glu()) {
@@ -137,14 +132,16 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   if (const int block = e4m3_scale_block(p.problem); block != 0) {
     const TokenBackTarget& t = p.step.home;
     const std::int64_t blocks = hidden / block;
+    const auto wire_payload = [&](std::uint32_t pair) {  // the pair's received row
+      const std::uint32_t packed = in.pairs[pair];
+      return t.peer_windows[t.rank] +
+             t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
+             protocol::wire_payload_offset(t.top_k);
+    };
     if (p.packed() && !p.packed_e4m3) {  // mxfp8's bf16 rows
       for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
            pair += gridDim.x * warps) {
-        const std::uint32_t packed = in.pairs[pair];
-        const std::uint8_t* payload =
-            t.peer_windows[t.rank] +
-            t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
-            protocol::wire_payload_offset(t.top_k);
+        const std::uint8_t* payload = wire_payload(pair);
         auto* dst =
             reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
         for (std::int64_t v = lane; v < hidden / 16; v += 32) {  // 16 codes of one MX block
@@ -157,11 +154,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
       return;
     }
     for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      const std::uint32_t packed = in.pairs[pair];
-      const std::uint8_t* payload =
-          t.peer_windows[t.rank] +
-          t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
-          protocol::wire_payload_offset(t.top_k);
+      const std::uint8_t* payload = wire_payload(pair);
       const auto* codes = reinterpret_cast<const uint4*>(payload);
       auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
       for (std::int64_t v = lane; v < hidden / 16; v += 32) dst[v] = codes[v];

@@ -53,9 +53,9 @@ class WgmmaBackend final : public ExpertBackend {
 
   const char* name() const override { return "wgmma_grouped"; }
   StagedRows staged_rows() const override {
-    // mxfp8: gather writes either operand from the wire rows (Params::packed_e4m3)
-    return fp8() || problem_.precision == Precision::mxfp8 ? StagedRows::wire
-                                                           : StagedRows::bf16_codes;
+    // the precisions with E4M3 operands (fp8_block128; mxfp8, whose gather writes either operand
+    // from the wire rows: Params::packed_e4m3) take their rows as received
+    return e4m3_scale_block(problem_) != 0 ? StagedRows::wire : StagedRows::bf16_codes;
   }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
   std::size_t weight_bytes() const override;
