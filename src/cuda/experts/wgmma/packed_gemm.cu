@@ -649,12 +649,12 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
 //             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
 //             each weight row's block scale codes, each token row's two block scale values (8
 //             bytes); `full` completes when the TMA bytes and every thread's copies have landed
-//   math      warpgroups 1 and 2, 64 weight rows each: per k32 block a WGMMA into block sums,
-//             waited for, then sums += block sums x weight scale x token scale (only the 8-column
-//             groups of token rows that exist); a stage goes back once the next k tile's first
-//             WGMMA has retired (every warp of the warpgroup issued it, so each is past its reads
-//             of the stage's scales); then the same epilogues, an activating FC1 storing h as
-//             MXFP8 codes and scale values
+//   math      warpgroups 1 and 2, 64 weight rows each: per k tile both k32 blocks' WGMMAs into
+//             their own block sums, waited for, then sums += block sums x weight scale x token
+//             scale (only the 8-column groups of token rows that exist); a stage goes back once
+//             the next k tile's WGMMAs have retired (every warp of the warpgroup issued them, so
+//             each is past its reads of the stage's scales); then the same epilogues, an
+//             activating FC1 storing h as MXFP8 codes and scale values
 namespace e4m3 {
 
 constexpr int kBlockK = formats::kMxfp8Block;  // an MX block: one k32 WGMMA
@@ -813,7 +813,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, stage)
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
   Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
-  Tensor sums = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});  // a k32 block's
+  Tensor sums = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});   // block 0's
+  Tensor sums1 = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});  // block 1's
   Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kTokens>>{}));
   static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
   // The thread's weight rows (row0, row0 + 8) and first token column (index c + 2 h + 4 j of the
@@ -836,7 +837,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     for (int i = 0; i < size(accum); ++i) accum(i) = 0.0f;
 
     // WGMMA of block kb of the k tile in `stage` into `sums` (its own sums: ScaleOut::Zero)
-    const auto issue = [&](int stage, int kb) {
+    const auto issue = [&](auto& sums, int stage, int kb) {
       warpgroup_fence_operand(sums);
       warpgroup_arrive();
       mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -845,7 +846,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     };
     // accum += a retired block's sums x its weight row's scale x its token's scale, over the
     // 8-column groups of token rows that exist (all of them in a full tile, without a test)
-    const auto promote = [&](int stage, int kb, int kt) {
+    const auto promote = [&](auto& sums, int stage, int kb, int kt) {
       warpgroup_fence_operand(sums);
       float weight_scale[2];
 #pragma unroll
@@ -885,23 +886,23 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       return stage;
     };
 
-    // One k32 block at a time: its WGMMA, waited for, then its promotion (as DeepGEMM's FP8
-    // kernels wait before promoting; the two math warpgroups overlap each other). At 64 token rows
-    // two blocks' sums in flight made ptxas serialize the WGMMAs and inject waits (C7514 / C7517),
-    // and measured slower (bench/RESULTS.md, session 23); at 16 they compile clean, not yet
-    // measured (session 25). A k tile's stage goes back once the next k tile's
-    // first WGMMA has retired: every warp of the warpgroup issued it, so each is past its reads of
-    // the stage's scales.
+    // Both k32 blocks of a k tile in flight, each into its own sums, waited for together, then
+    // promoted (as DeepGEMM's FP8 kernels wait before promoting; the two math warpgroups overlap
+    // each other). At 16 token rows this compiles clean and measured 3-7 % faster than one block
+    // at a time (bench/RESULTS.md, session 26); at 64 rows it had made ptxas serialize the WGMMAs
+    // (C7514 / C7517, session 23). A k tile's stage goes back once the next k tile's WGMMAs have
+    // retired: every warp of the warpgroup issued them, so each is past its reads of the stage's
+    // scales.
+    static_assert(e4m3::kBlocks == 2, "a k tile: two k32 blocks, both in flight");
     int previous = -1;  // the stage of the k tile before
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int stage = next_stage();
-#pragma unroll
-      for (int kb = 0; kb < e4m3::kBlocks; ++kb) {
-        issue(stage, kb);
-        warpgroup_wait<0>();
-        if (kb == 0 && previous >= 0) release(previous);
-        promote(stage, kb, kt);
-      }
+      issue(sums, stage, 0);
+      issue(sums1, stage, 1);
+      warpgroup_wait<0>();
+      if (previous >= 0) release(previous);
+      promote(sums, stage, 0, kt);
+      promote(sums1, stage, 1, kt);
       previous = stage;
     }
     // The last k tile's stage: every warp of the warpgroup past its reads of it, then back.
