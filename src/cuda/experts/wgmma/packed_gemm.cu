@@ -76,7 +76,6 @@ constexpr int kProducerThreads = kWarpgroup;  // warpgroup 0
 constexpr int kMathThreads = 2 * kWarpgroup;  // warpgroups 1 and 2: 64 weight rows each
 constexpr int kGemmThreads = kProducerThreads + kMathThreads;
 constexpr int kMaxGroups = 1024;  // the tile prefix in shared memory
-constexpr int kGroupsPerThread = (kMaxGroups + kGemmThreads - 1) / kGemmThreads;
 static_assert(kProducerThreads == kRows, "a producer thread per weight row's scale word");
 
 using Bf16 = cutlass::bfloat16_t;
@@ -183,8 +182,11 @@ struct RingPosition {
   }
 };
 
-__device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids 1 and 2
+__device__ __forceinline__ void warpgroup_barrier(int id) {  // 128 threads, ids 1 to 4
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(kWarpgroup) : "memory");
+}
+__device__ __forceinline__ void pair_barrier(int id) {  // two warpgroups, ids 5 to 8
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(2 * kWarpgroup) : "memory");
 }
 
 // An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
@@ -373,8 +375,11 @@ struct GemmStart {
 // the problems and pointers), and the groups' tile prefix (s.tile_end) computed.
 // kFullArrivals: the `full` barrier's arrivals per use (a noinc arrival per producer thread, and
 // the E4M3 kernel's TMA issuer's expect_tx arrival).
-template <int kStages, int kTokens, int kFullArrivals = kProducerThreads, class S>
+// kThreads: the CTA's (kGemmThreads, or the E4M3 kernel's e4m3::kThreads).
+template <int kStages, int kTokens, int kFullArrivals = kProducerThreads,
+          int kThreads = kGemmThreads, class S>
 __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
+  constexpr int kGroupsPerThread = (kMaxGroups + kThreads - 1) / kThreads;
   const int weight_blocks = (args.n + kRows - 1) / kRows;
   constexpr int tokens = kTokens;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -382,13 +387,13 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) {
       Barrier::init(&s.full[i], kFullArrivals);
-      Barrier::init(&s.empty[i], 2);  // one arrival per math warpgroup
+      Barrier::init(&s.empty[i], 2);  // one arrival per math warpgroup that reads the stage
     }
     cutlass::arch::fence_barrier_init();
   }
   wait_for_previous_kernel();
   const int groups = args.groups;
-  using Scan = cub::BlockScan<int, kGemmThreads>;
+  using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
   int tiles[kGroupsPerThread];
 #pragma unroll
@@ -638,27 +643,37 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
 
 // ---- mxfp8's E4M3 tile (t16_e4m3): E4M3 weights times 16 MXFP8 token rows, nothing decoded
 //
-// The same tiles, ring and warp roles as packed_gemm_kernel, but both operands are E4M3 codes in
-// shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores multiply
-// the codes: each k tile is two k32 WGMMAs, one MX block of both operands each, whose sums the math
-// warpgroups add to fp32 sums times the weight row's block scale times the token's (promotion, as
-// DeepGEMM's FP8 GEMMs do per 128). The block scales are powers of two, so that product is the
-// exact product of the decoded values' sums but for WGMMA's FP8 accumulation within a block.
+// The same tiles and ring as packed_gemm_kernel, twice its math warpgroups; both operands are E4M3
+// codes in shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores
+// multiply the codes: each k tile is two k32 WGMMAs, one MX block of both operands each, whose sums
+// the math warpgroups add to fp32 sums times the weight row's block scale times the token's
+// (promotion, as DeepGEMM's FP8 GEMMs do per 128). The block scales are powers of two, so that
+// product is the exact product of the decoded values' sums but for WGMMA's FP8 accumulation within
+// a block.
 //   producer  warpgroup 0: each k tile's 128 weight rows of codes by TMA (one thread issues it and
 //             the `full` barrier counts its bytes; load_weight_codes), the tokens' rows of codes
 //             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
 //             each weight row's block scale codes, each token row's two block scale values (8
 //             bytes); `full` completes when the TMA bytes and every thread's copies have landed
-//   math      warpgroups 1 and 2, 64 weight rows each: per k tile both k32 blocks' WGMMAs into
-//             their own block sums, waited for, then sums += block sums x weight scale x token
-//             scale (only the 8-column groups of token rows that exist); a stage goes back once
-//             the next k tile's WGMMAs have retired (every warp of the warpgroup issued them, so
-//             each is past its reads of the stage's scales); then the same epilogues, an
-//             activating FC1 storing h as MXFP8 codes and scale values
+//   math      warpgroups 1-4: 1 + 2 half + wg multiplies weight rows 64 wg .. 64 wg + 63 over
+//             the k tiles kt with kt % 2 == half (split K: two pairs of warpgroups at once); per
+//             k tile both k32 blocks' WGMMAs into their own block sums, waited for, then sums +=
+//             block sums x weight scale x token scale (only the 8-column groups of token rows
+//             that exist); a stage goes back once the pair's next k tile's WGMMAs have retired
+//             (every warp of the warpgroup issued them, so each is past its promotion of the
+//             stage's scales); at the tile's end pair 1 hands its sums to pair 0 through shared
+//             memory, and pair 0 runs the same epilogues, an activating FC1 storing h as MXFP8
+//             codes and scale values
 namespace e4m3 {
 
 constexpr int kBlockK = formats::kMxfp8Block;  // an MX block: one k32 WGMMA
 constexpr int kBlocks = kTileK / kBlockK;      // per k tile
+// Two pairs of math warpgroups split each tile's k tiles (even, odd), so four of them keep an SM's
+// tensor cores and promotions busy (one pair at a time left them mostly waiting; bench/RESULTS.md,
+// session 26); pair 1 hands its sums to pair 0 through shared memory for the epilogue.
+constexpr int kSplitK = 2;
+constexpr int kMathGroups = 2 * kSplitK;
+constexpr int kThreads = kProducerThreads + kMathGroups * kWarpgroup;
 using Code = cutlass::float_e4m3_t;
 using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swizzle
 
@@ -685,6 +700,7 @@ struct Smem {
   alignas(8) std::uint64_t empty[kStages];
   int tile_end[kMaxGroups];
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
+  float partial[2][kTokens / 2][kWarpgroup];  // pair 1's sums: weight rows 64 wg.., index, thread
 };
 
 // The weights' codes as TMA sees them (weight_codes_map): [groups, N, K] bytes as {K, N, groups},
@@ -736,7 +752,7 @@ CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool
 
 // `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map).
 template <int kTokens, bool kActivates>
-__global__ void __launch_bounds__(kGemmThreads, 1)
+__global__ void __launch_bounds__(e4m3::kThreads, 1)
     packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
   using S = e4m3::Smem<kTokens, kActivates>;
   using T = e4m3::Tile<kTokens>;
@@ -745,7 +761,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   S& s = aligned_smem<S>();
   if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
   const auto [tid, n, k, groups, weight_blocks, tiles] =
-      start_gemm<kStages, kTokens, kProducerThreads + 1>(s, args);
+      start_gemm<kStages, kTokens, kProducerThreads + 1, e4m3::kThreads>(s, args);
   const std::int64_t scale_row_bytes = k / e4m3::kBlockK;  // weights: one E8M0 per block
   const int k_tiles = k / kTileK;
   RingPosition ring;
@@ -801,11 +817,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     return;
   }
 
-  // ---- math: warpgroup wg multiplies weight rows 64 wg .. 64 wg + 63 of each tile
-  const int math_tid = tid - kProducerThreads, wg = math_tid / kWarpgroup;
-  const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
+  // ---- math: warpgroup 1 + 2 half + wg multiplies weight rows 64 wg .. 64 wg + 63 of each tile,
+  // over k tiles kt with kt % 2 == half
+  const int math_tid = tid - kProducerThreads, math_wg = math_tid / kWarpgroup;
+  const int wg = math_wg % 2, half = math_wg / 2;
+  const int wg_tid = math_tid % kWarpgroup;
+  const bool signals = wg_tid == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
-  const auto thr = mma.get_thread_slice(math_tid);
+  const auto thr = mma.get_thread_slice(math_tid % (2 * kWarpgroup));
   Tensor sW =
       make_tensor(make_smem_ptr(reinterpret_cast<e4m3::Code*>(&s.w[0][0])), typename T::LayoutW{});
   Tensor sX =
@@ -824,6 +843,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     if (signals) Barrier::arrive(&s.empty[stage]);
   };
 
+  int k_tiles_before = 0;  // the ring's position at the tile's first k tile
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
@@ -879,10 +899,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         }
       }
     };
-    const auto next_stage = [&] {
-      Barrier::wait(&s.full[ring.stage], ring.phase);
-      const int stage = ring.stage;
-      ring.advance<kStages>();
+    // The stage of the CTA's k tile number `at` (counted over its tiles), once it is full.
+    const auto full_stage = [&](int at) {
+      const int stage = at % kStages;
+      Barrier::wait(&s.full[stage], static_cast<std::uint32_t>(at / kStages) & 1u);
       return stage;
     };
 
@@ -894,9 +914,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // retired: every warp of the warpgroup issued them, so each is past its reads of the stage's
     // scales.
     static_assert(e4m3::kBlocks == 2, "a k tile: two k32 blocks, both in flight");
-    int previous = -1;  // the stage of the k tile before
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int stage = next_stage();
+    int previous = -1;  // the stage of this pair's k tile before
+    for (int kt = half; kt < k_tiles; kt += e4m3::kSplitK) {
+      const int stage = full_stage(k_tiles_before + kt);
       issue(sums, stage, 0);
       issue(sums1, stage, 1);
       warpgroup_wait<0>();
@@ -905,9 +925,23 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
       promote(sums1, stage, 1, kt);
       previous = stage;
     }
+    k_tiles_before += k_tiles;
     // The last k tile's stage: every warp of the warpgroup past its reads of it, then back.
-    warpgroup_barrier(1 + wg);
-    release(previous);
+    warpgroup_barrier(1 + math_wg);
+    if (previous >= 0) release(previous);
+    // Pair 1's sums to pair 0 (barriers 5 + wg: written; 7 + wg: read, so the next tile's may be
+    // written), which adds them and runs the epilogue.
+    if (half == 1) {
+#pragma unroll
+      for (int i = 0; i < size(accum); ++i) s.partial[wg][i][wg_tid] = accum(i);
+      pair_barrier(5 + wg);
+      pair_barrier(7 + wg);
+      continue;
+    }
+    pair_barrier(5 + wg);
+#pragma unroll
+    for (int i = 0; i < size(accum); ++i) accum(i) += s.partial[wg][i][wg_tid];
+    pair_barrier(7 + wg);
     finish_tile<kTokens, kActivates, true>(args, s.amax[wg], accum, coord, at, m, wg);
   }
 }
@@ -1048,7 +1082,8 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) 
               [&](auto p, auto tokens, auto activating, auto e4m3) {
                 const auto kernel = kernel_of<decltype(p)::value, decltype(tokens)::value,
                                               decltype(activating)::value, decltype(e4m3)::value>();
-                const KernelShape shape{sm_count_, smem_, kGemmThreads};
+                const KernelShape shape{sm_count_, smem_,
+                                        decltype(e4m3)::value ? e4m3::kThreads : kGemmThreads};
                 if constexpr (decltype(e4m3)::value)
                   launch_chained(kernel, shape, stream, args, codes_map_);
                 else
