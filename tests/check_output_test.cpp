@@ -147,9 +147,10 @@ TEST(CheckOutput, WgmmaOnE4m3BoundsOnlyRelL2) {
   EXPECT_GT(c.stats.rel_l2, reference::kFp8GemmMaxRelL2);
 }
 
-// mxfp8's wgmma GEMMs multiply E4M3 codes too: the same rule, naming the precision; its
-// tensor_core and exact paths keep theirs.
-TEST(CheckOutput, WgmmaOnMxfp8BoundsOnlyRelL2LikeFp8Block128) {
+// mxfp8's and mxfp4's wgmma GEMMs multiply E4M3 codes too (mxfp4's E2M1 weights as E4M3 codes):
+// the same rule, naming the precision; their tensor_core and exact paths, and nvfp4's wgmma, keep
+// theirs.
+TEST(CheckOutput, WgmmaOnMxPrecisionsBoundsOnlyRelL2LikeFp8Block128) {
   const auto ref = reference_output();
   auto y = ref;
   for (std::size_t i = 0; i < y.size(); ++i) bump(y, i, 1);
@@ -158,7 +159,13 @@ TEST(CheckOutput, WgmmaOnMxfp8BoundsOnlyRelL2LikeFp8Block128) {
   EXPECT_EQ(c.rule, "wgmma on E4M3 (mxfp8): rel_l2 <= 1e-2");
   EXPECT_FALSE(
       check(y, ref, Rule{Combine::staged, ExpertMath::tensor_core, Precision::mxfp8}).pass);
-  EXPECT_FALSE(check(y, ref, Rule{Combine::staged, ExpertMath::wgmma, Precision::mxfp4}).pass);
+  const OutputCheck mxfp4 =
+      check(y, ref, Rule{Combine::staged, ExpertMath::wgmma, Precision::mxfp4});
+  EXPECT_TRUE(mxfp4.pass) << " rel_l2=" << mxfp4.stats.rel_l2;
+  EXPECT_EQ(mxfp4.rule, "wgmma on E4M3 (mxfp4): rel_l2 <= 1e-2");
+  EXPECT_FALSE(
+      check(y, ref, Rule{Combine::staged, ExpertMath::tensor_core, Precision::mxfp4}).pass);
+  EXPECT_FALSE(check(y, ref, Rule{Combine::staged, ExpertMath::wgmma, Precision::nvfp4}).pass);
 }
 
 TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {

@@ -117,5 +117,30 @@ TEST(E2m1Bf16, ASignOrMagnitudeMistakeIsCaught) {
   EXPECT_EQ(out[3] & 0xFFFFu, 0u);
 }
 
+// The E4M3 tile's MXFP4 weights (e2m1x8_to_e4m3): every code in every position of a word is the
+// E4M3 code of its value, bit for bit (so -0 is E4M3's -0, 0x80).
+TEST(E2m1E4m3, EveryCodeInEveryPositionIsTheE4m3CodeOfItsValue) {
+  std::size_t differ = 0;
+  for (const std::uint32_t w : test_words()) {
+    std::uint32_t out[2];
+    cuda::experts::e2m1x8_to_e4m3(w, out);
+    for (int i = 0; i < 8; ++i) {
+      const auto got = static_cast<std::uint8_t>(out[i / 4] >> (8 * (i % 4)));
+      const float value = formats::e2m1_to_float(static_cast<std::uint8_t>((w >> (4 * i)) & 0xFu));
+      const std::uint8_t want = formats::float_to_e4m3(value);
+      const bool same = got == want || (value == 0.0f && std::signbit(value) && got == 0x80u);
+      if (!same && differ++ == 0)
+        ADD_FAILURE() << "word " << std::hex << w << " element " << std::dec << i << ": E4M3 "
+                      << std::hex << int{got} << ", want " << int{want} << " (" << value << ")";
+      EXPECT_EQ(formats::e4m3_to_float(got), value) << "element " << i;
+    }
+  }
+  EXPECT_EQ(differ, 0u);
+  std::uint32_t out[2];
+  cuda::experts::e2m1x8_to_e4m3(0x9000000Fu, out);  // element 0: -6, element 7: -0.5, the rest +0
+  EXPECT_EQ(out[0], 0x000000CCu);
+  EXPECT_EQ(out[1], 0xB0000000u);
+}
+
 }  // namespace
 }  // namespace epmoe

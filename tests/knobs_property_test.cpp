@@ -282,12 +282,13 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
         << to_string(p);
 }
 
-// mxfp8's block_m 64 runs the wgmma E4M3 tile (16 token rows) where an expert gets at most 16 rows
-// with balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024 medium): qwen3
-// (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not in medium
-// (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up to world 4
-// (4 x 16 x 2 / 8 = 16), not at world 8 (32). Never another precision or another block_m.
-TEST(DefaultKnobTable, Mxfp8RunsTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert) {
+// mxfp8's and mxfp4's block_m 64 runs the wgmma E4M3 tile (16 token rows) where an expert gets at
+// most 16 rows with balanced routing (world x T x top_k / experts, T: 16 decode, 128 small, 1024
+// medium): qwen3 (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not
+// in medium (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up
+// to world 4 (4 x 16 x 2 / 8 = 16), not at world 8 (32). mxfp4 as mxfp8; never another precision or
+// another block_m.
+TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert) {
   const LayerShape qwen3 = known_models()[0].layer_shape(8192);
   ASSERT_EQ(qwen3.num_experts, 128);
   ASSERT_EQ(qwen3.top_k, 8);
@@ -300,8 +301,11 @@ TEST(DefaultKnobTable, Mxfp8RunsTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert)
   EXPECT_FALSE(e4m3(Precision::mxfp8, 1, qwen3, TokenBucket::medium, k64));
   EXPECT_TRUE(e4m3(Precision::mxfp8, 2, qwen3, TokenBucket::small, k64));
   EXPECT_FALSE(e4m3(Precision::mxfp8, 4, qwen3, TokenBucket::small, k64));
+  // mxfp4's weights run it as the E4M3 codes of their E2M1 values (MXFP8 rows, both E8M0-scaled)
+  EXPECT_TRUE(e4m3(Precision::mxfp4, 1, qwen3, TokenBucket::decode, k64));
+  EXPECT_FALSE(e4m3(Precision::mxfp4, 1, qwen3, TokenBucket::medium, k64));
   for (Precision p : kPrecisions) {
-    if (p != Precision::mxfp8) {
+    if (p != Precision::mxfp8 && p != Precision::mxfp4) {
       EXPECT_FALSE(e4m3(p, 1, qwen3, TokenBucket::decode, k64)) << to_string(p);
     }
   }

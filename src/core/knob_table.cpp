@@ -218,7 +218,7 @@ std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::
 
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs) {
-  return precision == Precision::mxfp8 && knobs.block_m == 64 &&
+  return (precision == Precision::mxfp8 || precision == Precision::mxfp4) && knobs.block_m == 64 &&
          balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
 }
 

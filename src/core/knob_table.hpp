@@ -49,13 +49,14 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
          precision == Precision::mxfp4;
 }
 
-// mxfp8 under wgmma: whether a bucket whose block_m is 64 runs the E4M3 tile (16 token rows, MXFP8
-// token rows times E4M3 weights, nothing decoded) rather than the 64-row tile that decodes the
-// weights to bf16: where an expert gets at most kWgmmaE4m3MaxRows rows per round with balanced
-// routing (the bucket's representative T, as the table's other rules). The E4M3 tile promotes each
-// k32 block's sums per token row, which costs more than the decode from a few tens of rows per
-// expert (qwen3 at world 1 on one H200, bench/RESULTS.md session 23: 7-17 % faster at up to 4 rows,
-// 8 % slower at 32). The wgmma backend asks it per bucket; no knob sets it.
+// mxfp8 and mxfp4 under wgmma: whether a bucket whose block_m is 64 runs the E4M3 tile (16 token
+// rows, MXFP8 token rows times E4M3 weights, MXFP4's E2M1 codes taken as the E4M3 codes of the same
+// values, nothing decoded to bf16) rather than the 64-row tile that decodes the weights to bf16:
+// where an expert gets at most kWgmmaE4m3MaxRows rows per round with balanced routing (the bucket's
+// representative T, as the table's other rules). The E4M3 tile promotes each k32 block's sums per
+// token row, which costs more than the decode from a few tens of rows per expert (qwen3 at world 1
+// on one H200, bench/RESULTS.md session 23: 7-17 % faster at up to 4 rows, 8 % slower at 32). The
+// wgmma backend asks it per bucket; no knob sets it.
 inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);

@@ -98,15 +98,17 @@ inline constexpr double outlier_fraction(ExpertMath math) {
   return math == ExpertMath::wgmma ? kWgmmaOutlierFraction : kTensorCoreOutlierFraction;
 }
 inline constexpr double kTensorCoreRmsFloor = 1e-3;
-// wgmma with fp8_block128 or mxfp8 multiplies E4M3 codes: WGMMA's FP8 accumulation keeps fewer
-// bits than fp32 inside each k128 (k32) block (GpuGroupedGemm.Fp8BlockScaled... measures 7.8e-5
-// of sum|a b|, the packed mxfp8 GEMM up to 4.4e-4 on codes of every magnitude), and each E4M3
-// step of the intermediate h that flips against the reference's moves a whole output row a
-// little, so only rel_l2 is bounded: rel_l2 <= kFp8GemmMaxRelL2.
+// wgmma with fp8_block128, mxfp8 or mxfp4 multiplies E4M3 codes (mxfp4's E2M1 weights as E4M3):
+// WGMMA's FP8 accumulation keeps fewer bits than fp32 inside each k128 (k32) block
+// (GpuGroupedGemm.Fp8BlockScaled... measures 7.8e-5 of sum|a b|, the packed mxfp8 GEMM up to 4.4e-4
+// on codes of every magnitude), and each E4M3 step of the intermediate h that flips against the
+// reference's moves a whole output row a little, so only rel_l2 is bounded: rel_l2 <=
+// kFp8GemmMaxRelL2.
 inline constexpr double kFp8GemmMaxRelL2 = 1e-2;
 inline constexpr bool fp8_gemm(ExpertMath math, Precision precision) {
   return math == ExpertMath::wgmma &&
-         (precision == Precision::fp8_block128 || precision == Precision::mxfp8);
+         (precision == Precision::fp8_block128 || precision == Precision::mxfp8 ||
+          precision == Precision::mxfp4);
 }
 
 struct OutputCheck {

@@ -493,16 +493,18 @@ std::vector<float> run_packed_gemm(
 }
 
 // Every token tile (64, 128 and 256 rows) gives the same bits: each output is the same k16 WGMMA
-// steps over the same k tiles in the same order. mxfp8's E4M3 tile (t16_e4m3, other inputs and
-// sums) gives the same bits on 3 CTAs as on all; other precisions cannot make it.
+// steps over the same k tiles in the same order. The E4M3 tile (t16_e4m3, other inputs and sums;
+// mxfp8, and mxfp4 whose E2M1 codes its converter warpgroup turns into E4M3 codes) gives the same
+// bits on 3 CTAs as on all; nvfp4 cannot make it.
 TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   using cuda::experts::wgmma::PackedTokenTile;
   for (const PackedCase& c :
        {PackedCase{Precision::mxfp8, 320, 192}, PackedCase{Precision::mxfp8, 256, 1024},
         PackedCase{Precision::mxfp4, 320, 1024}, PackedCase{Precision::nvfp4, 320, 1024},
-        // one k tile: the k loop's first tile is its last
-        PackedCase{Precision::mxfp8, 192, 64}, PackedCase{Precision::nvfp4, 128, 64}}) {
+        // one k tile: the k loop's first tile is its last (and the split K's second pair idle)
+        PackedCase{Precision::mxfp8, 192, 64}, PackedCase{Precision::mxfp4, 192, 64},
+        PackedCase{Precision::nvfp4, 128, 64}}) {
     const std::vector<float> all = run_packed_gemm(c, sm_count(), PackedTokenTile::t64);
     const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t64);
     const std::vector<float> wide = run_packed_gemm(c, sm_count(), PackedTokenTile::t128);
@@ -511,11 +513,12 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
         << "3 persistent CTAs give other bits than one per SM: " << to_string(c.precision);
     EXPECT_EQ(std::memcmp(all.data(), wide.data(), all.size() * sizeof(float)), 0)
         << "128 token rows give other bits than 64: " << to_string(c.precision);
-    if (c.precision == Precision::mxfp8) {
+    if (c.precision == Precision::mxfp8 || c.precision == Precision::mxfp4) {
       const std::vector<float> e4m3 = run_packed_gemm(c, sm_count(), PackedTokenTile::t16_e4m3);
       const std::vector<float> e4m3_three = run_packed_gemm(c, 3, PackedTokenTile::t16_e4m3);
       EXPECT_EQ(std::memcmp(e4m3.data(), e4m3_three.data(), e4m3.size() * sizeof(float)), 0)
-          << "the E4M3 tile on 3 persistent CTAs gives other bits than one per SM";
+          << "the E4M3 tile on 3 persistent CTAs gives other bits than one per SM: "
+          << to_string(c.precision);
     } else {
       EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(c.precision, 1, c.n, c.k, 1, 0,
                                                            PackedTokenTile::t16_e4m3),
@@ -552,7 +555,6 @@ TEST(GpuGroupedGemm, PackedFc1EpilogueActivatesAndQuantizesLikeTheActivateKernel
       const auto group_of_row = [](int r) { return r < 1 ? 1 : r < 66 ? 2 : 3; };
       for (const PackedTokenTile tile :
            {PackedTokenTile::t64, PackedTokenTile::t16_e4m3, PackedTokenTile::t256}) {
-        if (tile == PackedTokenTile::t16_e4m3 && p != Precision::mxfp8) continue;
         // the plain GEMM's sums of the same inputs (the E4M3 tile takes MXFP8 rows)
         const std::vector<float> d = run_packed_gemm(c, sm_count(), tile);
         std::vector<float> h;

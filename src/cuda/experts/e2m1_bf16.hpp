@@ -88,6 +88,28 @@ EPMOE_HD void e2m1x8_to_bf16(std::uint32_t codes, std::uint32_t scale2, std::uin
   }
 }
 
+// The E4M3 code of E2M1 magnitude m: {00 30 38 3C 40 44 48 4C}[m] (0, 0.5, 1, 1.5, 2, 3, 4, 6 are
+// all E4M3 values), as the two 4-byte halves a PRMT table reads.
+inline constexpr std::uint32_t kE2m1E4m3Bytes0 = 0x3C383000u, kE2m1E4m3Bytes1 = 0x4C484440u;
+
+// Codes 0-7 of `codes` (element i in nibble i, sign in its bit 3) as the E4M3 codes of the same
+// values, exactly (a sign and 3 bits each): element i in byte i % 4 of out[i / 4]. The packed
+// GEMM's E4M3 tile takes MXFP4 weights this way (the E8M0 block scale is MXFP8's).
+EPMOE_HD void e2m1x8_to_e4m3(std::uint32_t codes, std::uint32_t (&out)[2]) {
+  const std::uint32_t magnitudes = codes & 0x77777777u;
+  // Each code's sign at bit 7 of a byte: elements 2j at byte j of `even_signs`, 2j + 1 of
+  // `odd_signs`.
+  const std::uint32_t even_signs = (codes << 4) & 0x80808080u;
+  const std::uint32_t odd_signs = codes & 0x80808080u;
+  for (int half = 0; half < 2; ++half) {  // elements 4 half .. 4 half + 3
+    const std::uint32_t values =
+        byte_perm(kE2m1E4m3Bytes0, kE2m1E4m3Bytes1, magnitudes >> (16 * half));
+    // the signs of elements 4 half + 0, 1, 2, 3: even byte 2 half, odd 2 half, even, odd 2 half + 1
+    const std::uint32_t signs = byte_perm(even_signs, odd_signs, half == 0 ? 0x5140u : 0x7362u);
+    out[half] = values | signs;
+  }
+}
+
 // A block scale as bf16 in both halves: 2^(s - 127) for MX's E8M0 code s (2^-127 is a bf16
 // subnormal; 0xFF is NaN), the E4M3 value for NVFP4 (4 significant bits). Every block scale is a
 // bf16 value, so its fp32 bits' high half is its bf16 (a NaN's too: the codecs' and the hardware's

@@ -1,9 +1,9 @@
 // The packed-weight grouped GEMM (packed_gemm.hpp): weights decoded to bf16 in registers and fed
 // to WGMMA as its register operand, so they stay resident in their format. Written by hand (with
 // CuTe's WGMMA atoms and swizzled layouts) because CUTLASS 4's SM90 GEMMs cannot take MX's 32-wide
-// or NVFP4's 16-wide block scales along K (packed_gemm.hpp). mxfp8's E4M3 tile (t16_e4m3,
-// packed_e4m3_gemm_kernel below) decodes nothing: E4M3 times E4M3 per MX block, its weight codes
-// by TMA.
+// or NVFP4's 16-wide block scales along K (packed_gemm.hpp). mxfp8's and mxfp4's E4M3 tile
+// (t16_e4m3, packed_e4m3_gemm_kernel below) decodes nothing to bf16: E4M3 times E4M3 per MX block,
+// its weight codes by TMA (mxfp4's E2M1 codes converted to E4M3 in shared memory).
 //
 // The weights are WGMMA's A operand (M = 128 weight rows: each of two warpgroups 64), the tokens
 // its B operand (N = 64, 128 or 256 token rows: PackedTokenTile), both K-major, so a decode
@@ -375,7 +375,7 @@ struct GemmStart {
 // the problems and pointers), and the groups' tile prefix (s.tile_end) computed.
 // kFullArrivals: the `full` barrier's arrivals per use (a noinc arrival per producer thread, and
 // the E4M3 kernel's TMA issuer's expect_tx arrival).
-// kThreads: the CTA's (kGemmThreads, or the E4M3 kernel's e4m3::kThreads).
+// kThreads: the CTA's (kGemmThreads, or the E4M3 kernel's e4m3::kThreads<kE2m1>).
 template <int kStages, int kTokens, int kFullArrivals = kProducerThreads,
           int kThreads = kGemmThreads, class S>
 __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
@@ -655,7 +655,11 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
 //             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
 //             each weight row's block scale codes, each token row's two block scale values (8
 //             bytes); `full` completes when the TMA bytes and every thread's copies have landed
-//   math      warpgroups 1-4: 1 + 2 half + wg multiplies weight rows 64 wg .. 64 wg + 63 over
+//             (mxfp4: the TMA load's E2M1 codes land in Smem::e2m1, counted by `landed`)
+//   converter mxfp4 only, the warpgroup after the producer: per landed k tile, each thread one
+//             weight row's 64 E2M1 codes to the E4M3 codes of the same values (byte permutes,
+//             e2m1x8_to_e4m3) into the stage's swizzled layout, then its arrival on `full`
+//   math      the next four warpgroups, pair `half` and warpgroup wg of it: rows 64 wg .. + 63 over
 //             the k tiles kt with kt % 2 == half (split K: two pairs of warpgroups at once); per
 //             k tile both k32 blocks' WGMMAs into their own block sums, waited for, then sums +=
 //             block sums x weight scale x token scale (only the 8-column groups of token rows
@@ -673,14 +677,21 @@ constexpr int kBlocks = kTileK / kBlockK;      // per k tile
 // session 26); pair 1 hands its sums to pair 0 through shared memory for the epilogue.
 constexpr int kSplitK = 2;
 constexpr int kMathGroups = 2 * kSplitK;
-constexpr int kThreads = kProducerThreads + kMathGroups * kWarpgroup;
+// MXFP4 weights (kE2m1) add a converter warpgroup after the producer: E2M1 codes to E4M3 codes.
+template <bool kE2m1>
+inline constexpr int kConverterThreads = kE2m1 ? kWarpgroup : 0;
+template <bool kE2m1>
+inline constexpr int kThreads =
+    kProducerThreads + kConverterThreads<kE2m1> + kMathGroups* kWarpgroup;
 using Code = cutlass::float_e4m3_t;
 using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swizzle
 
-template <int kTokens>
+template <int kTokens, bool kE2m1>
 struct Tile {
   static_assert(kTokens == 16, "t16_e4m3: 16 token rows");
-  static constexpr int kStages = 16;  // ~165 KB at 16 token rows (20 measured 0-3 % slower)
+  // ~165 KB at 16 token rows (20 measured 0-3 % slower); MXFP4's 4 KB of E2M1 codes more per
+  // stage: 12 (~181 KB)
+  static constexpr int kStages = kE2m1 ? 12 : 16;
   using Op =
       decltype(SM90::GMMA::ss_op_selector<Code, Code, float, Shape<_64, Int<kTokens>, Int<kBlockK>>,
                                           GMMA::Major::K, GMMA::Major::K>());
@@ -689,10 +700,13 @@ struct Tile {
   using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
 };
 
-template <int kTokens, bool kActivates>
+template <int kTokens, bool kActivates, bool kE2m1>
 struct Smem {
-  static constexpr int kStages = Tile<kTokens>::kStages;
-  alignas(1024) std::uint8_t w[kStages][kRows * kTileK];    // weight codes (LayoutW)
+  static constexpr int kStages = Tile<kTokens, kE2m1>::kStages;
+  alignas(1024) std::uint8_t w[kStages][kRows * kTileK];  // weight codes (LayoutW)
+  // MXFP4: the k tile's E2M1 codes as TMA lands them, [128 rows][32 bytes], and their barriers
+  alignas(128) std::uint8_t e2m1[kE2m1 ? kStages : 1][kE2m1 ? kRows * kTileK / 2 : 16];
+  alignas(8) std::uint64_t landed[kE2m1 ? kStages : 1];
   alignas(1024) std::uint8_t x[kStages][kTokens * kTileK];  // token codes (LayoutX)
   alignas(16) float x_scales[kStages][kTokens][kBlocks];    // token row, block: the scale's value
   std::uint32_t scale_words[kStages][kRows];
@@ -705,16 +719,16 @@ struct Smem {
 
 // The weights' codes as TMA sees them (weight_codes_map): [groups, N, K] bytes as {K, N, groups},
 // 64-byte swizzled as LayoutW; a k tile of a tile's 128 weight rows is one load {64 codes, 128
-// rows}, rows past N zeros (never stored). An activating FC1's tile rows interleave gate and up
-// rows by 8 (weight_row), so its tensor is 5-D {K, 8 rows, gate | up, N / 16 row groups, groups}
-// with byte strides {K, I K, 8 K, N K} and a load {64, 8, 2, 8, 1}: TMA fills the box's dimensions
-// in order, so tile row t is row t % 8 of row group 8 block + t / 16, gate or up by t / 8 % 2, as
-// weight_row (16 loads of 8 rows each measured 14-16 % slower at T = 16-128: bench/RESULTS.md,
-// session 25).
+// rows}, rows past N zeros (never stored). MXFP4's (kE2m1) are [groups, N, K / 2] bytes, a k tile
+// {32 bytes, 128 rows} unswizzled into Smem::e2m1, and `k0` counts bytes. An activating FC1's tile
+// rows interleave gate and up rows by 8 (weight_row), so its tensor is 5-D {K, 8 rows, gate | up, N
+// / 16 row groups, groups} with byte strides {K, I K, 8 K, N K} and a load {64, 8, 2, 8, 1}: TMA
+// fills the box's dimensions in order, so tile row t is row t % 8 of row group 8 block + t / 16,
+// gate or up by t / 8 % 2, as weight_row (16 loads of 8 rows each measured 14-16 % slower at T =
+// 16-128: bench/RESULTS.md, session 25).
 template <bool kActivates>
 __device__ __forceinline__ void load_weight_codes(const CUtensorMap* map, std::uint64_t* full,
-                                                  std::uint8_t* stage, int k0,
-                                                  const TilePlace& at) {
+                                                  void* stage, int k0, const TilePlace& at) {
   constexpr auto kHint = static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
   if constexpr (kActivates)
     cute::SM90_TMA_LOAD_5D::copy(map, full, kHint, stage, k0, 0, 0, at.n0 / kRows * 8, at.g);
@@ -722,24 +736,27 @@ __device__ __forceinline__ void load_weight_codes(const CUtensorMap* map, std::u
     cute::SM90_TMA_LOAD_3D::copy(map, full, kHint, stage, k0, at.n0, at.g);
 }
 
-// The TMA descriptor of load_weight_codes over `codes` ([groups, N, K] E4M3 codes).
-CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool activates) {
+// The TMA descriptor of load_weight_codes over `codes` ([groups, N, K] E4M3 codes, or with `e2m1`
+// [groups, N, K / 2] bytes of two E2M1 codes each).
+CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool activates,
+                             bool e2m1) {
   CUtensorMap map{};
   const auto g = static_cast<cuuint64_t>(groups), rows = static_cast<cuuint64_t>(n),
-             cols = static_cast<cuuint64_t>(k);
+             cols = static_cast<cuuint64_t>(e2m1 ? k / 2 : k);  // bytes
+  const cuuint32_t box_cols = e2m1 ? kTileK / 2 : kTileK;
   const cuuint64_t plain_dims[3] = {cols, rows, g};
   const cuuint64_t plain_strides[2] = {cols, rows * cols};
-  const cuuint32_t plain_box[3] = {kTileK, kRows, 1};
+  const cuuint32_t plain_box[3] = {box_cols, kRows, 1};
   const cuuint64_t glu_dims[5] = {cols, 8, 2, rows / 16, g};
   const cuuint64_t glu_strides[4] = {cols, rows / 2 * cols, 8 * cols, rows * cols};
-  const cuuint32_t glu_box[5] = {kTileK, 8, 2, kRows / 16, 1};
+  const cuuint32_t glu_box[5] = {box_cols, 8, 2, kRows / 16, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult result = CUTLASS_CUDA_DRIVER_WRAPPER_CALL(cuTensorMapEncodeTiled)(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, activates ? 5 : 3, codes,
       activates ? glu_dims : plain_dims, activates ? glu_strides : plain_strides,
       activates ? glu_box : plain_box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      e2m1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_64B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS)
     throw Error(ErrorCode::internal,
                 "packed grouped GEMM: cuTensorMapEncodeTiled of the weight "
@@ -750,18 +767,28 @@ CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool
 
 }  // namespace e4m3
 
-// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map).
-template <int kTokens, bool kActivates>
-__global__ void __launch_bounds__(e4m3::kThreads, 1)
+// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kE2m1: MXFP4
+// weights, whose E2M1 codes the converter warpgroup turns into the E4M3 codes of the same values
+// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0).
+template <int kTokens, bool kActivates, bool kE2m1>
+__global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
-  using S = e4m3::Smem<kTokens, kActivates>;
-  using T = e4m3::Tile<kTokens>;
+  using S = e4m3::Smem<kTokens, kActivates, kE2m1>;
+  using T = e4m3::Tile<kTokens, kE2m1>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
+  constexpr int kConverterThreads = e4m3::kConverterThreads<kE2m1>;
   S& s = aligned_smem<S>();
-  if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(&weight_codes);
+    if constexpr (kE2m1)  // (start_gemm's fence covers them)
+      for (int i = 0; i < kStages; ++i) Barrier::init(&s.landed[i], 1);
+  }
+  // `full`: a noinc arrival per producer thread, and the TMA issuer's expect_tx (E4M3 codes) or
+  // each converter thread's arrival (E2M1 codes)
+  constexpr int kFullArrivals = kProducerThreads + (kE2m1 ? kConverterThreads : 1);
   const auto [tid, n, k, groups, weight_blocks, tiles] =
-      start_gemm<kStages, kTokens, kProducerThreads + 1, e4m3::kThreads>(s, args);
+      start_gemm<kStages, kTokens, kFullArrivals, e4m3::kThreads<kE2m1>>(s, args);
   const std::int64_t scale_row_bytes = k / e4m3::kBlockK;  // weights: one E8M0 per block
   const int k_tiles = k / kTileK;
   RingPosition ring;
@@ -795,11 +822,17 @@ __global__ void __launch_bounds__(e4m3::kThreads, 1)
           args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / e4m3::kBlockK);
       for (int kt = 0; kt < k_tiles; ++kt) {
         Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
-        if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full`
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.full[ring.stage],
-                                                                         kRows * kTileK);
-          e4m3::load_weight_codes<kActivates>(&weight_codes, &s.full[ring.stage],
-                                              &s.w[ring.stage][0], kt * kTileK, at);
+        if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full` / `landed`
+          using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+          if constexpr (kE2m1) {
+            TxBarrier::arrive_and_expect_tx(&s.landed[ring.stage], kRows * kTileK / 2);
+            e4m3::load_weight_codes<kActivates>(&weight_codes, &s.landed[ring.stage],
+                                                &s.e2m1[ring.stage][0], kt * kTileK / 2, at);
+          } else {
+            TxBarrier::arrive_and_expect_tx(&s.full[ring.stage], kRows * kTileK);
+            e4m3::load_weight_codes<kActivates>(&weight_codes, &s.full[ring.stage],
+                                                &s.w[ring.stage][0], kt * kTileK, at);
+          }
         }
         copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * e4m3::kBlocks);
 #pragma unroll
@@ -817,9 +850,44 @@ __global__ void __launch_bounds__(e4m3::kThreads, 1)
     return;
   }
 
-  // ---- math: warpgroup 1 + 2 half + wg multiplies weight rows 64 wg .. 64 wg + 63 of each tile,
-  // over k tiles kt with kt % 2 == half
-  const int math_tid = tid - kProducerThreads, math_wg = math_tid / kWarpgroup;
+  if constexpr (kE2m1) {
+    if (tid < kProducerThreads + kConverterThreads) {
+      // ---- converter: each landed k tile's E2M1 codes of weight row `row` (32 bytes) to E4M3
+      // codes in the stage's LayoutW (4 chunks of 16), then the stage's `full` (after a proxy
+      // fence: WGMMA reads shared memory through the async proxy)
+      const int row = tid - kProducerThreads;
+      const typename T::LayoutW layout_w{};
+      int chunk_at[4];  // the row's 16-byte chunks in stage 0 (a stage is kRows x kTileK bytes)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) chunk_at[c] = layout_w(row, 16 * c, 0);
+      int position = 0;  // the CTA's k tiles so far: the ring's
+      for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
+           tile += static_cast<int>(gridDim.x)) {
+        for (int kt = 0; kt < k_tiles; ++kt, ++position) {
+          const int stage = position % kStages;
+          Barrier::wait(&s.landed[stage], static_cast<std::uint32_t>(position / kStages) & 1u);
+          const uint4* codes = reinterpret_cast<const uint4*>(&s.e2m1[stage][row * kTileK / 2]);
+          const uint4 lo = codes[0], hi = codes[1];
+          const std::uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {  // codes 16 c .. 16 c + 15: words 2 c and 2 c + 1
+            std::uint32_t first[2], second[2];
+            e2m1x8_to_e4m3(words[2 * c], first);
+            e2m1x8_to_e4m3(words[2 * c + 1], second);
+            *reinterpret_cast<uint4*>(&s.w[stage][chunk_at[c]]) =
+                make_uint4(first[0], first[1], second[0], second[1]);
+          }
+          cutlass::arch::fence_view_async_shared();
+          Barrier::arrive(&s.full[stage]);
+        }
+      }
+      return;
+    }
+  }
+
+  // ---- math: warpgroup 1 + 2 half + wg (after the converter, if any) multiplies weight rows
+  // 64 wg .. 64 wg + 63 of each tile, over k tiles kt with kt % 2 == half
+  const int math_tid = tid - kProducerThreads - kConverterThreads, math_wg = math_tid / kWarpgroup;
   const int wg = math_wg % 2, half = math_wg / 2;
   const int wg_tid = math_tid % kWarpgroup;
   const bool signals = wg_tid == 0;  // the warpgroup's arrival on `empty`
@@ -950,7 +1018,7 @@ template <Precision P, int kTokens, bool kActivates, bool kE4m3>
 constexpr std::size_t smem_bytes() {
   std::size_t bytes = 1024;  // the dynamic allocation's alignment
   if constexpr (kE4m3)
-    bytes += sizeof(e4m3::Smem<kTokens, kActivates>);
+    bytes += sizeof(e4m3::Smem<kTokens, kActivates, P == Precision::mxfp4>);
   else
     bytes += sizeof(Smem<P, kTokens, kActivates>);
   return bytes;
@@ -960,13 +1028,13 @@ constexpr std::size_t smem_bytes() {
 template <Precision P, int kTokens, bool kActivates, bool kE4m3>
 constexpr auto kernel_of() {
   if constexpr (kE4m3)
-    return packed_e4m3_gemm_kernel<kTokens, kActivates>;
+    return packed_e4m3_gemm_kernel<kTokens, kActivates, P == Precision::mxfp4>;
   else
     return packed_gemm_kernel<P, kTokens, kActivates>;
 }
 
 // Calls f(precision, token rows, activates, e4m3) with each as a compile-time constant; the E4M3
-// kernel only for mxfp8's t16_e4m3 (the constructor refuses it for other precisions).
+// kernel only for mxfp8's and mxfp4's t16_e4m3 (the constructor refuses it for other precisions).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
   with_packed_precision(p, [&](auto precision) {
@@ -975,7 +1043,7 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
       const auto with_tokens = [&](auto epilogue) {
         using std::integral_constant;
         if (tile == PackedTokenTile::t16_e4m3) {
-          if constexpr (kP == Precision::mxfp8)
+          if constexpr (kP == Precision::mxfp8 || kP == Precision::mxfp4)
             f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{});
         } else if (tile == PackedTokenTile::t64) {
           f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{});
@@ -1032,9 +1100,10 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
-  if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8)
+  if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8 &&
+      precision != Precision::mxfp4)
     throw Error(ErrorCode::unsupported,
-                "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 weights only");
+                "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 or mxfp4 weights only");
   sm_count_ = grid_sms(device, sm_count);
   with_kernel(precision, tile, epilogue_.has_value(),
               [&](auto p, auto tokens, auto activating, auto e4m3) {
@@ -1075,7 +1144,8 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
   const Args args{arrays_, weights, groups_, n_, k_, epilogue_.value_or(PackedFc1Epilogue{})};
   if (e4m3_tokens() && codes_map_of_ != weights.codes) {  // (the weights change rarely, if ever)
-    codes_map_ = e4m3::weight_codes_map(weights.codes, groups_, n_, k_, epilogue_.has_value());
+    codes_map_ = e4m3::weight_codes_map(weights.codes, groups_, n_, k_, epilogue_.has_value(),
+                                        precision_ == Precision::mxfp4);
     codes_map_of_ = weights.codes;
   }
   with_kernel(precision_, tile_, epilogue_.has_value(),
@@ -1083,7 +1153,9 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) 
                 const auto kernel = kernel_of<decltype(p)::value, decltype(tokens)::value,
                                               decltype(activating)::value, decltype(e4m3)::value>();
                 const KernelShape shape{sm_count_, smem_,
-                                        decltype(e4m3)::value ? e4m3::kThreads : kGemmThreads};
+                                        decltype(e4m3)::value
+                                            ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
+                                            : kGemmThreads};
                 if constexpr (decltype(e4m3)::value)
                   launch_chained(kernel, shape, stream, args, codes_map_);
                 else

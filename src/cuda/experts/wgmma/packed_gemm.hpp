@@ -6,10 +6,10 @@
 // fp32, row-major, with every weight decoded as the tiles of `tensor_core` decode it: the code
 // times its block scale (E4M3 * 2^s, E2M1 * 2^s, E2M1 * E4M3), exact in bf16, without NVFP4's
 // per-matrix divisor and multiplier (the caller applies those to D). So D is the exact product sum
-// with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values. mxfp8's A on
-// its E4M3 tile is MXFP8 instead (t16_e4m3): E4M3 times E4M3 in the tensor cores, each k32
-// block's sums times both block scales added in fp32 (WGMMA's FP8 sums keep fewer bits than fp32
-// within a block).
+// with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values. mxfp8's and
+// mxfp4's A on their E4M3 tile is MXFP8 instead (t16_e4m3; mxfp4's weights as E4M3 codes): E4M3
+// times E4M3 in the tensor cores, each k32 block's sums times both block scales added in fp32
+// (WGMMA's FP8 sums keep fewer bits than fp32 within a block).
 //
 // Why by hand: CUTLASS 4's SM90 mixed-input GEMMs take a scale group that is a multiple of the
 // tile's K (≥ 64), not MX's 32 or NVFP4's 16, and its blockwise-FP8 GEMMs a scale granularity of at
@@ -38,9 +38,9 @@ struct PackedGemmArrays {
   float** d;                // [M_e, N] row-major (not written by an activating FC1)
   std::uint16_t** h;        // an activating FC1's output, [M_e, N / 2] (but t16_e4m3)
   const float** b13;        // an activating FC1's [N] biases (gate, then up), or nullptr
-  // t16_e4m3 (mxfp8's E4M3 tile): the tokens as MXFP8, E4M3 codes [M_e, K] and each block's
-  // scale value (2^(s - 127), NaN for s = 0xFF) [M_e, K / 32]; an activating FC1's h the same
-  // way, [M_e, N / 2] and [M_e, N / 64]
+  // t16_e4m3 (the E4M3 tile of mxfp8, mxfp4): the tokens as MXFP8, E4M3 codes [M_e, K] and each
+  // block's scale value (2^(s - 127), NaN for s = 0xFF) [M_e, K / 32]; an activating FC1's h the
+  // same way, [M_e, N / 2] and [M_e, N / 64]
   const std::uint8_t** a8;
   const float** a8_scale;
   std::uint8_t** h8;
@@ -60,7 +60,7 @@ struct PackedFc1Epilogue {
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
 // to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
-// (wgmma_backend.hpp). t16_e4m3 (mxfp8 only) is a 16-row tile that multiplies E4M3 codes: its
+// (wgmma_backend.hpp). t16_e4m3 (mxfp8, mxfp4) is a 16-row tile that multiplies E4M3 codes: its
 // tokens are MXFP8 rows (the wire rows, and FC2's input from an activating FC1), so each k32
 // WGMMA of E4M3 weights and E4M3 tokens is one block of both, and its sums times the two block
 // scales are the decoded values' products: no decode. Its cost is a scale promotion per token row

@@ -117,9 +117,9 @@ __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, floa
 
 // One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (E4M3
 // operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
-// values (fp8_block128's 1 x 128 fp32 scales; mxfp8's 1 x 32 E8M0 codes decoded), or (mxfp8 in a
-// bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an E4M3 value times
-// a power of two). Route checked the rows and staged nothing for them.
+// values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or
+// (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an
+// E4M3 value times a power of two). Route checked the rows and staged nothing for them.
 __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
              t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
              protocol::wire_payload_offset(t.top_k);
     };
-    if (p.packed() && !p.packed_e4m3) {  // mxfp8's bf16 rows
+    if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
       for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
            pair += gridDim.x * warps) {
         const std::uint8_t* payload = wire_payload(pair);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
         const auto* scales = reinterpret_cast<const float*>(payload + hidden);
         for (std::int64_t b = lane; b < blocks; b += 32) scale[b] = scales[b];
       } else {
-        const std::uint8_t* codes8 = payload + hidden;  // (mxfp8: H / 32 E8M0 codes)
+        const std::uint8_t* codes8 = payload + hidden;  // (MXFP8: H / 32 E8M0 codes)
         for (std::int64_t b = lane; b < blocks; b += 32)
           scale[b] = formats::e8m0_to_float(codes8[b]);
       }

@@ -19,8 +19,8 @@ namespace epmoe::cuda::experts::wgmma {
 
 // Per-pair scratch, rows in pair order (grouped by expert: pair_offset), so each expert's rows
 // are one contiguous GEMM operand.
-// bf16 operands (bf16, nvfp4, mxfp4) or E4M3 ones with their scales (fp8_block128): one set is
-// allocated, the other's pointers are null. mxfp8 runs either by its bucket's tile
+// bf16 operands (bf16, nvfp4) or E4M3 ones with their scales (fp8_block128): one set is
+// allocated, the other's pointers are null. mxfp8 and mxfp4 run either by their bucket's tile
 // (PackedTokenTile::t16_e4m3): both sets, each E4M3 array inside its bf16 one (a round uses one of
 // them).
 struct Scratch {
@@ -30,7 +30,7 @@ struct Scratch {
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact
   float* h_scale;      // [max_pairs] (1, and not stored, when fc1_epilogue_activates)
   // E4M3: the rows' codes and their blocks' scales (fp32 values) along K, as on the wire: 1 x 128
-  // (fp8_block128) or 1 x 32 (mxfp8), e4m3_scale_block
+  // (fp8_block128) or 1 x 32 (mxfp8, mxfp4: MXFP8 rows), e4m3_scale_block
   std::uint8_t* a8;  // [max_pairs, H] FC1's operand: the pair's received row
   float* a8_scale;   // [max_pairs, H / block]
   std::uint8_t* h8;  // [max_pairs, I] FC2's operand: h at its quantization point
@@ -47,12 +47,14 @@ EPMOE_HD bool runs_e4m3(const ExpertProblem& problem) {
 EPMOE_HD bool runs_packed(const ExpertProblem& problem) {
   return packed_with_block_scales(problem.precision);
 }
-// The block along K of a precision's E4M3 operands' scales: 128 (fp8_block128), 32 (mxfp8, whose
-// E4M3 tile multiplies E4M3 codes: packed_gemm.hpp, t16_e4m3), or 0 (bf16 operands only).
+// The block along K of a precision's E4M3 operands' scales: 128 (fp8_block128), 32 (mxfp8 and
+// mxfp4, whose rows are MXFP8 and whose E4M3 tile multiplies E4M3 codes: packed_gemm.hpp,
+// t16_e4m3), or 0 (bf16 operands only).
 EPMOE_HD int e4m3_scale_block(const ExpertProblem& problem) {
-  return runs_e4m3(problem)                      ? formats::kFp8Block128
-         : problem.precision == Precision::mxfp8 ? formats::kMxfp8Block
-                                                 : 0;
+  if (runs_e4m3(problem)) return formats::kFp8Block128;
+  return problem.precision == Precision::mxfp8 || problem.precision == Precision::mxfp4
+             ? formats::kMxfp8Block
+             : 0;
 }
 // Of the packed precisions, those whose FC2 input is MXFP8 (mxfp8, mxfp4) activate in the packed
 // FC1's epilogue (PackedFc1Epilogue): no activate kernel; NVFP4 (a per-row s_enc over all of I)

@@ -26,8 +26,8 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.h_scale = cursor.take<float>(pairs);
   }
   if (block != 0 && !runs_e4m3(e) && base != nullptr) {
-    // mxfp8: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2 n
-    // bytes; the rows' scales 16-byte aligned, as the kernels read them)
+    // mxfp8, mxfp4: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2
+    // n bytes; the rows' scales 16-byte aligned, as the kernels read them)
     const auto inside = [&](std::uint16_t* bf16, std::size_t n, std::uint8_t** codes,
                             float** scales) {
       *codes = reinterpret_cast<std::uint8_t*>(bf16);
