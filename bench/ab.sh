@@ -7,7 +7,8 @@
 #                                            # (git archive; sides base, alt1, alt2, ...; ignored
 #                                            # by git, so pass it to the device tool as carry,
 #                                            # with .gpu_deps)
-#   bench/ab.sh run [--turns N] [--tests] -- <epmoe bench arguments>   # on the GPU machine
+#   bench/ab.sh run [--turns N] [--tests] [--guard FILTER] [--kernel-times "ARGS"] \
+#     -- <epmoe bench arguments>                                        # on the GPU machine
 #
 # `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
 # same time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh
@@ -18,6 +19,11 @@
 # device tool returns only a few files). Several sides measure several candidate commits against
 # each other in one call; only the working tree is tested. Each side adds ~6 MB to the carry
 # (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
+# --guard FILTER: first build the GPU tests and run gpu_layer_test --gtest_filter=FILTER on the
+# working tree under a 120 s kill (the tests of the kernels the change touches), and stop there if
+# they fail or hang: a broken kernel costs ~2 minutes of device time, not the whole call.
+# --kernel-times "ARGS": after the turns, bench/kernel_times.sh on the new build and on base for
+# the one point ARGS names (epmoe bench arguments), into the same ab.tgz.
 #   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
 #           --precisions mxfp8,nvfp4 --tokens 1,16,64 --phases --rounds 30
 set -uo pipefail
@@ -47,13 +53,15 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || { sed -n '2,25p' "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n '2,28p' "$0"; exit 2; }
 shift
-turns=2 tests=0
+turns=2 tests=0 guard="" kernel_times=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --turns) turns=$2; shift 2 ;;
     --tests) tests=1; shift ;;
+    --guard) guard=$2; shift 2 ;;
+    --kernel-times) kernel_times=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
 done
@@ -68,6 +76,21 @@ elapsed() { echo $(($(date +%s) - start)); }
 source scripts/gpu_env.sh || exit 1
 jobs=$(( $(nproc) / (${#sides[@]} + 1) > 0 ? $(nproc) / (${#sides[@]} + 1) : 1 ))  # (sides + new)
 pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
+if [ -n "$guard" ]; then
+  EPMOE_GPU_FILTER=NONE EPMOE_GPU_TESTS_ONLY=1 OUT="$out/guard" tests/gpu/run.sh \
+    >"$out/guard_build.log" 2>&1
+  timeout -s KILL 120 build/gpu/tests/gpu/gpu_layer_test --gtest_filter="$guard" \
+    >"$out/guard.log" 2>&1
+  guard_rc=$?
+  echo "guard ($guard) rc=$guard_rc at $(elapsed) s: $(grep -hE '^\[ *(PASSED|FAILED) *\]|BUILD FAILED' \
+    "$out/guard.log" "$out/guard_build.log" 2>/dev/null | tr '\n' ' ')"
+  if [ "$guard_rc" != 0 ]; then
+    grep -hE '^\[ *FAILED *\]|Failure' "$out/guard.log" | head -20
+    tail -5 "$out/guard_build.log"
+    pack
+    exit 1
+  fi
+fi
 build() {  # source dir, build dir
   cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
     -DNCCL_ROOT="$nccl_root" "${extra[@]}" && cmake --build "$2" -j "$jobs" --target epmoe_cli
@@ -121,6 +144,15 @@ for turn in $(seq 1 "$turns"); do
     table "$out/${side}_$turn.txt"
   done
 done
+if [ -n "$kernel_times" ]; then
+  for side in new base; do
+    # shellcheck disable=SC2086  # ARGS is a list of epmoe bench arguments
+    OUT="$out/kernel_times_$side" bench/kernel_times.sh --bin "build/ab-$side/tools/epmoe" \
+      -- $kernel_times >"$out/kernel_times_$side.log" 2>&1
+    echo "== kernel times, $side (rc=$?):"
+    tail -16 "$out/kernel_times_$side/kernel_times.txt" 2>/dev/null
+  done
+fi
 pack
 echo "== done at $(elapsed) s; every file in ${OUT:-bench/out}/ab.tgz"
 exit "$tests_rc"
