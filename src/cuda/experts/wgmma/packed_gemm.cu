@@ -721,11 +721,11 @@ struct Smem {
 // 64-byte swizzled as LayoutW; a k tile of a tile's 128 weight rows is one load {64 codes, 128
 // rows}, rows past N zeros (never stored). MXFP4's (kE2m1) are [groups, N, K / 2] bytes, a k tile
 // {32 bytes, 128 rows} unswizzled into Smem::e2m1, and `k0` counts bytes. An activating FC1's tile
-// rows interleave gate and up rows by 8 (weight_row), so its tensor is 5-D {K, 8 rows, gate | up, N
-// / 16 row groups, groups} with byte strides {K, I K, 8 K, N K} and a load {64, 8, 2, 8, 1}: TMA
-// fills the box's dimensions in order, so tile row t is row t % 8 of row group 8 block + t / 16,
-// gate or up by t / 8 % 2, as weight_row (16 loads of 8 rows each measured 14-16 % slower at T =
-// 16-128: bench/RESULTS.md, session 25).
+// rows interleave gate and up rows by 8 (weight_row), so its tensor is 5-D {K, 8 rows, gate | up,
+// N / 16 row groups, groups} with byte strides {K, I K, 8 K, N K} and a load {64, 8, 2, 8, 1}:
+// TMA fills the box's dimensions in order, so tile row t is row t % 8 of row group 8 block +
+// t / 16, gate or up by t / 8 % 2, as weight_row (16 loads of 8 rows each measured 14-16 % slower
+// at T = 16-128: bench/RESULTS.md, session 25).
 template <bool kActivates>
 __device__ __forceinline__ void load_weight_codes(const CUtensorMap* map, std::uint64_t* full,
                                                   void* stage, int k0, const TilePlace& at) {
@@ -967,10 +967,10 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
         }
       }
     };
-    // The stage of the CTA's k tile number `at` (counted over its tiles), once it is full.
-    const auto full_stage = [&](int at) {
-      const int stage = at % kStages;
-      Barrier::wait(&s.full[stage], static_cast<std::uint32_t>(at / kStages) & 1u);
+    // The stage of the CTA's k tile number `position` (counted over its tiles), once it is full.
+    const auto full_stage = [&](int position) {
+      const int stage = position % kStages;
+      Barrier::wait(&s.full[stage], static_cast<std::uint32_t>(position / kStages) & 1u);
       return stage;
     };
 
