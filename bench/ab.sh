@@ -22,8 +22,9 @@
 # --guard FILTER: first build the GPU tests and run gpu_layer_test --gtest_filter=FILTER on the
 # working tree under a 120 s kill (the tests of the kernels the change touches), and stop there if
 # they fail or hang: a broken kernel costs ~2 minutes of device time, not the whole call.
-# --kernel-times "ARGS": after the turns, bench/kernel_times.sh on the new build and on base for
-# the one point ARGS names (epmoe bench arguments), into the same ab.tgz.
+# --kernel-times "ARGS": after the turns, bench/kernel_times.sh ARGS on the new build and on base
+# (ARGS: its own, "[--stalls REGEX] -- <epmoe bench arguments for one point>"), into the same
+# ab.tgz.
 #   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
 #           --precisions mxfp8,nvfp4 --tokens 1,16,64 --phases --rounds 30
 set -uo pipefail
@@ -146,9 +147,9 @@ for turn in $(seq 1 "$turns"); do
 done
 if [ -n "$kernel_times" ]; then
   for side in new base; do
-    # shellcheck disable=SC2086  # ARGS is a list of epmoe bench arguments
+    # shellcheck disable=SC2086  # ARGS is a list of kernel_times.sh arguments
     OUT="$out/kernel_times_$side" bench/kernel_times.sh --bin "build/ab-$side/tools/epmoe" \
-      -- $kernel_times >"$out/kernel_times_$side.log" 2>&1
+      $kernel_times >"$out/kernel_times_$side.log" 2>&1
     echo "== kernel times, $side (rc=$?):"
     tail -16 "$out/kernel_times_$side/kernel_times.txt" 2>/dev/null
   done
