@@ -4,6 +4,7 @@
 // checks every code with every scale).
 #pragma once
 
+#include <cuda_bf16.h>  // e4m3x2_scaled_to_bf16x2
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -111,6 +112,16 @@ __device__ inline float e2m1_times_2_pow_minus_126(std::uint32_t nibble) {
 __device__ __forceinline__ float2 e4m3x2_to_float2(std::uint16_t codes) {
   return __half22float2(
       __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3)));
+}
+
+// Two E4M3 codes (low byte first) times `scale`, as two bf16 (low half first): exact for an MX
+// block's power-of-two scale, since the conversion is exact, the product one fp32 multiply and
+// cvt.rn.bf16x2.f32 rounds to nearest even (a NaN: its canonical one, as the codec's float_to_bf16
+// of the GPU's NaN product). The packed GEMM's MXFP8 decode and gather's MXFP8 rows take it.
+__device__ __forceinline__ std::uint32_t e4m3x2_scaled_to_bf16x2(std::uint16_t codes, float scale) {
+  const float2 f = e4m3x2_to_float2(codes);
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const std::uint32_t*>(&b);
 }
 
 // The 8 weights of group g of a 16-byte load `v`, times `scale` (group_scale).

@@ -203,8 +203,8 @@ __device__ __forceinline__ void pair_barrier(int id) {  // two warpgroups, ids 5
 // instruction-level parallelism over its columns: no branch per element (the activation chosen by
 // the caller, each bias loaded once, E4M3 by the hardware's conversions, which the wire codec
 // matches bit for bit), and columns of token rows past M_e skipped 16 at a time (decode fills few).
-// kCodesOut (mxfp8's E4M3 FC1, t16_e4m3): h stored as MXFP8, its E4M3 codes and each token's
-// block scale value, for FC2's E4M3 GEMM.
+// kCodesOut (the E4M3 tile's FC1 of mxfp8 and mxfp4, t16_e4m3): h stored as MXFP8, its E4M3 codes
+// and each token's block scale value, for FC2's E4M3 GEMM.
 template <int kTokens, bool kCodesOut, class Activate, class Accum, class Coord>
 __device__ __forceinline__ void activate_and_store(const Args& args,
                                                    std::uint32_t (&amax)[kTokens][4], Accum& accum,
@@ -571,12 +571,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
           const std::uint32_t pairs[2] = {__byte_perm(v.x, v.y, pick8),
                                           __byte_perm(v.z, v.w, pick8)};
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float2 f = e4m3x2_to_float2(static_cast<std::uint16_t>(pairs[h]));
-            // exact values: the hardware's cvt.rn.bf16x2.f32 only packs them (NaN: its canonical)
-            const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-            words[2 * h + i] = *reinterpret_cast<const std::uint32_t*>(&b);
-          }
+          for (int h = 0; h < 2; ++h)  // exact values: the bf16x2 conversion only packs them
+            words[2 * h + i] = e4m3x2_scaled_to_bf16x2(static_cast<std::uint16_t>(pairs[h]), scale);
         }
       }
     };
@@ -641,7 +637,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   }
 }
 
-// ---- mxfp8's E4M3 tile (t16_e4m3): E4M3 weights times 16 MXFP8 token rows, nothing decoded
+// ---- the E4M3 tile of mxfp8 and mxfp4 (t16_e4m3): E4M3 weights (mxfp4's converted from E2M1)
+// times 16 MXFP8 token rows, nothing decoded to bf16
 //
 // The same tiles and ring as packed_gemm_kernel, twice its math warpgroups; both operands are E4M3
 // codes in shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores
@@ -1024,7 +1021,8 @@ constexpr std::size_t smem_bytes() {
   return bytes;
 }
 
-// The kernel of a precision, token rows and epilogue, or mxfp8's that multiplies E4M3 codes.
+// The kernel of a precision, token rows and epilogue, or the one that multiplies E4M3 codes (mxfp8,
+// mxfp4).
 template <Precision P, int kTokens, bool kActivates, bool kE4m3>
 constexpr auto kernel_of() {
   if constexpr (kE4m3)

@@ -4,7 +4,7 @@
 // already failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
-#include "cuda/experts/packed_weights.cuh"  // e4m3x2_to_float2
+#include "cuda/experts/packed_weights.cuh"  // e4m3x2_scaled_to_bf16x2
 #include "cuda/experts/wgmma/steps.hpp"
 #include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/activation.hpp"
@@ -100,18 +100,14 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
 
 // 8 E4M3 codes (two words, low byte first) of one MX block times its scale value, as bf16 codes:
 // the wire codec's decode (mxfp8_decode_value) rounded by float_to_bf16, as route stages rows
-// for the other precisions, bit for bit: the hardware's E4M3 conversion is exact, the product the
-// same fp32 multiply, and cvt.rn.bf16x2.f32 rounds to nearest even (a NaN: its canonical one,
-// as float_to_bf16 of the GPU's NaN product).
+// for the other precisions, bit for bit (e4m3x2_scaled_to_bf16x2).
 __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, float scale) {
   const std::uint32_t words[2] = {lo, hi};
   std::uint32_t out[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = e4m3x2_to_float2(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
-    out[j] = *reinterpret_cast<const std::uint32_t*>(&b);
-  }
+  for (int j = 0; j < 4; ++j)
+    out[j] =
+        e4m3x2_scaled_to_bf16x2(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))), scale);
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 

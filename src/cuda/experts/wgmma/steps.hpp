@@ -75,7 +75,7 @@ struct Params {
   GroupedGemmArrays fc1, fc2;               // the GEMMs' device arrays, written by plan (bf16)
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
-  // this bucket's packed GEMMs multiply E4M3 codes (mxfp8's t16_e4m3 tile): FC1
+  // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4): FC1
   // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8)
   bool packed_e4m3 = false;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }

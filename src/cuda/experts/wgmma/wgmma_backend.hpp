@@ -22,7 +22,8 @@
 // Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
 // 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
 // bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
-// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's 64 runs the E4M3 tile of 16
+// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's and mxfp4's 64 runs the E4M3
+// tile of 16
 // rows where an expert gets a few rows, core::wgmma_e4m3_tokens); num_sms sizes the GEMMs'
 // persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids.
 // with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not
@@ -53,8 +54,8 @@ class WgmmaBackend final : public ExpertBackend {
 
   const char* name() const override { return "wgmma_grouped"; }
   StagedRows staged_rows() const override {
-    // the precisions with E4M3 operands (fp8_block128; mxfp8, whose gather writes either operand
-    // from the wire rows: Params::packed_e4m3) take their rows as received
+    // the precisions with E4M3 operands (fp8_block128; mxfp8 and mxfp4, whose gather writes either
+    // operand from the MXFP8 wire rows: Params::packed_e4m3) take their rows as received
     return e4m3_scale_block(problem_) != 0 ? StagedRows::wire : StagedRows::bf16_codes;
   }
   void prepare(const ExpertWeights& local, cudaStream_t stream) override;
@@ -82,7 +83,8 @@ class WgmmaBackend final : public ExpertBackend {
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
-  // `e4m3_tokens`: mxfp8's block_m 64 runs the E4M3 tile (t16_e4m3, core::wgmma_e4m3_tokens).
+  // `e4m3_tokens`: mxfp8's and mxfp4's block_m 64 runs the E4M3 tile (t16_e4m3,
+  // core::wgmma_e4m3_tokens).
   BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs,
                             bool e4m3_tokens);
   Params params(const ExpertStep& step, const BucketRun& run) const;
