@@ -189,6 +189,14 @@ __device__ __forceinline__ void pair_barrier(int id) {  // two warpgroups, ids 5
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(2 * kWarpgroup) : "memory");
 }
 
+// The ring's stage and parity at position `at` (the CTA's k tiles counted over its tiles): split
+// K's pairs each take every other k tile, and the converter follows the ring, so they find their
+// stages by position.
+template <int kStages>
+__device__ __forceinline__ RingPosition ring_at(int at) {
+  return RingPosition{at % kStages, static_cast<std::uint32_t>(at / kStages) & 1u};
+}
+
 // An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
 // thread's outputs from its gate sums (tile row r, r % 16 < 8) and up sums (row r + 8), biased and
 // activated as the activate kernel does; then FC2's input quantization point, MXFP8 per token over
@@ -861,8 +869,9 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
            tile += static_cast<int>(gridDim.x)) {
         for (int kt = 0; kt < k_tiles; ++kt, ++position) {
-          const int stage = position % kStages;
-          Barrier::wait(&s.landed[stage], static_cast<std::uint32_t>(position / kStages) & 1u);
+          const RingPosition r = ring_at<kStages>(position);
+          const int stage = r.stage;
+          Barrier::wait(&s.landed[stage], r.phase);
           const uint4* codes = reinterpret_cast<const uint4*>(&s.e2m1[stage][row * kTileK / 2]);
           const uint4 lo = codes[0], hi = codes[1];
           const std::uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -966,9 +975,9 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     };
     // The stage of the CTA's k tile number `position` (counted over its tiles), once it is full.
     const auto full_stage = [&](int position) {
-      const int stage = position % kStages;
-      Barrier::wait(&s.full[stage], static_cast<std::uint32_t>(position / kStages) & 1u);
-      return stage;
+      const RingPosition r = ring_at<kStages>(position);
+      Barrier::wait(&s.full[r.stage], r.phase);
+      return r.stage;
     };
 
     // Both k32 blocks of a k tile in flight, each into its own sums, waited for together, then
