@@ -366,12 +366,12 @@ const char* tile_name(cuda::experts::wgmma::PackedTokenTile tile) {
          : tile == PackedTokenTile::t128     ? "128"
                                              : "256";
 }
-// mxfp8's E4M3 tile (t16_e4m3) multiplies E4M3 codes: its token rows are MXFP8 (random rows
-// encoded by the host codec), and WGMMA's FP8 sums within each k32 block keep fewer bits than
+// The E4M3 tile (t16_e4m3: mxfp8, mxfp4) multiplies E4M3 codes: its token rows are MXFP8 (random
+// rows encoded by the host codec), and WGMMA's FP8 sums within each k32 block keep fewer bits than
 // fp32, so its bound is looser (a wrong block scale is still off by a factor of 2 or more).
 // With `epilogue` (an activating FC1, PackedFc1Epilogue, and its biases b13: [groups, N] on the
-// device, or nullptr), returns nothing and fills *h instead: the values of h's elements (mxfp8:
-// each E4M3 code times its block's scale value; else the bf16 codes' values).
+// device, or nullptr), returns nothing and fills *h instead: the values of h's elements (the
+// E4M3 tile: each E4M3 code times its block's scale value; else the bf16 codes' values).
 std::vector<float> run_packed_gemm(
     const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
     const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
