@@ -5,8 +5,8 @@ as shipped): the block's own forward vs its router's top-k -> epmoe ``Layer.forw
 shared experts), for every precision the model's checkpoints allow (gpt-oss: bf16, mxfp8, mxfp4
 quantized by epmoe), both measured against the block in float64 with the same routing (the rel-L2
 bounds of docs/design.md §6). A changed layout mapping (gate/up order or interleave, transposes,
-biases, a rank's expert range) or activation fails these tests. Skipped, with the reason,
-without torch or transformers (CI has neither).
+biases, a rank's expert range) or activation fails these tests. scripts/test.sh (CI) runs them in a
+venv with pinned CPU torch and transformers; skipped, with the reason, without either.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 try:
     import torch
     import transformers  # noqa: F401
-except ImportError as e:  # CI: no torch, no transformers
+except ImportError as e:  # EPMOE_TEST_TORCH=0, or no PyPI to install them from
     pytest.skip(f"Hugging Face parity tests need torch and transformers ({e})",
                 allow_module_level=True)
 
