@@ -62,8 +62,8 @@ fi
 
 # The module is assembled in $build/python/epmoe (python/CMakeLists.txt).
 echo "pytest tests/python (PYTHONPATH=$build/python, $pytest_python)"
-PYTHONPATH="$build/python" "$pytest_python" -m pytest tests/python -q -p no:cacheprovider -rs \
-  || status=$?
+PYTHONPATH="$build/python" EPMOE_CLI="${EPMOE_CLI:-$build/tools/epmoe}" \
+  "$pytest_python" -m pytest tests/python -q -p no:cacheprovider -rs || status=$?
 stage_done "pytest"
 
 if [ "${EPMOE_TEST_PIP:-1}" = 1 ]; then
