@@ -1,4 +1,4 @@
-// The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
+// The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan and gather,
 // activate (nvfp4 and fp8_block128: bf16's, mxfp8's and mxfp4's FC1 epilogues activate) and home.
 // Each joins the round like every kernel of the chain (nothing at all when this rank's round
 // already failed); home closes the expert step (fc2_round).
@@ -13,9 +13,10 @@
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
-__global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
-  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
-  const PhaseEnd phase_end{start};
+// Each expert's M and operand pointers into both GEMMs' device arrays (M = 0 for every expert when
+// this rank's round already failed: the GEMMs then do nothing). Run by CTA 0 of gather, the GEMMs'
+// previous kernel (its own launch cost a kernel boundary per round: 3.7 us at T = 1, ncu).
+__device__ void plan_gemms(const Params& p, const RoundStart& start) {
   const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
   const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
   constexpr std::int64_t kBlock = formats::kFp8Block128;
@@ -111,14 +112,16 @@ __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, floa
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (E4M3
+// CTA 0 first plans the GEMMs (plan_gemms). Then one warp per pair, 16-byte copies (H is a
+// multiple of 64): the staged bf16 row, or (E4M3
 // operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
 // values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or
 // (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an
 // E4M3 value times a power of two). Route checked the rows and staged nothing for them.
-__global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
+  if (blockIdx.x == 0) plan_gemms(p, start);
   if (start.skip) return;
   const ExpertInputs& in = p.step.in;
   const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
@@ -313,19 +316,15 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
   const int group = activate_group_size(problem);
   const std::int64_t warp_ctas = ctas_for(max_pairs, kThreads / 32);
   return StepShapes{
-      at_most(occupancy_shape(gather_kernel, 0, device, num_sms), warp_ctas),
+      at_most(occupancy_shape(plan_and_gather_kernel, 0, device, num_sms), warp_ctas),
       at_most(occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
                               device, num_sms),
               ctas_for(max_pairs, kThreads / group)),
       at_most(occupancy_shape(home_kernel, 0, device, num_sms), warp_ctas), group};
 }
 
-void launch_plan(const Params& p, cudaStream_t stream) {
-  launch_chained(plan_kernel, KernelShape{1, 0}, stream, p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-}
-void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  launch_chained(gather_kernel, s.gather, stream, p);
+void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
+  launch_chained(plan_and_gather_kernel, s.gather, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {

@@ -95,9 +95,8 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
                        std::int64_t max_pairs);
 
 // Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
-// round already failed: the GEMMs then do nothing).
-void launch_plan(const Params& p, cudaStream_t stream);
-void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
+// round already failed: the GEMMs then do nothing), and each pair's row into FC1's operand.
+void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream);
 

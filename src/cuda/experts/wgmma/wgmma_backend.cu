@@ -245,14 +245,13 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
   return p;
 }
 
-// plan writes this bucket's GEMMs' arrays, which its GEMMs then read (a graph captured now keeps
-// these GEMMs and grids).
+// plan_and_gather writes this bucket's GEMMs' arrays, which its GEMMs then read (a graph captured
+// now keeps these GEMMs and grids).
 void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   const Params p = params(step, run);
-  launch_plan(p, stream);
-  launch_gather(p, run.shapes, stream);
+  launch_plan_and_gather(p, run.shapes, stream);
   if (run.glu_fc1 != nullptr) {
     run.glu_fc1->run(stream);  // its epilogue activates: no activate kernel
     return;

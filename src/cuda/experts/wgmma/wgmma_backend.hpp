@@ -5,10 +5,10 @@
 // reference::outlier_fraction). bf16 and fp8_block128 run CUTLASS's (grouped_gemm.hpp: TMA);
 // MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
 // packed in their format into shared memory, exactly, for each k tile.
-// A round is six launches on the caller's stream (steps.cu), five where FC1's epilogue applies the
-// activation (bf16: fc1_epilogue_activates):
-//   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
-//   gather    each pair's staged row into the expert-contiguous FC1 operand
+// A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
+// activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates):
+//   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
+//             arrays; every CTA: each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
 //   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
