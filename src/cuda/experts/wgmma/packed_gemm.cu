@@ -120,6 +120,7 @@ struct Args {
   PackedMatrices w;
   int groups, n, k;
   PackedFc1Epilogue epilogue;
+  PackedFc2Home home;  // read by the E4M3 kernel's FC2 that sends home (kSendsHome) only
 };
 
 // The weight row of tile row t (0..127) of weight block `block`: n0 + t (rows past N are copies of
@@ -330,6 +331,42 @@ __device__ __forceinline__ void store_sums(float* d, const Accum& accum, const C
           row_ptr[c * static_cast<std::int64_t>(n) + 8 * h] = accum(c + 2 * h + 4 * j);
     }
     row_ptr += step;
+  }
+}
+
+// FC2's epilogue that sends the results home (PackedFc2Home), per math warpgroup: as store_sums
+// walks the accumulators, each result plus its b2 to its token row's home slot (`homes`, the
+// tile's token rows'), as the home kernel sends it after D (the same fp32 sum and bias, so the same
+// bits: an MX layer's sums are the values). The 8 lanes that share a token row store 8 consecutive
+// outputs of it.
+template <int kTokens, class Accum, class Coord>
+__device__ __forceinline__ void send_sums_home(const PackedFc2Home& home,
+                                               const protocol::HomeSlot* homes, const Accum& accum,
+                                               const Coord& coord, const TilePlace& at, int m,
+                                               int n) {
+  static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
+  const int col = at.n0 + get<0>(coord(0));  // and col + 8 (h = 1)
+  const int token = get<1>(coord(0));        // the thread's first token row: 2 (lane % 4)
+  const bool stores[2] = {col < n, col + 8 < n};
+  const bool has_bias = home.b2 != nullptr;
+  float bias[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (has_bias && stores[h]) bias[h] = home.b2[static_cast<std::int64_t>(at.g) * n + col + 8 * h];
+  const int rows = m - at.m0;  // the tile's token rows that exist
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+    if (8 * j >= rows) break;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      if (token + 8 * j + c >= rows) continue;
+      const protocol::HomeSlot slot = homes[token + 8 * j + c];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (stores[h])
+          send_home(home.step.home, slot, col + 8 * h,
+                    math::biased(accum(c + 2 * h + 4 * j), has_bias, bias[h]));
+    }
   }
 }
 
@@ -705,7 +742,7 @@ struct Tile {
   using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
 };
 
-template <int kTokens, bool kActivates, bool kE2m1>
+template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
 struct Smem {
   static constexpr int kStages = Tile<kTokens, kE2m1>::kStages;
   alignas(1024) std::uint8_t w[kStages][kRows * kTileK];  // weight codes (LayoutW)
@@ -720,6 +757,8 @@ struct Smem {
   int tile_end[kMaxGroups];
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
   float partial[2][kTokens / 2][kWarpgroup];  // pair 1's sums: weight rows 64 wg.., index, thread
+  // FC2 sending home: the tile's token rows' home slots, [tile parity][math warpgroup][token row]
+  protocol::HomeSlot homes[kSendsHome ? 2 : 1][2][kSendsHome ? kTokens : 1];
 };
 
 // The weights' codes as TMA sees them (weight_codes_map): [groups, N, K] bytes as {K, N, groups},
@@ -774,11 +813,26 @@ CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool
 
 // `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kE2m1: MXFP4
 // weights, whose E2M1 codes the converter warpgroup turns into the E4M3 codes of the same values
-// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0).
-template <int kTokens, bool kActivates, bool kE2m1>
+// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0). kSendsHome
+// (FC2, args.home): the results go home instead of to D, and the kernel is the round's FC2 step
+// (the home kernel's frame, fc2_round: joins the round, every role ends in finish_expert_step).
+template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
 __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
-  using S = e4m3::Smem<kTokens, kActivates, kE2m1>;
+  static_assert(!(kActivates && kSendsHome), "FC1 activates, FC2 sends home");
+  // Sending home, the kernel joins the round as the home kernel did: nothing at all when this
+  // rank's round already failed; the fc2 phase's end stamped, its begin where fc1's ended.
+  RoundStart start{};
+  if constexpr (kSendsHome)
+    start = join_round(args.home.step.state, RoundPhase::fc2, Stamps::end_only);
+  const PhaseEnd phase_end{start};
+  if (kSendsHome && start.skip) return;
+  // Every role's last step: sending home, once every thread's results are on their way, the last
+  // CTA publishes done to every rank (a CTA without a tile takes its ticket too).
+  const auto finish_role = [&] {
+    if constexpr (kSendsHome) finish_expert_step(args.home.step, start.round);
+  };
+  using S = e4m3::Smem<kTokens, kActivates, kE2m1, kSendsHome>;
   using T = e4m3::Tile<kTokens, kE2m1>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
@@ -852,6 +906,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       }
     }
     cp_async_wait<0>();
+    finish_role();
     return;
   }
 
@@ -887,6 +942,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
           Barrier::arrive(&s.full[stage]);
         }
       }
+      finish_role();
       return;
     }
   }
@@ -922,6 +978,15 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
     const int rows = m - at.m0;
+    // Sending home: pair 0's threads 0 .. 15 of each warpgroup load the home slots of the tile's
+    // token rows now and store them after the k loop (the loads' latency behind it), double
+    // buffered by the tile's parity (a warpgroup passes pair_barrier(5 + wg) of the next tile only
+    // after its epilogue of this one).
+    const int parity = (tile - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) & 1;
+    protocol::HomeSlot my_home{};
+    if constexpr (kSendsHome)
+      if (half == 0 && wg_tid < min(rows, kTokens))
+        my_home = args.home.homes[args.home.step.in.pair_offset[at.g] + at.m0 + wg_tid];
     const std::uint8_t* scale_rows[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -1003,6 +1068,8 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     // The last k tile's stage: every warp of the warpgroup past its reads of it, then back.
     warpgroup_barrier(1 + math_wg);
     if (previous >= 0) release(previous);
+    if constexpr (kSendsHome)
+      if (half == 0 && wg_tid < kTokens) s.homes[parity][wg][wg_tid] = my_home;
     // Pair 1's sums to pair 0 (barriers 5 + wg: written; 7 + wg: read, so the next tile's may be
     // written), which adds them and runs the epilogue.
     if (half == 1) {
@@ -1016,48 +1083,65 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
 #pragma unroll
     for (int i = 0; i < size(accum); ++i) accum(i) += s.partial[wg][i][wg_tid];
     pair_barrier(7 + wg);
-    finish_tile<kTokens, kActivates, true>(args, s.amax[wg], accum, coord, at, m, wg);
+    if constexpr (kSendsHome)
+      send_sums_home<kTokens>(args.home, s.homes[parity][wg], accum, coord, at, m, n);
+    else
+      finish_tile<kTokens, kActivates, true>(args, s.amax[wg], accum, coord, at, m, wg);
   }
+  finish_role();
 }
 
-template <Precision P, int kTokens, bool kActivates, bool kE4m3>
+template <Precision P, int kTokens, bool kActivates, bool kE4m3, bool kSendsHome>
 constexpr std::size_t smem_bytes() {
   std::size_t bytes = 1024;  // the dynamic allocation's alignment
   if constexpr (kE4m3)
-    bytes += sizeof(e4m3::Smem<kTokens, kActivates, P == Precision::mxfp4>);
+    bytes += sizeof(e4m3::Smem<kTokens, kActivates, P == Precision::mxfp4, kSendsHome>);
   else
     bytes += sizeof(Smem<P, kTokens, kActivates>);
   return bytes;
 }
 
 // The kernel of a precision, token rows and epilogue, or the one that multiplies E4M3 codes (mxfp8,
-// mxfp4).
-template <Precision P, int kTokens, bool kActivates, bool kE4m3>
+// mxfp4), whose FC2 may send home.
+template <Precision P, int kTokens, bool kActivates, bool kE4m3, bool kSendsHome>
 constexpr auto kernel_of() {
   if constexpr (kE4m3)
-    return packed_e4m3_gemm_kernel<kTokens, kActivates, P == Precision::mxfp4>;
+    return packed_e4m3_gemm_kernel<kTokens, kActivates, P == Precision::mxfp4, kSendsHome>;
   else
     return packed_gemm_kernel<P, kTokens, kActivates>;
 }
 
-// Calls f(precision, token rows, activates, e4m3) with each as a compile-time constant; the E4M3
-// kernel only for mxfp8's and mxfp4's t16_e4m3 (the constructor refuses it for other precisions).
+// Calls f(precision, token rows, activates, e4m3, sends home) with each as a compile-time
+// constant; the E4M3 kernel only for mxfp8's and mxfp4's t16_e4m3 (the constructor refuses it for
+// other precisions), sending home only there and without an epilogue (run() refuses it elsewhere).
 template <class F>
-void with_kernel(Precision p, PackedTokenTile tile, bool activates, F f) {
+void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_home, F f) {
   with_packed_precision(p, [&](auto precision) {
     constexpr Precision kP = decltype(precision)::value;
     if constexpr (kP != Precision::bf16) {
       const auto with_tokens = [&](auto epilogue) {
         using std::integral_constant;
         if (tile == PackedTokenTile::t16_e4m3) {
-          if constexpr (kP == Precision::mxfp8 || kP == Precision::mxfp4)
-            f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{});
+          if constexpr (kP == Precision::mxfp8 || kP == Precision::mxfp4) {
+            if constexpr (!decltype(epilogue)::value) {
+              if (sends_home) {
+                f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
+                  std::true_type{});
+                return;
+              }
+            }
+            f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
+              std::false_type{});
+          }
         } else if (tile == PackedTokenTile::t64) {
-          f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{});
+          f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{},
+            std::false_type{});
         } else if (tile == PackedTokenTile::t128) {
-          f(precision, integral_constant<int, 128>{}, epilogue, std::false_type{});
+          f(precision, integral_constant<int, 128>{}, epilogue, std::false_type{},
+            std::false_type{});
         } else {
-          f(precision, integral_constant<int, 256>{}, epilogue, std::false_type{});
+          f(precision, integral_constant<int, 256>{}, epilogue, std::false_type{},
+            std::false_type{});
         }
       };
       if constexpr (protocol::activation_format(kP) == Precision::mxfp8) {
@@ -1112,19 +1196,24 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported,
                 "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 or mxfp4 weights only");
   sm_count_ = grid_sms(device, sm_count);
-  with_kernel(precision, tile, epilogue_.has_value(),
-              [&](auto p, auto tokens, auto activating, auto e4m3) {
-                constexpr Precision kP = decltype(p)::value;
-                constexpr int kTokens = decltype(tokens)::value;
-                constexpr bool kActivates = decltype(activating)::value;
-                constexpr bool kE4m3 = decltype(e4m3)::value;
-                constexpr std::size_t kSmem = smem_bytes<kP, kTokens, kActivates, kE4m3>();
-                static_assert(kSmem <= 227 * 1024, "an SM's shared memory");
-                smem_ = kSmem;
-                EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel_of<kP, kTokens, kActivates, kE4m3>(),
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      static_cast<int>(smem_)));
-              });
+  // Both kernels of an E4M3 FC2 (D, or sending home: run() picks by its `home`)
+  for (const bool sends_home : {false, true}) {
+    if (sends_home && (!e4m3_tokens() || epilogue_)) break;
+    with_kernel(precision, tile, epilogue_.has_value(), sends_home,
+                [&](auto p, auto tokens, auto activating, auto e4m3, auto home) {
+                  constexpr Precision kP = decltype(p)::value;
+                  constexpr int kTokens = decltype(tokens)::value;
+                  constexpr bool kActivates = decltype(activating)::value;
+                  constexpr bool kE4m3 = decltype(e4m3)::value;
+                  constexpr bool kHome = decltype(home)::value;
+                  constexpr std::size_t kSmem = smem_bytes<kP, kTokens, kActivates, kE4m3, kHome>();
+                  static_assert(kSmem <= 227 * 1024, "an SM's shared memory");
+                  smem_[kHome] = kSmem;
+                  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(
+                      kernel_of<kP, kTokens, kActivates, kE4m3, kHome>(),
+                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+                });
+  }
   // The arrays sliced from one allocation; with base == nullptr only measured (ScratchCursor).
   const auto slice = [g = static_cast<std::size_t>(groups)](std::uint8_t* base,
                                                             std::size_t* bytes) {
@@ -1148,26 +1237,39 @@ PackedGroupedGemm::~PackedGroupedGemm() {
   cudaFree(memory_);
 }
 
-void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream) const {
-  const Args args{arrays_, weights, groups_, n_, k_, epilogue_.value_or(PackedFc1Epilogue{})};
+void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
+                            const PackedFc2Home* home) const {
+  if (home != nullptr && (!e4m3_tokens() || epilogue_))
+    throw Error(ErrorCode::internal,
+                "packed grouped GEMM: only the E4M3 tile's FC2 (t16_e4m3, no FC1 epilogue) sends "
+                "its rows home");
+  const Args args{arrays_,
+                  weights,
+                  groups_,
+                  n_,
+                  k_,
+                  epilogue_.value_or(PackedFc1Epilogue{}),
+                  home != nullptr ? *home : PackedFc2Home{}};
   if (e4m3_tokens() && codes_map_of_ != weights.codes) {  // (the weights change rarely, if ever)
     codes_map_ = e4m3::weight_codes_map(weights.codes, groups_, n_, k_, epilogue_.has_value(),
                                         precision_ == Precision::mxfp4);
     codes_map_of_ = weights.codes;
   }
-  with_kernel(precision_, tile_, epilogue_.has_value(),
-              [&](auto p, auto tokens, auto activating, auto e4m3) {
-                const auto kernel = kernel_of<decltype(p)::value, decltype(tokens)::value,
-                                              decltype(activating)::value, decltype(e4m3)::value>();
-                const KernelShape shape{sm_count_, smem_,
-                                        decltype(e4m3)::value
-                                            ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
-                                            : kGemmThreads};
-                if constexpr (decltype(e4m3)::value)
-                  launch_chained(kernel, shape, stream, args, codes_map_);
-                else
-                  launch_chained(kernel, shape, stream, args);
-              });
+  with_kernel(
+      precision_, tile_, epilogue_.has_value(), home != nullptr,
+      [&](auto p, auto tokens, auto activating, auto e4m3, auto sends_home) {
+        const auto kernel =
+            kernel_of<decltype(p)::value, decltype(tokens)::value, decltype(activating)::value,
+                      decltype(e4m3)::value, decltype(sends_home)::value>();
+        const KernelShape shape{sm_count_, smem_[decltype(sends_home)::value],
+                                decltype(e4m3)::value
+                                    ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
+                                    : kGemmThreads};
+        if constexpr (decltype(e4m3)::value)
+          launch_chained(kernel, shape, stream, args, codes_map_);
+        else
+          launch_chained(kernel, shape, stream, args);
+      });
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -24,9 +24,11 @@
 #include <cstdint>
 #include <optional>
 
+#include "cuda/experts/inputs.hpp"  // ExpertStep
 #include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"  // GemmProblem
 #include "epmoe/config.hpp"                     // Activation, ScaleRounding
+#include "protocol/token_back.hpp"              // HomeSlot
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -56,6 +58,18 @@ struct PackedFc1Epilogue {
   Activation activation = Activation::swiglu;
   float swiglu_limit = 0.0f;
   ScaleRounding rounding = ScaleRounding::rceil;
+};
+
+// FC2 on the E4M3 tile may send its rows home itself, in place of D and the wgmma backend's home
+// kernel: each result plus its b2 to its pair's home slot (staged: bf16 into the home rank's
+// combine row; in_kernel_reduce: weight x result added to the home rank's accumulator), the round
+// joined and its done published to every rank (finish_expert_step) as that kernel does, so the
+// results are the same bits. For mxfp8 and mxfp4 only, whose sums are the values (no row or weight
+// scale to divide by).
+struct PackedFc2Home {
+  ExpertStep step;
+  const float* b2;                  // [groups, N], or nullptr
+  const protocol::HomeSlot* homes;  // [pairs] each pair's home slot, in pair order
 };
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
@@ -90,8 +104,10 @@ class PackedGroupedGemm {
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
-  // (programmatic dependent launch).
-  void run(const PackedMatrices& weights, cudaStream_t stream) const;
+  // (programmatic dependent launch). With `home` (t16_e4m3 without an epilogue only: Error
+  // internal otherwise), the results go home (PackedFc2Home) and D is not written.
+  void run(const PackedMatrices& weights, cudaStream_t stream,
+           const PackedFc2Home* home = nullptr) const;
 
   // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
   static const char* cannot_take(Precision precision, int groups, int n, int k);
@@ -110,7 +126,7 @@ class PackedGroupedGemm {
   mutable const std::uint8_t* codes_map_of_ = nullptr;
   std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's
   int groups_, n_, k_, sm_count_;
-  std::size_t smem_ = 0;
+  std::size_t smem_[2] = {0, 0};  // dynamic shared memory: D's kernel, the one sending home
   PackedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
   std::size_t device_bytes_ = 0;

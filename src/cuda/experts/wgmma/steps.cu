@@ -113,9 +113,9 @@ __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, floa
 }
 
 // CTA 0 first plans the GEMMs (plan_gemms). Then one warp per pair, 16-byte copies (H is a
-// multiple of 64): the staged bf16 row, or (E4M3
-// operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
-// values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or
+// multiple of 64): the staged bf16 row, or (E4M3 operands) the received row's wire payload itself,
+// its E4M3 codes and its block scales as fp32 values (fp8_block128's 1 x 128 fp32 scales; MXFP8's
+// 1 x 32 E8M0 codes decoded: mxfp8, mxfp4, which also write the pair's home slot for FC2), or
 // (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an
 // E4M3 value times a power of two). Route checked the rows and staged nothing for them.
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
@@ -153,6 +153,8 @@ __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
       return;
     }
     for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+      if (p.packed() && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
+        p.scratch.homes[pair] = home_slot(t, start.round, in.pairs[pair]);
       const std::uint8_t* payload = wire_payload(pair);
       const auto* codes = reinterpret_cast<const uint4*>(payload);
       auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);

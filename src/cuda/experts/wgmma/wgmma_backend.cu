@@ -25,6 +25,8 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
   }
+  if (block != 0 && !runs_e4m3(e))
+    s.homes = cursor.take<protocol::HomeSlot>(pairs);  // mxfp8, mxfp4
   if (block != 0 && !runs_e4m3(e) && base != nullptr) {
     // mxfp8, mxfp4: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2
     // n bytes; the rows' scales 16-byte aligned, as the kernels read them)
@@ -269,6 +271,11 @@ void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   const Params p = params(step, run);
+  if (p.packed() && p.packed_e4m3) {  // the E4M3 tile's FC2 sends the results home itself
+    const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
+    run.packed_fc2->run(p.packed_weights.w2, stream, &home);
+    return;
+  }
   if (fp8())
     run.fp8_fc2->run(stream);
   else if (packed())

@@ -6,14 +6,16 @@
 // MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
 // packed in their format into shared memory, exactly, for each k tile.
 // A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
-// activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates):
+// activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates), three where FC2
+// also sends home (mxfp8's and mxfp4's E4M3 tile, PackedFc2Home: no home kernel):
 //   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
 //             arrays; every CTA: each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
 //   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
 //             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
-//   FC2       grouped GEMM: [pairs, H] fp32
+//   FC2       grouped GEMM: [pairs, H] fp32; or (the E4M3 tile) b2 and every result sent home,
+//             done published as home does
 //   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
 // Weights: bf16 as bf16 codes (bf16_code_weights.hpp; w13's gate and up rows interleaved for the
 // activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
