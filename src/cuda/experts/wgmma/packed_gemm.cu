@@ -416,27 +416,15 @@ struct GemmStart {
   int tiles;          // of every group
 };
 
-// Every role's start: the ring's barriers initialized, the previous kernel waited for (plan wrote
-// the problems and pointers), and the groups' tile prefix (s.tile_end) computed.
-// kFullArrivals: the `full` barrier's arrivals per use (a noinc arrival per producer thread, and
-// the E4M3 kernel's TMA issuer's expect_tx arrival).
-// kThreads: the CTA's (kGemmThreads, or the E4M3 kernel's e4m3::kThreads<kE2m1>).
-template <int kStages, int kTokens, int kFullArrivals = kProducerThreads,
-          int kThreads = kGemmThreads, class S>
-__device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
+// The groups' tile prefix (s.tile_end), from each group's M in device memory, by the whole CTA
+// (kThreads: kGemmThreads, or the E4M3 kernel's e4m3::kThreads<kE2m1>), made visible to every role
+// with the ring's barriers initialized before it.
+template <int kTokens, int kThreads, class S>
+__device__ __forceinline__ GemmStart tile_prefix(S& s, const Args& args) {
   constexpr int kGroupsPerThread = (kMaxGroups + kThreads - 1) / kThreads;
   const int weight_blocks = (args.n + kRows - 1) / kRows;
   constexpr int tokens = kTokens;
-  using Barrier = cutlass::arch::ClusterBarrier;
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      Barrier::init(&s.full[i], kFullArrivals);
-      Barrier::init(&s.empty[i], 2);  // one arrival per math warpgroup that reads the stage
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-  wait_for_previous_kernel();
   const int groups = args.groups;
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -452,6 +440,23 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
     if (kGroupsPerThread * tid + i < groups) s.tile_end[kGroupsPerThread * tid + i] = tiles[i];
   __syncthreads();  // the tile prefix and the barriers' initialization, for every role
   return GemmStart{tid, args.n, args.k, groups, weight_blocks, s.tile_end[groups - 1]};
+}
+
+// Every role's start of the bf16-decoding kernel: the ring's barriers initialized (`full`: a noinc
+// arrival per producer thread; `empty`: one per math warpgroup), the previous kernel waited for
+// (plan wrote the problems and pointers), and the tile prefix.
+template <int kStages, int kTokens, class S>
+__device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      Barrier::init(&s.full[i], kProducerThreads);
+      Barrier::init(&s.empty[i], 2);  // one arrival per math warpgroup that reads the stage
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  wait_for_previous_kernel();
+  return tile_prefix<kTokens, kGemmThreads>(s, args);
 }
 
 template <Precision P, int kTokens, bool kActivates>
@@ -811,154 +816,135 @@ CUtensorMap weight_codes_map(std::uint8_t* codes, int groups, int n, int k, bool
 
 }  // namespace e4m3
 
-// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kE2m1: MXFP4
-// weights, whose E2M1 codes the converter warpgroup turns into the E4M3 codes of the same values
-// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0). kSendsHome
-// (FC2, args.home): the results go home instead of to D, and the kernel is the round's FC2 step
-// (the home kernel's frame, fc2_round: joins the round, every role ends in finish_expert_step).
-template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
-__global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
-    packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
-  static_assert(!(kActivates && kSendsHome), "FC1 activates, FC2 sends home");
-  // Sending home, the kernel joins the round as the home kernel did: nothing at all when this
-  // rank's round already failed; the fc2 phase's end stamped, its begin where fc1's ended.
-  RoundStart start{};
-  if constexpr (kSendsHome)
-    start = join_round(args.home.step.state, RoundPhase::fc2, Stamps::end_only);
-  const PhaseEnd phase_end{start};
-  if (kSendsHome && start.skip) return;
-  // Every role's last step: sending home, once every thread's results are on their way, the last
-  // CTA publishes done to every rank (a CTA without a tile takes its ticket too).
-  const auto finish_role = [&] {
-    if constexpr (kSendsHome) finish_expert_step(args.home.step, start.round);
-  };
-  using S = e4m3::Smem<kTokens, kActivates, kE2m1, kSendsHome>;
-  using T = e4m3::Tile<kTokens, kE2m1>;
+namespace e4m3 {
+
+// The E4M3 tile's roles, one device function each (the kernel's branches: gemm below). Each gets
+// the GEMM's start (tile_prefix) and the ring's position at its first k tile (`ring_start`: the
+// CTA's k tiles through the ring before this GEMM), and leaves the ring after its last.
+
+// ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
+template <int kTokens, bool kActivates, bool kE2m1, class S>
+__device__ __forceinline__ void produce(const Args& args, const CUtensorMap* weight_codes, S& s,
+                                        const GemmStart& g, int ring_start) {
+  using T = Tile<kTokens, kE2m1>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
-  constexpr int kConverterThreads = e4m3::kConverterThreads<kE2m1>;
-  S& s = aligned_smem<S>();
-  if (threadIdx.x == 0) {
-    cute::prefetch_tma_descriptor(&weight_codes);
-    if constexpr (kE2m1)  // (start_gemm's fence covers them)
-      for (int i = 0; i < kStages; ++i) Barrier::init(&s.landed[i], 1);
-  }
-  // `full`: a noinc arrival per producer thread, and the TMA issuer's expect_tx (E4M3 codes) or
-  // each converter thread's arrival (E2M1 codes)
-  constexpr int kFullArrivals = kProducerThreads + (kE2m1 ? kConverterThreads : 1);
-  const auto [tid, n, k, groups, weight_blocks, tiles] =
-      start_gemm<kStages, kTokens, kFullArrivals, e4m3::kThreads<kE2m1>>(s, args);
-  const std::int64_t scale_row_bytes = k / e4m3::kBlockK;  // weights: one E8M0 per block
+  const auto [tid, n, k, groups, weight_blocks, tiles] = g;
+  RingPosition ring = ring_at<kStages>(ring_start);
+  const std::int64_t scale_row_bytes = k / kBlockK;  // weights: one E8M0 per block
   const int k_tiles = k / kTileK;
-  RingPosition ring;
-
-  if (tid < kProducerThreads) {
-    // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
-    constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
-    constexpr int kRowStep = kProducerThreads / kChunksPerRow;
-    // 16-byte copies per thread of the token rows (16 rows: threads 0-63 copy one each)
-    constexpr int kTokenChunks = (kTokens + kRowStep - 1) / kRowStep;
-    const typename T::LayoutX layout_x{};
-    const int unit = 16 * (tid % kChunksPerRow);  // this thread's 16 bytes of each row it copies
-    for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
-         tile += static_cast<int>(gridDim.x)) {
-      const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
-      const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
-      // Each thread's sources at k tile 0 and places in stage 0, once per tile. Past N a weight
-      // row's scales are row N - 1's (its codes TMA's zeros), never stored; token rows past the
-      // tile's are not loaded.
-      const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
-                                                 weight_row<kActivates>(tid, at.n0 / kRows, n));
-      const std::uint8_t* token_src =
-          args.arrays.a8[at.g] + static_cast<std::int64_t>(at.m0 + tid / kChunksPerRow) * k + unit;
-      int token_dst[kTokenChunks];
+  constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
+  constexpr int kRowStep = kProducerThreads / kChunksPerRow;
+  // 16-byte copies per thread of the token rows (16 rows: threads 0-63 copy one each)
+  constexpr int kTokenChunks = (kTokens + kRowStep - 1) / kRowStep;
+  const typename T::LayoutX layout_x{};
+  const int unit = 16 * (tid % kChunksPerRow);  // this thread's 16 bytes of each row it copies
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
+    const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
+    const int rows = min(args.arrays.problems[at.g].m - at.m0, kTokens);
+    // Each thread's sources at k tile 0 and places in stage 0, once per tile. Past N a weight
+    // row's scales are row N - 1's (its codes TMA's zeros), never stored; token rows past the
+    // tile's are not loaded.
+    const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                               weight_row<kActivates>(tid, at.n0 / kRows, n));
+    const std::uint8_t* token_src =
+        args.arrays.a8[at.g] + static_cast<std::int64_t>(at.m0 + tid / kChunksPerRow) * k + unit;
+    int token_dst[kTokenChunks];
+#pragma unroll
+    for (int i = 0; i < kTokenChunks; ++i)
+      token_dst[i] = layout_x(tid / kChunksPerRow + i * kRowStep, unit, 0);
+    const int token_chunks =
+        min(kTokenChunks, (rows - tid / kChunksPerRow + kRowStep - 1) / kRowStep);
+    const float* token_scale_src =
+        args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / kBlockK);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
+      if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full` / `landed`
+        using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+        if constexpr (kE2m1) {
+          TxBarrier::arrive_and_expect_tx(&s.landed[ring.stage], kRows * kTileK / 2);
+          load_weight_codes<kActivates>(weight_codes, &s.landed[ring.stage], &s.e2m1[ring.stage][0],
+                                        kt * kTileK / 2, at);
+        } else {
+          TxBarrier::arrive_and_expect_tx(&s.full[ring.stage], kRows * kTileK);
+          load_weight_codes<kActivates>(weight_codes, &s.full[ring.stage], &s.w[ring.stage][0],
+                                        kt * kTileK, at);
+        }
+      }
+      copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * kBlocks);
 #pragma unroll
       for (int i = 0; i < kTokenChunks; ++i)
-        token_dst[i] = layout_x(tid / kChunksPerRow + i * kRowStep, unit, 0);
-      const int token_chunks =
-          min(kTokenChunks, (rows - tid / kChunksPerRow + kRowStep - 1) / kRowStep);
-      const float* token_scale_src =
-          args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / e4m3::kBlockK);
-      for (int kt = 0; kt < k_tiles; ++kt) {
-        Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
-        if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full` / `landed`
-          using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-          if constexpr (kE2m1) {
-            TxBarrier::arrive_and_expect_tx(&s.landed[ring.stage], kRows * kTileK / 2);
-            e4m3::load_weight_codes<kActivates>(&weight_codes, &s.landed[ring.stage],
-                                                &s.e2m1[ring.stage][0], kt * kTileK / 2, at);
-          } else {
-            TxBarrier::arrive_and_expect_tx(&s.full[ring.stage], kRows * kTileK);
-            e4m3::load_weight_codes<kActivates>(&weight_codes, &s.full[ring.stage],
-                                                &s.w[ring.stage][0], kt * kTileK, at);
-          }
-        }
-        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * e4m3::kBlocks);
-#pragma unroll
-        for (int i = 0; i < kTokenChunks; ++i)
-          if (i < token_chunks)
-            cp_async_16(&s.x[ring.stage][token_dst[i]],
-                        token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
-        if (tid < rows)
-          cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * e4m3::kBlocks);
-        cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
-        ring.advance<kStages>();
-      }
-    }
-    cp_async_wait<0>();
-    finish_role();
-    return;
-  }
-
-  if constexpr (kE2m1) {
-    if (tid < kProducerThreads + kConverterThreads) {
-      // ---- converter: each landed k tile's E2M1 codes of weight row `row` (32 bytes) to E4M3
-      // codes in the stage's LayoutW (4 chunks of 16), then the stage's `full` (after a proxy
-      // fence: WGMMA reads shared memory through the async proxy)
-      const int row = tid - kProducerThreads;
-      const typename T::LayoutW layout_w{};
-      int chunk_at[4];  // the row's 16-byte chunks in stage 0 (a stage is kRows x kTileK bytes)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) chunk_at[c] = layout_w(row, 16 * c, 0);
-      int position = 0;  // the CTA's k tiles so far: the ring's
-      for (int tile = static_cast<int>(blockIdx.x); tile < tiles;
-           tile += static_cast<int>(gridDim.x)) {
-        for (int kt = 0; kt < k_tiles; ++kt, ++position) {
-          const RingPosition r = ring_at<kStages>(position);
-          const int stage = r.stage;
-          Barrier::wait(&s.landed[stage], r.phase);
-          const uint4* codes = reinterpret_cast<const uint4*>(&s.e2m1[stage][row * kTileK / 2]);
-          const uint4 lo = codes[0], hi = codes[1];
-          const std::uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {  // codes 16 c .. 16 c + 15: words 2 c and 2 c + 1
-            std::uint32_t first[2], second[2];
-            e2m1x8_to_e4m3(words[2 * c], first);
-            e2m1x8_to_e4m3(words[2 * c + 1], second);
-            *reinterpret_cast<uint4*>(&s.w[stage][chunk_at[c]]) =
-                make_uint4(first[0], first[1], second[0], second[1]);
-          }
-          cutlass::arch::fence_view_async_shared();
-          Barrier::arrive(&s.full[stage]);
-        }
-      }
-      finish_role();
-      return;
+        if (i < token_chunks)
+          cp_async_16(&s.x[ring.stage][token_dst[i]],
+                      token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
+      if (tid < rows) cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * kBlocks);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
+      ring.advance<kStages>();
     }
   }
+  cp_async_wait<0>();
+}
 
-  // ---- math: warpgroup 1 + 2 half + wg (after the converter, if any) multiplies weight rows
-  // 64 wg .. 64 wg + 63 of each tile, over k tiles kt with kt % 2 == half
-  const int math_tid = tid - kProducerThreads - kConverterThreads, math_wg = math_tid / kWarpgroup;
+// ---- converter (mxfp4): each landed k tile's E2M1 codes of weight row `row` (32 bytes) to E4M3
+// codes in the stage's LayoutW (4 chunks of 16), then the stage's `full` (after a proxy fence:
+// WGMMA reads shared memory through the async proxy)
+template <int kTokens, bool kE2m1, class S>
+__device__ __forceinline__ void convert(S& s, const GemmStart& g, int ring_start) {
+  using T = Tile<kTokens, kE2m1>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kStages = T::kStages;
+  const int tid = g.tid, tiles = g.tiles;
+  const int k_tiles = g.k / kTileK;
+  const int row = tid - kProducerThreads;
+  const typename T::LayoutW layout_w{};
+  int chunk_at[4];  // the row's 16-byte chunks in stage 0 (a stage is kRows x kTileK bytes)
+#pragma unroll
+  for (int c = 0; c < 4; ++c) chunk_at[c] = layout_w(row, 16 * c, 0);
+  int position = ring_start;  // the CTA's k tiles through the ring so far
+  for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
+    for (int kt = 0; kt < k_tiles; ++kt, ++position) {
+      const RingPosition r = ring_at<kStages>(position);
+      const int stage = r.stage;
+      Barrier::wait(&s.landed[stage], r.phase);
+      const uint4* codes = reinterpret_cast<const uint4*>(&s.e2m1[stage][row * kTileK / 2]);
+      const uint4 lo = codes[0], hi = codes[1];
+      const std::uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {  // codes 16 c .. 16 c + 15: words 2 c and 2 c + 1
+        std::uint32_t first[2], second[2];
+        e2m1x8_to_e4m3(words[2 * c], first);
+        e2m1x8_to_e4m3(words[2 * c + 1], second);
+        *reinterpret_cast<uint4*>(&s.w[stage][chunk_at[c]]) =
+            make_uint4(first[0], first[1], second[0], second[1]);
+      }
+      cutlass::arch::fence_view_async_shared();
+      Barrier::arrive(&s.full[stage]);
+    }
+  }
+}
+
+// ---- math: warpgroup 1 + 2 half + wg (after the converter, if any) multiplies weight rows
+// 64 wg .. 64 wg + 63 of each tile, over k tiles kt with kt % 2 == half; pair 0 runs the epilogue
+template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome, class S>
+__device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart& g,
+                                         int ring_start) {
+  using T = Tile<kTokens, kE2m1>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kStages = T::kStages;
+  const auto [tid, n, k, groups, weight_blocks, tiles] = g;
+  const std::int64_t scale_row_bytes = k / kBlockK;  // weights: one E8M0 per block
+  const int k_tiles = k / kTileK;
+  const int math_tid = tid - kProducerThreads - kConverterThreads<kE2m1>,
+            math_wg = math_tid / kWarpgroup;
   const int wg = math_wg % 2, half = math_wg / 2;
   const int wg_tid = math_tid % kWarpgroup;
   const bool signals = wg_tid == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
   const auto thr = mma.get_thread_slice(math_tid % (2 * kWarpgroup));
   Tensor sW =
-      make_tensor(make_smem_ptr(reinterpret_cast<e4m3::Code*>(&s.w[0][0])), typename T::LayoutW{});
+      make_tensor(make_smem_ptr(reinterpret_cast<Code*>(&s.w[0][0])), typename T::LayoutW{});
   Tensor sX =
-      make_tensor(make_smem_ptr(reinterpret_cast<e4m3::Code*>(&s.x[0][0])), typename T::LayoutX{});
+      make_tensor(make_smem_ptr(reinterpret_cast<Code*>(&s.x[0][0])), typename T::LayoutX{});
   Tensor tCrW = thr.make_fragment_A(thr.partition_A(sW));  // (MMA, MMA_M, MMA_K, stage)
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
   Tensor accum = partition_fragment_C(mma, Shape<Int<kRows>, Int<kTokens>>{});
@@ -973,7 +959,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     if (signals) Barrier::arrive(&s.empty[stage]);
   };
 
-  int k_tiles_before = 0;  // the ring's position at the tile's first k tile
+  int k_tiles_before = ring_start;  // the ring's position at the tile's first k tile
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
@@ -1011,7 +997,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const std::uintptr_t scale_at =
-            reinterpret_cast<std::uintptr_t>(scale_rows[h] + kt * e4m3::kBlocks);
+            reinterpret_cast<std::uintptr_t>(scale_rows[h] + kt * kBlocks);
         const std::uint32_t codes =
             s.scale_words[stage][row0 + 8 * h] >> (8 * (scale_at & 3) + 8 * kb);
         weight_scale[h] = formats::e8m0_to_float(static_cast<std::uint8_t>(codes));
@@ -1052,9 +1038,9 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     // (C7514 / C7517, session 23). A k tile's stage goes back once the next k tile's WGMMAs have
     // retired: every warp of the warpgroup issued them, so each is past its reads of the stage's
     // scales.
-    static_assert(e4m3::kBlocks == 2, "a k tile: two k32 blocks, both in flight");
+    static_assert(kBlocks == 2, "a k tile: two k32 blocks, both in flight");
     int previous = -1;  // the stage of this pair's k tile before
-    for (int kt = half; kt < k_tiles; kt += e4m3::kSplitK) {
+    for (int kt = half; kt < k_tiles; kt += kSplitK) {
       const int stage = full_stage(k_tiles_before + kt);
       issue(sums, stage, 0);
       issue(sums1, stage, 1);
@@ -1088,7 +1074,76 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     else
       finish_tile<kTokens, kActivates, true>(args, s.amax[wg], accum, coord, at, m, wg);
   }
-  finish_role();
+}
+
+// The ring's barriers, once per kernel (by thread 0; the first GEMM's tile_prefix makes them
+// visible to every thread): `full`, a noinc arrival per producer thread and the TMA issuer's
+// expect_tx (E4M3 codes) or each converter thread's arrival (E2M1 codes); `empty`, one arrival
+// per math warpgroup that reads the stage; mxfp4's `landed`, the TMA issuer's expect_tx.
+template <int kTokens, bool kE2m1, class S>
+__device__ __forceinline__ void init_ring(S& s) {
+  constexpr int kStages = Tile<kTokens, kE2m1>::kStages;
+  constexpr int kFullArrivals = kProducerThreads + (kE2m1 ? kConverterThreads<kE2m1> : 1);
+  using Barrier = cutlass::arch::ClusterBarrier;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      Barrier::init(&s.full[i], kFullArrivals);
+      Barrier::init(&s.empty[i], 2);
+      if constexpr (kE2m1) Barrier::init(&s.landed[i], 1);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+}
+
+// One GEMM of the E4M3 tile by the whole CTA, its ring initialized (init_ring) and the GEMM's
+// inputs written (the previous kernel waited for, or a grid barrier passed): the tile prefix, then
+// each role's branch. Returns the ring's position after it (the next GEMM's ring_start: a kernel
+// may run FC1 and FC2 through one ring without initializing it again). kSendsHome: FC2's results
+// go home (PackedFc2Home); the caller then runs finish_expert_step.
+template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome, class S>
+__device__ __forceinline__ int gemm(const Args& args, const CUtensorMap* weight_codes, S& s,
+                                    int ring_start) {
+  static_assert(!(kActivates && kSendsHome), "FC1 activates, FC2 sends home");
+  const GemmStart g = tile_prefix<kTokens, kThreads<kE2m1>>(s, args);
+  if (g.tid < kProducerThreads)
+    produce<kTokens, kActivates, kE2m1>(args, weight_codes, s, g, ring_start);
+  else if (g.tid < kProducerThreads + kConverterThreads<kE2m1>)
+    convert<kTokens, kE2m1>(s, g, ring_start);
+  else
+    multiply<kTokens, kActivates, kE2m1, kSendsHome>(args, s, g, ring_start);
+  const int cta_tiles =
+      g.tiles > static_cast<int>(blockIdx.x)
+          ? (g.tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
+          : 0;
+  return ring_start + cta_tiles * (g.k / kTileK);
+}
+
+}  // namespace e4m3
+
+// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kE2m1: MXFP4
+// weights, whose E2M1 codes the converter warpgroup turns into the E4M3 codes of the same values
+// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0). kSendsHome
+// (FC2, args.home): the results go home instead of to D, and the kernel is the round's FC2 step
+// (the home kernel's frame, fc2_round: it joins the round, and the last CTA publishes done).
+template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
+__global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
+    packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
+  // Sending home, the kernel joins the round as the home kernel did: nothing at all when this
+  // rank's round already failed; the fc2 phase's end stamped, its begin where fc1's ended.
+  RoundStart start{};
+  if constexpr (kSendsHome)
+    start = join_round(args.home.step.state, RoundPhase::fc2, Stamps::end_only);
+  const PhaseEnd phase_end{start};
+  if (kSendsHome && start.skip) return;
+  using S = e4m3::Smem<kTokens, kActivates, kE2m1, kSendsHome>;
+  S& s = aligned_smem<S>();
+  if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
+  e4m3::init_ring<kTokens, kE2m1>(s);
+  wait_for_previous_kernel();  // (plan wrote the problems and pointers)
+  e4m3::gemm<kTokens, kActivates, kE2m1, kSendsHome>(args, &weight_codes, s, 0);
+  // Sending home, once every thread's results are on their way, the last CTA publishes done to
+  // every rank (a CTA without a tile takes its ticket too).
+  if constexpr (kSendsHome) finish_expert_step(args.home.step, start.round);
 }
 
 template <Precision P, int kTokens, bool kActivates, bool kE4m3, bool kSendsHome>
