@@ -536,6 +536,45 @@ TEST(WithKnobsWgmma, EveryDefaultBucketOfEveryRealShapeIsATileTheBackendShips) {
       }
 }
 
+// The persistent round: every bucket of tensor_core, none of exact, and under wgmma exactly the
+// buckets whose knobs run mxfp8's or mxfp4's E4M3 tile (block_m 64, at most 16 balanced rows per
+// expert): decode of qwen3 at world 4, not small (32 rows) and above; none once block_m is 128;
+// none of the precisions without the tile.
+TEST(HasPersistentRound, TensorCoreEveryBucketExactNoneWgmmaTheE4m3TilesBuckets) {
+  const auto config = [](Precision p, ExpertMath math) {
+    LayerOptions o;
+    o.expert_math = math;
+    return make_config(kQwen, p, 0, 4, o);
+  };
+  const TokenBucket buckets[] = {TokenBucket::decode, TokenBucket::small, TokenBucket::medium,
+                                 TokenBucket::prefill};
+  for (const Precision p : kAllPrecisions)
+    for (const TokenBucket b : buckets) {
+      EXPECT_TRUE(has_persistent_round(config(p, ExpertMath::tensor_core), b)) << to_string(p);
+      EXPECT_FALSE(has_persistent_round(config(p, ExpertMath::exact), b)) << to_string(p);
+    }
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+    LayerConfig c = config(p, ExpertMath::wgmma);
+    for (const TokenBucket b : buckets) {  // the E4M3 tile where block_m is 64 and rows are few
+      Knobs k = c.knobs(b);
+      k.block_m = 64;
+      c = with_knobs(c, k, b);
+    }
+    // qwen3 (E = 128, top-8) at world 4: 4 x 16 x 8 / 128 = 4 and 4 x 128 x 8 / 128 = 32 rows
+    EXPECT_TRUE(has_persistent_round(c, TokenBucket::decode)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::small)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::medium)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::prefill)) << to_string(p);
+    Knobs k = c.knobs(TokenBucket::decode);
+    k.block_m = 128;
+    EXPECT_FALSE(has_persistent_round(with_knobs(c, k, TokenBucket::decode), TokenBucket::decode))
+        << to_string(p);
+  }
+  for (const Precision p : {Precision::bf16, Precision::nvfp4, Precision::fp8_block128})
+    for (const TokenBucket b : buckets)
+      EXPECT_FALSE(has_persistent_round(config(p, ExpertMath::wgmma), b)) << to_string(p);
+}
+
 TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)

@@ -438,13 +438,15 @@ int bench(const BenchOptions& o) {
 
   const bool tensor_core =
       std::find(maths.begin(), maths.end(), ExpertMath::tensor_core) != maths.end();
+  const bool wgmma = std::find(maths.begin(), maths.end(), ExpertMath::wgmma) != maths.end();
   const std::vector<bool> megakernels =
       parse_megakernel_values(o.megakernel, tensor_core && backend == Backend::cuda_nccl);
   if (std::find(megakernels.begin(), megakernels.end(), true) != megakernels.end()) {
     check_megakernel_backend(true, backend);
-    if (!tensor_core)
+    if (!tensor_core && !wgmma)
       reject("--megakernel=" + o.megakernel +
-             ": only --math tensor_core has the persistent round; add it to --math");
+             ": only --math tensor_core and wgmma (mxfp8's and mxfp4's E4M3 tile) have the "
+             "persistent round; add one to --math");
   }
   const Ceilings ceilings =
       start_sweep(o, backend, "epmoe bench: executor " + describe_backend(backend, data_world));
@@ -474,7 +476,17 @@ int bench(const BenchOptions& o) {
               if (backend == Backend::cuda_nccl && p == Precision::fp8_block128 &&
                   x == ExpertMath::tensor_core)
                 continue;
-              if (mk && x != ExpertMath::tensor_core) continue;
+              if (mk) {  // (a config make_config refuses fails in run_config, as without mk)
+                LayerOptions options;
+                options.expert_math = x;
+                options.combine = c;
+                bool has_one = false;
+                try {
+                  has_one = any_persistent_round(make_config(models[m].shape, p, 0, w, options));
+                } catch (const Error&) {
+                }
+                if (!has_one) continue;
+              }
               Config cfg{m, w, p, c, x, mk, {}};
               for (const TokenCounts& t : tokens) {
                 Point pt;
@@ -545,9 +557,10 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--megakernel", o->megakernel,
                   "comma list of true / false, or auto (both with --math tensor_core on the CUDA "
-                  "executor): the tensor_core configs also or only as the persistent round, one "
-                  "launch per forward (CUDA executor; docs/design.md 4.3); the table marks its "
-                  "math with *")
+                  "executor): the configs that have one (tensor_core; wgmma's mxfp8 and mxfp4, in "
+                  "the buckets of its E4M3 tile) also or only as the persistent round, one launch "
+                  "per forward (CUDA executor; docs/design.md 4.3); the table marks its math with "
+                  "*")
       ->capture_default_str();
   cmd->add_flag("--graph", o->graph,
                 "time CUDA-graph replays: each rank captures one forward per point, then each "

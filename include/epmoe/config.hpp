@@ -139,9 +139,9 @@ struct Knobs {
   // It caps CTAs, not placement: a chain kernel's CTAs may still land on more SMs.
   std::int32_t num_sms = 0;
   // read by the CUDA executor: true runs this bucket's rounds as one persistent (cooperative)
-  // launch per forward instead of the chain of kernels (docs/design.md §4.3). Only
-  // expert_math=tensor_core has one: under exact or wgmma a bucket with true is refused at layer
-  // creation (unsupported, naming the knob).
+  // launch per forward instead of the chain of kernels (docs/design.md §4.3), where the bucket has
+  // one (has_persistent_round: tensor_core, and wgmma's E4M3 tile); elsewhere a bucket with true
+  // is refused at layer creation (unsupported, naming the knob).
   bool megakernel = false;
 
   bool operator==(const Knobs&) const = default;
@@ -211,6 +211,12 @@ LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
 
 // The built-in default knob table, keyed by (precision, world, H, I, E, K, bucket).
 Knobs default_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket);
+
+// Whether `bucket`'s rounds can run as the persistent round (Knobs::megakernel, docs/design.md
+// §4.3) on the CUDA executor: always under expert_math=tensor_core; under wgmma where the bucket
+// runs mxfp8's or mxfp4's E4M3 tile (its block_m 64 and at most 16 rows per expert when routing is
+// balanced: docs/tuning.md); never under exact. A layer refuses megakernel=true elsewhere.
+bool has_persistent_round(const LayerConfig& config, TokenBucket bucket);
 
 // Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by
 // what they were chosen for: precision, world, the shape's hidden, intermediate, num_experts and

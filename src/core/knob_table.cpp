@@ -354,4 +354,17 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
   return core::adjust_knobs(k, precision, shape, LayerOptions{});
 }
 
+bool has_persistent_round(const LayerConfig& config, TokenBucket bucket) {
+  switch (config.options().expert_math) {
+    case ExpertMath::tensor_core:
+      return true;
+    case ExpertMath::wgmma:  // the E4M3 tile's buckets (the backend runs it by the same rule)
+      return core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket,
+                                     config.knobs(bucket));
+    case ExpertMath::exact:
+      return false;
+  }
+  return false;
+}
+
 }  // namespace epmoe

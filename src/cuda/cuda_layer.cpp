@@ -96,7 +96,7 @@ class CudaLayer final : public LayerImpl {
       for (int b = 0; b < kNumTokenBuckets; ++b) {
         const auto bucket = static_cast<TokenBucket>(b);
         if (!config.knobs(bucket).megakernel) continue;
-        if (const std::string why = PersistentRound::cannot_run(*backend_); !why.empty())
+        if (const std::string why = PersistentRound::cannot_run(*backend_, bucket); !why.empty())
           throw Error(ErrorCode::unsupported, std::string("Layer: knobs.") + to_string(bucket) +
                                                   ".megakernel=true: " + why);
         if (persistent_ == nullptr)

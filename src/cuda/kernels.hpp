@@ -47,14 +47,16 @@ inline int grid_sms(int device, int num_sms) {
 // NOTES: this caps the CTAs, not where they run: the block scheduler may spread num_sms SMs' worth
 // of CTAs over more SMs than num_sms; only the wgmma backend's persistent GEMMs, one CTA per SM,
 // occupy exactly that many.
+// `threads`: per CTA (a warp-specialized kernel's own count).
 template <class Kernel>
-KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms) {
+KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms,
+                            int threads = kThreads) {
   if (smem > 0)
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   int per_sm = 0;
-  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem};
+  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem, threads};
 }
 
 // One value per token bucket, made from that bucket's knobs (make(knobs), or make(knobs, bucket)

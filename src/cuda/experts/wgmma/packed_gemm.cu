@@ -447,24 +447,35 @@ PackedGroupedGemm::~PackedGroupedGemm() {
   cudaFree(memory_);
 }
 
-void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
-                            const PackedFc2Home* home) const {
+PackedGemmArgs PackedGroupedGemm::args(const PackedMatrices& weights,
+                                       const PackedFc2Home* home) const {
   if (home != nullptr && (!e4m3_tokens() || epilogue_))
     throw Error(ErrorCode::internal,
                 "packed grouped GEMM: only the E4M3 tile's FC2 (t16_e4m3, no FC1 epilogue) sends "
                 "its rows home");
-  const Args args{arrays_,
-                  weights,
-                  groups_,
-                  n_,
-                  k_,
-                  epilogue_.value_or(PackedFc1Epilogue{}),
-                  home != nullptr ? *home : PackedFc2Home{}};
-  if (e4m3_tokens() && codes_map_of_ != weights.codes) {  // (the weights change rarely, if ever)
+  return PackedGemmArgs{arrays_,
+                        weights,
+                        groups_,
+                        n_,
+                        k_,
+                        epilogue_.value_or(PackedFc1Epilogue{}),
+                        home != nullptr ? *home : PackedFc2Home{}};
+}
+
+const CUtensorMap& PackedGroupedGemm::codes_map(const PackedMatrices& weights) const {
+  if (!e4m3_tokens())
+    throw Error(ErrorCode::internal, "packed grouped GEMM: only the E4M3 tile reads codes by TMA");
+  if (codes_map_of_ != weights.codes) {  // (the weights change rarely, if ever)
     codes_map_ = e4m3::weight_codes_map(weights.codes, groups_, n_, k_, epilogue_.has_value(),
                                         precision_ == Precision::mxfp4);
     codes_map_of_ = weights.codes;
   }
+  return codes_map_;
+}
+
+void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
+                            const PackedFc2Home* home) const {
+  const Args args = this->args(weights, home);
   with_kernel(
       precision_, tile_, epilogue_.has_value(), home != nullptr,
       [&](auto p, auto tokens, auto activating, auto e4m3, auto sends_home) {
@@ -476,7 +487,7 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
                                     ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
                                     : kGemmThreads};
         if constexpr (decltype(e4m3)::value)
-          launch_chained(kernel, shape, stream, args, codes_map_);
+          launch_chained(kernel, shape, stream, args, codes_map(weights));
         else
           launch_chained(kernel, shape, stream, args);
       });

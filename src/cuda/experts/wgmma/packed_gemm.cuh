@@ -81,13 +81,7 @@ struct Smem {
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
 };
 
-struct Args {
-  PackedGemmArrays arrays;
-  PackedMatrices w;
-  int groups, n, k;
-  PackedFc1Epilogue epilogue;
-  PackedFc2Home home;  // read by the E4M3 kernel's FC2 that sends home (kSendsHome) only
-};
+using Args = PackedGemmArgs;
 
 // The weight row of tile row t (0..127) of weight block `block`: n0 + t (rows past N are copies of
 // row N - 1, never stored); for an activating FC1 (N = 2I), whose block covers the 64 outputs

@@ -72,6 +72,16 @@ struct PackedFc2Home {
   const protocol::HomeSlot* homes;  // [pairs] each pair's home slot, in pair order
 };
 
+// What a kernel of the GEMM reads (PackedGroupedGemm::args): its arrays, the weights, the shape and
+// the epilogues'.
+struct PackedGemmArgs {
+  PackedGemmArrays arrays;
+  PackedMatrices w;
+  int groups, n, k;
+  PackedFc1Epilogue epilogue;
+  PackedFc2Home home;  // read by the E4M3 tile's FC2 that sends home only
+};
+
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
 // to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
 // (wgmma_backend.hpp). t16_e4m3 (mxfp8, mxfp4) is a 16-row tile that multiplies E4M3 codes: its
@@ -108,6 +118,13 @@ class PackedGroupedGemm {
   // internal otherwise), the results go home (PackedFc2Home) and D is not written.
   void run(const PackedMatrices& weights, cudaStream_t stream,
            const PackedFc2Home* home = nullptr) const;
+
+  // What run() hands its kernel, for a kernel of another launch that runs the same tile (the
+  // persistent round runs the E4M3 tile's two GEMMs: packed_gemm.cuh, e4m3::gemm). The same
+  // refusal as run()'s for `home`.
+  PackedGemmArgs args(const PackedMatrices& weights, const PackedFc2Home* home = nullptr) const;
+  // t16_e4m3: the TMA descriptor of `weights`' codes (encoded on the host when they change).
+  const CUtensorMap& codes_map(const PackedMatrices& weights) const;
 
   // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
   static const char* cannot_take(Precision precision, int groups, int n, int k);

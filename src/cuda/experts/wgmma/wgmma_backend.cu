@@ -191,6 +191,24 @@ int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
   return run.packed_fc2 != nullptr ? run.packed_fc2->sm_count() : run.fp8_fc1->sm_count();
 }
 
+bool WgmmaBackend::runs_e4m3_tile(TokenBucket bucket) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  return run.packed_fc1 != nullptr && run.packed_fc1->e4m3_tokens();
+}
+
+WgmmaBackend::E4m3Round WgmmaBackend::e4m3_round(const ExpertStep& step, TokenBucket bucket) const {
+  if (!runs_e4m3_tile(bucket))
+    throw Error(ErrorCode::internal, std::string("wgmma backend: bucket ") + to_string(bucket) +
+                                         " does not run the E4M3 tile");
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  const Params p = params(step, run);
+  const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
+  return E4m3Round{p, run.packed_fc1->args(p.packed_weights.w13),
+                   run.packed_fc2->args(p.packed_weights.w2, &home),
+                   run.packed_fc1->codes_map(p.packed_weights.w13),
+                   run.packed_fc2->codes_map(p.packed_weights.w2)};
+}
+
 WgmmaBackend::~WgmmaBackend() {
   cudaFree(scratch_memory_);
 }

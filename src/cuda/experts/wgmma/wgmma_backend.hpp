@@ -71,6 +71,18 @@ class WgmmaBackend final : public ExpertBackend {
   Bf16Tile tile(TokenBucket bucket) const;
   int gemm_sms(TokenBucket bucket) const;
 
+  // The persistent round (docs/design.md §4.3) runs a bucket's E4M3 tile (mxfp8 and mxfp4 where
+  // core::wgmma_e4m3_tokens holds: runs_e4m3_tile) in its own kernel, with plan_gemms and
+  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home.
+  struct E4m3Round {
+    Params params;
+    PackedGemmArgs fc1, fc2;
+    CUtensorMap w13_codes, w2_codes;  // the weights' TMA descriptors
+  };
+  bool runs_e4m3_tile(TokenBucket bucket) const;
+  E4m3Round e4m3_round(const ExpertStep& step, TokenBucket bucket) const;
+  const ExpertProblem& problem() const { return problem_; }
+
  private:
   // One bucket's GEMMs (owned below, shared between buckets of the same tile and SM count) and
   // step grids.
