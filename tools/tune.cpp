@@ -2,7 +2,8 @@
 // math) on the ranks at hand and writes the winners as a knob file (docs/tuning.md#epmoe-tune).
 //
 // For each candidate — the knobs the running code reads (num_sms; block_m / block_n under
-// expert_math=wgmma; megakernel, both paths by default under tensor_core), every value given,
+// expert_math=wgmma; megakernel, both paths by default under tensor_core, true only where a bucket
+// has a persistent round, as wgmma's E4M3 tile's), every value given,
 // applied to every bucket through with_knobs and deduplicated after its adjustments — one cluster
 // is created and checked once against the emulating reference, then each bucket's T is timed as
 // `epmoe bench` times a point (warm-up rounds, then timed rounds of uniform random routing; a
@@ -75,7 +76,8 @@ std::string knob_label(const Knobs& k, ExpertMath math) {
   return s;
 }
 
-// `config` with the candidate's fields in every bucket (the bucket's other knobs kept).
+// `config` with the candidate's fields in every bucket (the bucket's other knobs kept); megakernel
+// only where the bucket, with the candidate's tile, has a persistent round (has_persistent_round).
 LayerConfig apply(const LayerConfig& config, const Candidate& c) {
   LayerConfig out = config;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
@@ -84,8 +86,13 @@ LayerConfig apply(const LayerConfig& config, const Candidate& c) {
     k.block_m = c.block_m;
     k.block_n = c.block_n;
     k.num_sms = c.num_sms;
-    k.megakernel = c.megakernel;
+    k.megakernel = false;
     out = with_knobs(out, k, bucket);
+    if (c.megakernel && has_persistent_round(out, bucket)) {
+      k = out.knobs(bucket);
+      k.megakernel = true;
+      out = with_knobs(out, k, bucket);
+    }
   }
   return out;
 }
@@ -345,7 +352,9 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
       ->capture_default_str();
   cmd->add_option("--megakernel", o->megakernel,
                   "comma list of megakernel candidates (true, false), or auto: both under "
-                  "--math tensor_core (the persistent round), false otherwise")
+                  "--math tensor_core (the persistent round), false otherwise; true applies to "
+                  "the buckets that have a persistent round (under wgmma: mxfp8's and mxfp4's "
+                  "E4M3 tile's)")
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed rounds per bucket")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "timed rounds per bucket")->capture_default_str();

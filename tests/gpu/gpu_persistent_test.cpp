@@ -286,7 +286,8 @@ TEST(GpuPersistent, WgmmaE4m3TileInOneLaunchMatchesTheReference) {
                                  (oai ? " swiglu_oai+biases" : "");
         Cluster cluster(shape, precision, options, world, weights, Backend::cuda_nccl, {},
                         decode_e4m3);
-        within_seconds(300, "wgmma persistent " + what, [&] {
+        const std::string hang = "wgmma persistent " + what;
+        within_seconds(300, hang.c_str(), [&] {
           run_on_rank_threads(world, [&](int rank) {
             const std::vector<std::int64_t> token_counts{0, 1, 7, 16, 64, 16, 1, 0};
             for (std::size_t i = 0; i < token_counts.size(); ++i)
