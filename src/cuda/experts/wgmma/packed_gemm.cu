@@ -620,9 +620,11 @@ __global__ void __launch_bounds__(TokenTile<kTokens>::kThreads, 1) packed_gemm_k
       if (signals) Barrier::arrive(&s.empty[stage]);
     };
 
-    // The stage of this pair's k tile kt, once it is full.
+    // The stage of the tile's k tile kt, once it is full.
+    const int first_position = k_tiles_before;
+    k_tiles_before += k_tiles;
     const auto full_stage = [&](int kt) {
-      const RingPosition r = ring_at<kStages>(k_tiles_before + kt);
+      const RingPosition r = ring_at<kStages>(first_position + kt);
       Barrier::wait(&s.full[r.stage], r.phase);
       return r.stage;
     };
@@ -630,7 +632,6 @@ __global__ void __launch_bounds__(TokenTile<kTokens>::kThreads, 1) packed_gemm_k
     // whose sums stay zero)
     constexpr int kPairs = T::kPairs;
     const int own = (k_tiles - half + kPairs - 1) / kPairs;
-    k_tiles_before += k_tiles;
     if constexpr (kPairs == 2) {
       if (own == 0) {
 #pragma unroll
