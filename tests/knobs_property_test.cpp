@@ -304,6 +304,16 @@ TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerE
   // mxfp4's weights run it as the E4M3 codes of their E2M1 values (MXFP8 rows, both E8M0-scaled)
   EXPECT_TRUE(e4m3(Precision::mxfp4, 1, qwen3, TokenBucket::decode, k64));
   EXPECT_FALSE(e4m3(Precision::mxfp4, 1, qwen3, TokenBucket::medium, k64));
+  // the same buckets give nvfp4 its 16-row decoding tile, and no precision without packed weights
+  const auto rows16 = [&](Precision p, TokenBucket b, const Knobs& k) {
+    return core::wgmma_16_row_tile(p, 1, qwen3, b, k);
+  };
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4, Precision::nvfp4}) {
+    EXPECT_TRUE(rows16(p, TokenBucket::decode, k64)) << to_string(p);
+    EXPECT_FALSE(rows16(p, TokenBucket::medium, k64)) << to_string(p);
+  }
+  EXPECT_FALSE(rows16(Precision::bf16, TokenBucket::decode, k64));
+  EXPECT_FALSE(rows16(Precision::fp8_block128, TokenBucket::decode, k64));
   for (Precision p : kPrecisions) {
     if (p != Precision::mxfp8 && p != Precision::mxfp4) {
       EXPECT_FALSE(e4m3(p, 1, qwen3, TokenBucket::decode, k64)) << to_string(p);

@@ -216,10 +216,16 @@ std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::
   return stages;
 }
 
+bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
+                       const Knobs& knobs) {
+  return (precision == Precision::mxfp8 || precision == Precision::mxfp4 ||
+          precision == Precision::nvfp4) &&
+         knobs.block_m == 64 && balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
+}
+
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs) {
-  return (precision == Precision::mxfp8 || precision == Precision::mxfp4) && knobs.block_m == 64 &&
-         balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
+  return precision != Precision::nvfp4 && wgmma_16_row_tile(precision, world, shape, bucket, knobs);
 }
 
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n) {

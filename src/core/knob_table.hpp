@@ -60,6 +60,10 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
 inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
+// Where the same rule gives the packed GEMM 16 token rows: wgmma_e4m3_tokens' buckets, and nvfp4's
+// (whose 16-row tile decodes its weights, its CTA splitting K over two pairs of math warpgroups).
+bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
+                       const Knobs& knobs);
 
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but

@@ -185,15 +185,17 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
                            return std::string(to_string(param_info.param));
                          });
 
-// mxfp8 and mxfp4 pick their packed GEMM per bucket: block_m 64 where an expert gets at most 16
-// rows (core::wgmma_e4m3_tokens; kShape's decode bucket: 8 at world 1, 16 at world 2) runs the
-// E4M3 tile (16 token rows; gather copies the wire rows, FC1's epilogue writes h as MXFP8; mxfp4's
-// E2M1 codes converted to E4M3 in shared memory); 64 elsewhere (small, medium: 64 and 512 rows),
-// 128 and 256 decode the weights to bf16 (gather decodes the wire rows). Each, in every bucket
-// (T = 0, 1, 64, 1000), matches the reference; mixing them between rounds (the default table) too.
-TEST(GpuKnobs, MxPrecisionsRunE4m3OnFewRowsAndBf16ElsewhereEachMatchingTheReference) {
+// mxfp8, mxfp4 and nvfp4 pick their packed GEMM per bucket: block_m 64 where an expert gets at
+// most 16 rows (core::wgmma_16_row_tile; kShape's decode bucket: 8 at world 1, 16 at world 2) runs
+// a 16-row tile, for mxfp8 and mxfp4 the E4M3 one (gather copies the wire rows, FC1's epilogue
+// writes h as MXFP8; mxfp4's E2M1 codes converted to E4M3 in shared memory), for nvfp4 the decoding
+// one with K split over two pairs of math warpgroups; 64 elsewhere (small, medium: 64 and 512
+// rows), 128 and 256 decode the weights to bf16 (gather decodes MXFP8 wire rows). Each, in every
+// bucket (T = 0, 1, 64, 1000), matches the reference; mixing them between rounds (the default
+// table) too.
+TEST(GpuKnobs, PackedPrecisionsRun16RowTilesOnFewRowsEachMatchingTheReference) {
   if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
-  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4, Precision::nvfp4}) {
     for (const std::int32_t rows : {64, 128, 256}) {
       const Knobs k = knobs_with(kShape, p, [rows](Knobs& kn) { kn.block_m = rows; });
       run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k),

@@ -48,13 +48,14 @@ using namespace cute;
 using namespace packed;
 
 template <Precision P, int kTokens, bool kActivates>
-__global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args) {
+__global__ void __launch_bounds__(TokenTile<kTokens>::kThreads, 1) packed_gemm_kernel(Args args) {
   using S = Smem<P, kTokens, kActivates>;
   using T = TokenTile<kTokens>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   S& s = aligned_smem<S>();
-  const auto [tid, n, k, groups, weight_blocks, tiles] = start_gemm<kStages, kTokens>(s, args);
+  const auto [tid, n, k, groups, weight_blocks, tiles] =
+      start_gemm<kStages, kTokens, T::kThreads>(s, args);
 
   constexpr int kBlock = PackedFormat<P>::kBlock;
   const std::int64_t code_row_bytes = static_cast<std::int64_t>(k) * PackedFormat<P>::kBits / 8;
@@ -127,12 +128,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     return;
   }
 
-  // ---- math: warpgroup wg decodes and multiplies weight rows 64 wg .. 64 wg + 63 of each tile
+  // ---- math: warpgroup wg of pair `half` decodes and multiplies weight rows 64 wg .. 64 wg + 63
+  // of each tile, over its k tiles kt with kt % kPairs == half (one pair: all of them)
   if constexpr (kMoveRegisters) cutlass::arch::warpgroup_reg_alloc<216>();
-  const int math_tid = tid - kProducerThreads, wg = math_tid / kWarpgroup;
-  const bool signals = math_tid % kWarpgroup == 0;  // the warpgroup's arrival on `empty`
+  const int math_tid = tid - kProducerThreads, math_wg = math_tid / kWarpgroup;
+  const int wg = math_wg % 2, half = math_wg / 2, wg_tid = math_tid % kWarpgroup;
+  const bool signals = wg_tid == 0;  // the warpgroup's arrival on `empty`
   typename T::TiledMma mma;
-  const auto thr = mma.get_thread_slice(math_tid);
+  const auto thr = mma.get_thread_slice(math_tid % (2 * kWarpgroup));
   Tensor sX = make_tensor(make_smem_ptr(&s.x[0][0]), typename T::LayoutX{});
   Tensor tCrX = thr.make_fragment_B(thr.partition_B(sX));  // (MMA, MMA_N, MMA_K, stage)
   // A, the weights, from registers: one k tile, 4 k16 blocks of 8 bf16 per thread. Value v of
@@ -153,6 +156,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
   const std::uint32_t pick8 = static_cast<std::uint32_t>(a_k | (a_k + 1) << 4);
   const std::uint32_t pick4 = static_cast<std::uint32_t>(a_k / 2 | (a_k / 2 + 4) << 4);
 
+  int k_tiles_before = 0;  // the ring's position at the tile's first k tile
   for (int tile = static_cast<int>(blockIdx.x); tile < tiles; tile += static_cast<int>(gridDim.x)) {
     const TilePlace at = place_of(s.tile_end, groups, weight_blocks, kTokens, tile);
     const int m = args.arrays.problems[at.g].m;
@@ -218,14 +222,36 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       if (signals) Barrier::arrive(&s.empty[stage]);
     };
 
+    // The stage of the tile's k tile kt, once it is full.
+    const int first_position = k_tiles_before;
+    k_tiles_before += k_tiles;
+    const auto full_stage = [&](int kt) {
+      const RingPosition r = ring_at<kStages>(first_position + kt);
+      Barrier::wait(&s.full[r.stage], r.phase);
+      return r.stage;
+    };
+    // This pair's k tiles: half, half + kPairs, ... (split K; none for pair 1 of a 1-k-tile K,
+    // whose sums stay zero)
+    constexpr int kPairs = T::kPairs;
+    const int own = (k_tiles - half + kPairs - 1) / kPairs;
+    if constexpr (kPairs == 2) {
+      if (own == 0) {
+#pragma unroll
+        for (int i = 0; i < size(accum); ++i) accum(i) = 0.0f;
+        if (hand_sums_to_pair_0(s.partial, accum, half, wg, wg_tid))
+          finish_tile<kTokens, kActivates, false>(args, s.amax[wg], accum, coord, at, m, wg);
+        continue;
+      }
+    }
+
     // One k16 WGMMA per step, at most 4 in flight (CUTLASS's mixed-input pipeline): after issuing
     // block kb, the one issued 3 before it has retired, so block kb + 1 of this k tile (or block 0
-    // of the next) is decoded into the registers that one read. A stage goes back to the producer
-    // once block 3 of its k tile has retired (known after block 2 of the next k tile is issued).
-    Barrier::wait(&s.full[ring.stage], ring.phase);
-    int stage = ring.stage, previous = 0;
-    ring.advance<kStages>();
-    load_scales(stage, 0);
+    // of the pair's next) is decoded into the registers that one read. A stage goes back to the
+    // producer once block 3 of its k tile has retired (known after block 2 of the pair's next k
+    // tile is issued).
+    int kt = half;
+    int stage = full_stage(kt), previous = 0;
+    load_scales(stage, kt);
     decode(stage, 0);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     // The accumulators are fenced only around the k loop: inside it a fence is a use of their
@@ -240,30 +266,28 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
       warpgroup_commit_batch();
       warpgroup_fence_operand(tCrA);
     };
-    for (int kt = 0; kt + 1 < k_tiles; ++kt) {  // every k tile but the last
+    for (int j = 0; j + 1 < own; ++j, kt += kPairs) {  // every k tile of the pair's but the last
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         issue(kb, stage);
         warpgroup_wait<3>();
-        if (kb == 2 && kt > 0) release(previous);  // k tile kt - 1's last block retired
+        if (kb == 2 && j > 0) release(previous);  // the pair's k tile before's last block retired
         if (kb < 3) {
           decode(stage, kb + 1);
         } else {
-          Barrier::wait(&s.full[ring.stage], ring.phase);
           previous = stage;
-          stage = ring.stage;
-          ring.advance<kStages>();
-          load_scales(stage, kt + 1);
+          stage = full_stage(kt + kPairs);
+          load_scales(stage, kt + kPairs);
           decode(stage, 0);
         }
       }
     }
 #pragma unroll
-    for (int kb = 0; kb < 4; ++kb) {  // the last k tile
+    for (int kb = 0; kb < 4; ++kb) {  // the pair's last k tile
       issue(kb, stage);
       if (kb < 3) {
         warpgroup_wait<3>();
-        if (kb == 2 && k_tiles > 1) release(previous);
+        if (kb == 2 && own > 1) release(previous);
         decode(stage, kb + 1);
       }
     }
@@ -271,7 +295,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1) packed_gemm_kernel(Args args)
     warpgroup_fence_operand(accum);
     release(stage);
 
-    finish_tile<kTokens, kActivates, false>(args, s.amax[wg], accum, coord, at, m, wg);
+    bool epilogue = true;  // (pair 0's, under split K)
+    if constexpr (kPairs == 2) epilogue = hand_sums_to_pair_0(s.partial, accum, half, wg, wg_tid);
+    if (epilogue)
+      finish_tile<kTokens, kActivates, false>(args, s.amax[wg], accum, coord, at, m, wg);
   }
 }
 
@@ -322,8 +349,9 @@ constexpr auto kernel_of() {
 }
 
 // Calls f(precision, token rows, activates, e4m3, sends home) with each as a compile-time
-// constant; the E4M3 kernel only for mxfp8's and mxfp4's t16_e4m3 (the constructor refuses it for
-// other precisions), sending home only there and without an epilogue (run() refuses it elsewhere).
+// constant; the E4M3 kernel only for mxfp8's and mxfp4's t16_e4m3, the 16-row decoding tile only
+// for nvfp4's t16 (the constructor refuses them for other precisions); sending home only on the
+// E4M3 tile and without an epilogue (run() refuses it elsewhere).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_home, F f) {
   with_packed_precision(p, [&](auto precision) {
@@ -343,6 +371,10 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_h
             f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
               std::false_type{});
           }
+        } else if (tile == PackedTokenTile::t16) {
+          if constexpr (kP == Precision::nvfp4)
+            f(precision, integral_constant<int, 16>{}, epilogue, std::false_type{},
+              std::false_type{});
         } else if (tile == PackedTokenTile::t64) {
           f(precision, integral_constant<int, 64>{}, epilogue, std::false_type{},
             std::false_type{});
@@ -405,6 +437,11 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
       precision != Precision::mxfp4)
     throw Error(ErrorCode::unsupported,
                 "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 or mxfp4 weights only");
+  if (tile == PackedTokenTile::t16 && precision != Precision::nvfp4)
+    throw Error(
+        ErrorCode::unsupported,
+        "packed grouped GEMM: the 16-row decoding tile (t16) takes nvfp4 weights only (mxfp8 "
+        "and mxfp4 run t16_e4m3)");
   sm_count_ = grid_sms(device, sm_count);
   // Both kernels of an E4M3 FC2 (D, or sending home: run() picks by its `home`)
   for (const bool sends_home : {false, true}) {
@@ -485,7 +522,7 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
         const KernelShape shape{sm_count_, smem_[decltype(sends_home)::value],
                                 decltype(e4m3)::value
                                     ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
-                                    : kGemmThreads};
+                                    : TokenTile<decltype(tokens)::value>::kThreads};
         if constexpr (decltype(e4m3)::value)
           launch_chained(kernel, shape, stream, args, codes_map(weights));
         else

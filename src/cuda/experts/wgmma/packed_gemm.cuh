@@ -51,7 +51,11 @@ using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swi
 // token rows' stages and the ring's depth (as deep as shared memory allows).
 template <int kTokens>
 struct TokenTile {
-  static constexpr int kStages = kTokens == 64 ? 8 : kTokens == 128 ? 7 : 4;
+  static constexpr int kStages = kTokens == 16 ? 12 : kTokens == 64 ? 8 : kTokens == 128 ? 7 : 4;
+  // 16 token rows (nvfp4's decode tile, t16): two pairs of math warpgroups split K, as the E4M3
+  // tile's (e4m3::kSplitK); the wider tiles one pair
+  static constexpr int kPairs = kTokens == 16 ? 2 : 1;
+  static constexpr int kThreads = kProducerThreads + kPairs * 2 * kWarpgroup;
   using Op = decltype(SM90::GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<kTokens>, _64>,
                                                  GMMA::Major::K, GMMA::Major::K>());
   using TiledMma = decltype(make_tiled_mma(Op{}, Layout<Shape<_2, _1, _1>>{}));
@@ -79,6 +83,9 @@ struct Smem {
   int tile_end[kMaxGroups];                 // tiles of groups 0..g, inclusive prefix
   // The activating epilogue's block amax partials: [math warpgroup][token row][warp], |h| bits.
   alignas(16) std::uint32_t amax[kActivates ? 2 : 1][kActivates ? kTokens : 1][4];
+  // split K (kPairs 2): pair 1's sums for pair 0 (hand_sums_to_pair_0)
+  static constexpr int kPartial = TokenTile<kTokens>::kPairs == 2 ? kTokens / 2 : 1;
+  float partial[2][kPartial][kWarpgroup];
 };
 
 using Args = PackedGemmArgs;
@@ -156,6 +163,27 @@ __device__ __forceinline__ void pair_barrier(int id) {  // two warpgroups, ids 5
 template <int kStages>
 __device__ __forceinline__ RingPosition ring_at(int at) {
   return RingPosition{at % kStages, static_cast<std::uint32_t>(at / kStages) & 1u};
+}
+
+// Split K's end of a tile, after both pairs' k loops: pair 1 (half 1) writes its sums into
+// `partial` for pair 0, which adds them (barriers 5 + wg: written; 7 + wg: read, so the next
+// tile's may be written). True for pair 0, which then runs the tile's epilogue.
+template <int kN, class Accum>
+__device__ __forceinline__ bool hand_sums_to_pair_0(float (&partial)[2][kN][kWarpgroup],
+                                                    Accum& accum, int half, int wg, int wg_tid) {
+  static_assert(decltype(size(accum))::value == kN, "a thread's sums");
+  if (half == 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) partial[wg][i][wg_tid] = accum(i);
+    pair_barrier(5 + wg);
+    pair_barrier(7 + wg);
+    return false;
+  }
+  pair_barrier(5 + wg);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) accum(i) += partial[wg][i][wg_tid];
+  pair_barrier(7 + wg);
+  return true;
 }
 
 // An activating FC1's epilogue, per math warpgroup (PackedFc1Epilogue; weight_row's layout): each
@@ -405,7 +433,7 @@ __device__ __forceinline__ GemmStart tile_prefix(S& s, const Args& args) {
 // Every role's start of the bf16-decoding kernel: the ring's barriers initialized (`full`: a noinc
 // arrival per producer thread; `empty`: one per math warpgroup), the previous kernel waited for
 // (plan wrote the problems and pointers), and the tile prefix.
-template <int kStages, int kTokens, class S>
+template <int kStages, int kTokens, int kThreads = kGemmThreads, class S>
 __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
   using Barrier = cutlass::arch::ClusterBarrier;
   if (threadIdx.x == 0) {
@@ -416,7 +444,7 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
     cutlass::arch::fence_barrier_init();
   }
   wait_for_previous_kernel();
-  return tile_prefix<kTokens, kGemmThreads>(s, args);
+  return tile_prefix<kTokens, kThreads>(s, args);
 }
 
 // ---- the E4M3 tile of mxfp8 and mxfp4 (t16_e4m3): E4M3 weights (mxfp4's converted from E2M1)
@@ -788,19 +816,8 @@ __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart
     if (previous >= 0) release(previous);
     if constexpr (kSendsHome)
       if (half == 0 && wg_tid < kTokens) s.homes[parity][wg][wg_tid] = my_home;
-    // Pair 1's sums to pair 0 (barriers 5 + wg: written; 7 + wg: read, so the next tile's may be
-    // written), which adds them and runs the epilogue.
-    if (half == 1) {
-#pragma unroll
-      for (int i = 0; i < size(accum); ++i) s.partial[wg][i][wg_tid] = accum(i);
-      pair_barrier(5 + wg);
-      pair_barrier(7 + wg);
-      continue;
-    }
-    pair_barrier(5 + wg);
-#pragma unroll
-    for (int i = 0; i < size(accum); ++i) accum(i) += s.partial[wg][i][wg_tid];
-    pair_barrier(7 + wg);
+    // Pair 1's sums to pair 0, which runs the epilogue.
+    if (!hand_sums_to_pair_0(s.partial, accum, half, wg, wg_tid)) continue;
     if constexpr (kSendsHome)
       send_sums_home<kTokens>(args.home, s.homes[parity][wg], accum, coord, at, m, n);
     else

@@ -91,7 +91,10 @@ struct PackedGemmArgs {
 // and k32 block, which beats decoding the weights at a few rows per expert and loses from a few
 // tens (core::wgmma_e4m3_tokens picks it per bucket); the other tiles decode the weights to bf16
 // and take bf16 rows.
-enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256 };
+// t16 (nvfp4 only) is the decoding tile at 16 token rows, whose CTA splits K over two pairs of
+// math warpgroups as t16_e4m3's does: NVFP4's 16-wide E4M3 block scales cannot ride an FP8 WGMMA's
+// k32 block, so its few-row tile decodes.
+enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256, t16 };
 
 class PackedGroupedGemm {
  public:

@@ -102,10 +102,10 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   runs_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
     const std::int64_t max_tokens =
         std::min(bucket_max_tokens(bucket), config.shape().max_tokens_per_rank);
-    const bool e4m3 =
-        core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket, k);
+    const bool rows16 =
+        core::wgmma_16_row_tile(config.precision(), config.world(), config.shape(), bucket, k);
     return make_bucket_run(k, device,
-                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), e4m3);
+                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), rows16);
   });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
@@ -115,7 +115,7 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
 WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
-                                                      std::int64_t max_pairs, bool e4m3_tokens) {
+                                                      std::int64_t max_pairs, bool rows16) {
   const int experts = static_cast<int>(problem_.local_experts);
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
@@ -131,7 +131,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
-    const PackedTokenTile tile = e4m3_tokens        ? PackedTokenTile::t16_e4m3
+    const PackedTokenTile rows16_tile =
+        problem_.precision == Precision::nvfp4 ? PackedTokenTile::t16 : PackedTokenTile::t16_e4m3;
+    const PackedTokenTile tile = rows16             ? rows16_tile
                                  : k.block_m == 64  ? PackedTokenTile::t64
                                  : k.block_m == 256 ? PackedTokenTile::t256
                                                     : PackedTokenTile::t128;

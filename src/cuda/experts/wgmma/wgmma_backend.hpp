@@ -24,9 +24,9 @@
 // Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
 // 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
 // bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
-// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's and mxfp4's 64 runs the E4M3
-// tile of 16
-// rows where an expert gets a few rows, core::wgmma_e4m3_tokens); num_sms sizes the GEMMs'
+// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; 64 runs a tile of 16 rows where an
+// expert gets a few rows, core::wgmma_16_row_tile: mxfp8's and mxfp4's the E4M3 tile, nvfp4's the
+// decoding one); num_sms sizes the GEMMs'
 // persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids.
 // with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not
 // read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
@@ -97,10 +97,9 @@ class WgmmaBackend final : public ExpertBackend {
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
-  // `e4m3_tokens`: mxfp8's and mxfp4's block_m 64 runs the E4M3 tile (t16_e4m3,
-  // core::wgmma_e4m3_tokens).
-  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs,
-                            bool e4m3_tokens);
+  // `rows16`: block_m 64 runs the 16-row tile (core::wgmma_16_row_tile: mxfp8's and mxfp4's
+  // t16_e4m3, nvfp4's t16).
+  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs, bool rows16);
   Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
   bool packed() const { return runs_packed(problem_); }
