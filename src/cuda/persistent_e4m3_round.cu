@@ -75,6 +75,9 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       if (blockIdx.x == 0) experts::wgmma::plan_gemms(e, start.skip);
       if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
       grid_barrier(p);
+      // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA
+      // use it through the async proxy from here on
+      cutlass::arch::fence_view_async_shared();
       e4m3::init_ring<kTokens, kE2m1>(s);  // (made visible by the GEMM's tile prefix)
       ring = e4m3::gemm<kTokens, true, kE2m1, false>(fc1, &w13_codes, s, ring);
       grid_barrier(p);
