@@ -59,8 +59,9 @@ void add_layer_options(CLI::App& cmd, Options& o) {
                  "computes exactly); picks the rule outputs are checked with")
       ->capture_default_str();
   cmd.add_flag("--megakernel", o.megakernel,
-               "every round as the persistent round, one launch per forward (CUDA executor, "
-               "--math tensor_core; docs/design.md 4.3)");
+               "every round of a bucket that has one as the persistent round, one launch per "
+               "forward (CUDA executor; --math tensor_core, or wgmma's mxfp8 / mxfp4 E4M3 tile; "
+               "docs/design.md 4.3)");
 }
 
 // The load: routing, idle runs, pacing, and how much of it is checked.
