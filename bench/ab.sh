@@ -8,7 +8,7 @@
 #                                            # by git, so pass it to the device tool as carry,
 #                                            # with .gpu_deps)
 #   bench/ab.sh run [--turns N] [--tests] [--guard FILTER] [--kernel-times "ARGS"] \
-#     -- <epmoe bench arguments>                                        # on the GPU machine
+#     [--new-only "ARGS"] -- <epmoe bench arguments>                    # on the GPU machine
 #
 # `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
 # same time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh
@@ -25,6 +25,8 @@
 # --kernel-times "ARGS": after the turns, bench/kernel_times.sh ARGS on the new build and on base
 # (ARGS: its own, "[--stalls REGEX] -- <epmoe bench arguments for one point>"), into the same
 # ab.tgz.
+# --new-only "ARGS": after the turns, `epmoe bench ARGS` on the new build alone (options the sides
+# do not have, e.g. a path they lack), its JSON and table into the same ab.tgz.
 #   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
 #           --precisions mxfp8,nvfp4 --tokens 1,16,64 --phases --rounds 30
 set -uo pipefail
@@ -54,15 +56,16 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || { sed -n '2,28p' "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n '2,31p' "$0"; exit 2; }
 shift
-turns=2 tests=0 guard="" kernel_times=""
+turns=2 tests=0 guard="" kernel_times="" new_only=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --turns) turns=$2; shift 2 ;;
     --tests) tests=1; shift ;;
     --guard) guard=$2; shift 2 ;;
     --kernel-times) kernel_times=$2; shift 2 ;;
+    --new-only) new_only=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
 done
@@ -145,6 +148,13 @@ for turn in $(seq 1 "$turns"); do
     table "$out/${side}_$turn.txt"
   done
 done
+if [ -n "$new_only" ]; then
+  # shellcheck disable=SC2086  # ARGS is a list of epmoe bench arguments
+  build/ab-new/tools/epmoe bench $new_only --json "$out/new_only.json" >"$out/new_only.txt" 2>&1 ||
+    echo "new only: epmoe bench rc=$?"
+  echo "== new only (at $(elapsed) s)"
+  table "$out/new_only.txt"
+fi
 if [ -n "$kernel_times" ]; then
   for side in new base; do
     # shellcheck disable=SC2086  # ARGS is a list of kernel_times.sh arguments
