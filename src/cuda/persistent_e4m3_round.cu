@@ -22,14 +22,12 @@
 // kernel and the chain alternate round by round in one layer.
 //
 // Written by hand (no CUTLASS) because it is the round itself: its GEMMs are packed_gemm.cuh's.
-#include "cuda/combine_step.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dispatch_step.cuh"
 #include "cuda/experts/wgmma/packed_gemm.cuh"
 #include "cuda/experts/wgmma/steps.cuh"
-#include "cuda/grid_barrier.cuh"
 #include "cuda/persistent_e4m3_round.hpp"
-#include "cuda/route_steps.cuh"
+#include "cuda/persistent_round.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -56,15 +54,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     cute::prefetch_tma_descriptor(&w13_codes);
     cute::prefetch_tma_descriptor(&w2_codes);
   }
-  dispatch_step(p);
-  route_step(p);
-  grid_barrier(p);
-  if (!round_has_pairs(p)) {
-    // No pair arrived on this rank: FC2's frame with no items, so done still goes to every rank.
-    experts::fc2_round(e.step, [](std::uint32_t) {});
-  } else {
-    bucket_step(p);
-    grid_barrier(p);
+  persistent_round(p, e.step, [&] {
     auto& s = experts::wgmma::packed::aligned_smem<RoundSmem<kE2m1>>();
     int ring = 0;  // the CTA's k tiles through the ring: FC2 starts where FC1 left it
     {
@@ -86,8 +76,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     experts::fc2_round(e.step, [&](std::uint32_t) {
       e4m3::gemm<kTokens, false, kE2m1, true>(fc2, &w2_codes, s, ring);
     });
-  }
-  combine_step(p);
+  });
 }
 
 template <class F>

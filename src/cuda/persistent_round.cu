@@ -24,16 +24,14 @@
 // tensor-core backend's, shared with its chain kernels.
 #include <algorithm>
 
-#include "cuda/combine_step.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dispatch_step.cuh"
 #include "cuda/experts.hpp"
 #include "cuda/experts/mma/mma_backend.hpp"
 #include "cuda/experts/mma/steps.cuh"
-#include "cuda/grid_barrier.cuh"
 #include "cuda/persistent_e4m3_round.hpp"
+#include "cuda/persistent_round.cuh"
 #include "cuda/persistent_round.hpp"
-#include "cuda/route_steps.cuh"
 
 namespace epmoe::cuda {
 namespace {
@@ -43,15 +41,7 @@ namespace {
 template <Activation kActivation, Precision P>
 __global__ void __launch_bounds__(kThreads, 2)
     persistent_round_kernel(RoundParams p, experts::mma::Params e) {
-  dispatch_step(p);
-  route_step(p);
-  grid_barrier(p);
-  if (!round_has_pairs(p)) {
-    // No pair arrived on this rank: FC2's frame with no items, so done still goes to every rank.
-    experts::fc2_round(e.step, [](std::uint32_t) {});
-  } else {
-    bucket_step(p);
-    grid_barrier(p);
+  persistent_round(p, e.step, [&] {
     experts::mma::fc1_step<kActivation, P>(e);
     grid_barrier(p);
     if constexpr (!experts::fc1_epilogue_quantizes(P)) {  // NVFP4: the whole h row
@@ -59,8 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       grid_barrier(p);
     }
     experts::mma::fc2_step<P>(e);
-  }
-  combine_step(p);
+  });
 }
 
 // Calls f(kernel, the tile's shared memory bytes) for the problem's activation and precision.

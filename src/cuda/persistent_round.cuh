@@ -1,12 +1,17 @@
-// The persistent round's meeting points (docs/design.md §4.3), shared by its kernels
-// (persistent_round.cu: the tensor-core backend's tiles; persistent_e4m3_round.cu: the wgmma
-// backend's E4M3 tile): the bounded grid barrier, and the one answer every CTA reads after route.
+// The persistent round's frame (docs/design.md §4.3), shared by its kernels (persistent_round.cu:
+// the tensor-core backend's tiles; persistent_e4m3_round.cu: the wgmma backend's E4M3 tile): the
+// bounded grid barrier, the one answer every CTA reads after route, and the round around a
+// backend's expert steps.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/combine_step.cuh"
 #include "cuda/device_common.cuh"
+#include "cuda/dispatch_step.cuh"
+#include "cuda/experts/common.cuh"  // fc2_round
 #include "cuda/kernels.hpp"
+#include "cuda/route_steps.cuh"
 
 namespace epmoe::cuda {
 
@@ -54,6 +59,27 @@ __device__ inline bool round_has_pairs(const RoundParams& p) {
     has_pairs = !round_failed(p.state) && __ldcg(&p.scratch.pair_offset[p.local_experts]) > 0;
   __syncthreads();
   return has_pairs;
+}
+
+// The round around a backend's expert steps, called by every thread of every CTA: dispatch, route
+// and the barrier after it; with no pair arrived on this rank, FC2's frame with no items (done
+// still goes to every rank), else bucket, a barrier and `expert_steps()` (FC1 to FC2, which ends
+// in the done publication); then combine.
+template <class ExpertSteps>
+__device__ __forceinline__ void persistent_round(const RoundParams& p,
+                                                 const experts::ExpertStep& step,
+                                                 ExpertSteps expert_steps) {
+  dispatch_step(p);
+  route_step(p);
+  grid_barrier(p);
+  if (!round_has_pairs(p)) {
+    experts::fc2_round(step, [](std::uint32_t) {});
+  } else {
+    bucket_step(p);
+    grid_barrier(p);
+    expert_steps();
+  }
+  combine_step(p);
 }
 
 }  // namespace epmoe::cuda
