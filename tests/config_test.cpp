@@ -752,11 +752,11 @@ std::pair<int, int> marked(const std::string& d, const std::string& knob, const 
 }
 
 // docs/design.md §5: a knob exists only if the code that runs reads it. token_back, stages and
-// dispatch_warps are read by no code and marked in each of the 4 buckets; num_sms (every chain
-// kernel's grid) and megakernel (the persistent round, or a refusal at creation) are read and
-// unmarked; block_m / block_n are read by the wgmma backend only, so marked under exact and
-// tensor_core; under wgmma bf16 reads both, mxfp8 block_m (the packed GEMM's token rows) but not
-// block_n. No caller-owned field is marked.
+// are read by no code and marked in each of the 4 buckets; num_sms (every chain kernel's grid),
+// dispatch_warps (the dispatch kernel's CTA) and megakernel (the persistent round, or a refusal at
+// creation) are read and unmarked; block_m / block_n are read by the wgmma backend only, so marked
+// under exact and tensor_core; under wgmma bf16 reads both, mxfp8 block_m (the packed GEMM's token
+// rows) but not block_n. No caller-owned field is marked.
 TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
     for (Precision p : {Precision::bf16, Precision::mxfp8}) {
@@ -769,9 +769,9 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
       const std::string not_here =
           std::string(" (not read by expert_math=") + to_string(math) +
           (math == ExpertMath::wgmma ? std::string(" with precision=") + to_string(p) : "") + ")";
-      for (const char* knob : {"token_back=", "stages=", "dispatch_warps="})
+      for (const char* knob : {"token_back=", "stages="})
         EXPECT_EQ(marked(d, knob, not_yet), std::make_pair(4, 4)) << knob << " in " << d;
-      for (const char* knob : {"num_sms=", "megakernel="}) {
+      for (const char* knob : {"num_sms=", "dispatch_warps=", "megakernel="}) {
         EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
         EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
       }
@@ -783,7 +783,7 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
       for (std::size_t at = d.find(" (not read"); at != std::string::npos;
            at = d.find(" (not read", at + 1))
         ++marks;
-      EXPECT_EQ(marks, (3 + (m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
+      EXPECT_EQ(marks, (2 + (m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
       EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
           << "a caller-owned field is marked: " << d;
     }
@@ -857,10 +857,10 @@ TEST(ConfigDescribe, HasAStableFormat) {
       with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
   const std::string knobs =
       "{token_back=epilogue_warps (not read yet) block_m=128 (not read by expert_math=exact) "
-      "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 (not "
-      "read yet) num_sms=100 megakernel=false}";
+      "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 "
+      "num_sms=100 megakernel=false}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/7 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/8 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
             "expert_math=exact "

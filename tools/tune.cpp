@@ -49,6 +49,7 @@ struct TuneOptions {
   std::string num_sms = "0";
   std::string block_m = "64,128,256";
   std::string block_n = "128,256";
+  std::string dispatch_warps;  // empty: each bucket's table value
   std::string megakernel = "auto";
   int warmup = 3;
   int rounds = 20;
@@ -61,6 +62,7 @@ struct TuneOptions {
 // The knob fields a candidate sets; the rest of each bucket's knobs stay the table's.
 struct Candidate {
   std::int32_t block_m = 0, block_n = 0, num_sms = 0;
+  std::int32_t dispatch_warps = 0;  // 0: the table's
   bool megakernel = false;
   std::array<Knobs, kNumTokenBuckets> knobs{};  // what runs, after with_knobs' adjustments
   std::string check = "skipped";
@@ -69,7 +71,8 @@ struct Candidate {
 };
 
 std::string knob_label(const Knobs& k, ExpertMath math) {
-  std::string s = "num_sms=" + std::to_string(k.num_sms);
+  std::string s = "num_sms=" + std::to_string(k.num_sms) +
+                  " dispatch_warps=" + std::to_string(k.dispatch_warps);
   if (math == ExpertMath::wgmma)
     s = "block_m=" + std::to_string(k.block_m) + " block_n=" + std::to_string(k.block_n) + " " + s;
   if (k.megakernel) s += " megakernel=true";
@@ -86,6 +89,7 @@ LayerConfig apply(const LayerConfig& config, const Candidate& c) {
     k.block_m = c.block_m;
     k.block_n = c.block_n;
     k.num_sms = c.num_sms;
+    if (c.dispatch_warps > 0) k.dispatch_warps = c.dispatch_warps;
     k.megakernel = false;
     out = with_knobs(out, k, bucket);
     if (c.megakernel && has_persistent_round(out, bucket)) {
@@ -160,24 +164,29 @@ int tune(const TuneOptions& o) {
   // given.
   const std::vector<bool> megakernels =
       parse_megakernel_values(o.megakernel, options.expert_math == ExpertMath::tensor_core);
+  const std::vector<std::int32_t> dws =
+      o.dispatch_warps.empty() ? std::vector<std::int32_t>{0}
+                               : parse_knob_values(o.dispatch_warps, "--dispatch-warps");
   std::vector<Candidate> candidates;
   for (std::int32_t sms : parse_knob_values(o.num_sms, "--num-sms"))
-    for (std::int32_t m : ms)
-      for (std::int32_t n : ns)
-        for (const bool mk : megakernels) {
-          Candidate c;
-          c.block_m = m;
-          c.block_n = n;
-          c.num_sms = sms;
-          c.megakernel = mk;
-          const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
-          for (int b = 0; b < kNumTokenBuckets; ++b)
-            c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
-          c.p50.fill(kNaN);
-          const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                        [&](const Candidate& d) { return d.knobs == c.knobs; });
-          if (!seen) candidates.push_back(c);
-        }
+    for (std::int32_t dw : dws)
+      for (std::int32_t m : ms)
+        for (std::int32_t n : ns)
+          for (const bool mk : megakernels) {
+            Candidate c;
+            c.block_m = m;
+            c.block_n = n;
+            c.num_sms = sms;
+            c.dispatch_warps = dw;
+            c.megakernel = mk;
+            const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
+            for (int b = 0; b < kNumTokenBuckets; ++b)
+              c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
+            c.p50.fill(kNaN);
+            const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                          [&](const Candidate& d) { return d.knobs == c.knobs; });
+            if (!seen) candidates.push_back(c);
+          }
 
   std::printf("epmoe tune: %s, precision %s, world %d, expert_math %s, combine %s; executor %s\n",
               model.label().c_str(), o.precision.c_str(), o.ranks, o.math.c_str(),
@@ -322,7 +331,8 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
       "time the knob candidates of one layer on the ranks at hand and write the winners per token "
       "bucket as a knob file (load it with $EPMOE_KNOB_FILE)");
   cmd->footer(
-      "Candidates: every combination of --num-sms, and under --math wgmma --block-m x --block-n, "
+      "Candidates: every combination of --num-sms, --dispatch-warps (if given), and under --math "
+      "wgmma --block-m x --block-n, "
       "applied with\nwith_knobs (duplicates after its adjustments dropped). Each is checked once "
       "against the emulating\nreference, then each T of --tokens (one per bucket) is timed; the "
       "lowest p50 of the slowest rank wins\nits bucket. docs/tuning.md#epmoe-tune. Exit status: 0 "
@@ -349,6 +359,10 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
   cmd->add_option("--block-m", o->block_m, "comma list of block_m candidates (wgmma)")
       ->capture_default_str();
   cmd->add_option("--block-n", o->block_n, "comma list of block_n candidates (wgmma)")
+      ->capture_default_str();
+  cmd->add_option("--dispatch-warps", o->dispatch_warps,
+                  "comma list of dispatch_warps candidates (1..16: the dispatch kernel's warps per "
+                  "CTA); empty: each bucket's table value")
       ->capture_default_str();
   cmd->add_option("--megakernel", o->megakernel,
                   "comma list of megakernel candidates (true, false), or auto: both under "

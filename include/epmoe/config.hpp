@@ -103,15 +103,15 @@ const char* to_string(TokenBucket b);
 // them (docs/tuning.md#knobs): the CUDA executor picks each forward's bucket from T on the host and
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
-//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles (bf16 layers).
-// token_back, stages and dispatch_warps are read by no code: they are reserved for the persistent
-// kernel's warp roles and planned GEMMs, validated, adjusted by with_knobs and compared across
-// ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile exact and
-// tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
-// with tensor_core, whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many
-// stages as fit (CUTLASS's automatic carveout), dispatch uses all 8 warps of each of its CTAs, and
-// FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel). The CPU executor reads
-// no knob.
+//   dispatch_warps     every expert math: the chain's dispatch kernel's warps per CTA, and
+//   block_m, block_n   expert_math=wgmma only: its GEMMs' tiles.
+// token_back and stages are read by no code: they are reserved for the persistent kernel's warp
+// roles and planned GEMMs, validated, adjusted by with_knobs and compared across ranks, and change
+// nothing but describe(), which marks them "(not read yet)". Meanwhile exact and tensor_core run
+// fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4 with tensor_core,
+// whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many stages as fit
+// (CUTLASS's automatic carveout), and FC2 rows go home from the FC2 tile itself (wgmma: from its
+// home kernel, or from the E4M3 tile's FC2). The CPU executor reads no knob.
 struct Knobs {
   // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
   // warps from a staging pool, or stored by the epilogue).
@@ -132,7 +132,9 @@ struct Knobs {
   // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8, 7 or 4 by its token rows); a
   // StageCount<N> per value would multiply its instantiations, so it has none.
   std::int32_t stages = 4;
-  // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
+  // read by the CUDA executor: warps per CTA of the chain's dispatch kernel, which quantizes each
+  // token's row and pushes it to its owner ranks (a CTA per token at a time): 1..16. (The
+  // persistent round's dispatch step runs on its kernel's CTAs.)
   std::int32_t dispatch_warps = 4;
   // read by the CUDA executor: every kernel of the chain gets a grid of as many CTAs as fit at once
   // on min(num_sms, the device's SMs), and wgmma's GEMMs that many persistent CTAs; 0 = all SMs.

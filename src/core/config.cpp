@@ -139,7 +139,7 @@ std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
   s += " block_m=" + std::to_string(k.block_m) + block_m_mark;
   s += " block_n=" + std::to_string(k.block_n) + block_n_mark;
   s += " stages=" + std::to_string(k.stages) + not_read_mark;
-  s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + not_read_mark;
+  s += " dispatch_warps=" + std::to_string(k.dispatch_warps);
   s += " num_sms=" + std::to_string(k.num_sms);
   s += k.megakernel ? " megakernel=true" : " megakernel=false";
   return s;
@@ -285,7 +285,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/7";
+  std::string s = "epmoe.config/8";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);

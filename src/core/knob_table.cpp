@@ -104,22 +104,6 @@ constexpr std::int64_t representative_tokens(TokenBucket bucket) {
 // their grids from the device they run on.
 constexpr std::int64_t kTypicalSms = 132;
 
-std::int64_t bytes_per_element_x2(Precision precision) {  // ×2 so that nvfp4 stays integral
-  switch (precision) {
-    case Precision::bf16:
-      return 4;
-    case Precision::mxfp8:
-      return 2;
-    case Precision::nvfp4:
-      return 1;
-    case Precision::fp8_block128:
-      return 2;
-    case Precision::mxfp4:
-      return 1;
-  }
-  return 4;
-}
-
 // Rows one expert receives per round of `bucket` with balanced routing: every rank sends T·K/E
 // (T: the bucket's representative_tokens). Clamped to make_config's limits so that any shape (also
 // an invalid one) gets a value in range.
@@ -160,15 +144,10 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
   // Few local experts in a weight-bound bucket: FC2 has N = H per expert, and 128-wide tiles may
   // not give every SM a tile (mixtral at EP2+ has 2 or fewer local experts with H/128 = 32 tiles).
   if (k.block_m == 64 && local_experts * (hidden / 128) < kTypicalSms) k.block_n = 64;
-  // Dispatch warps: more rows per round need more warps pushing them; long rows too (>= 8 KiB on
-  // the wire, e.g. H 4096 in bf16). At world 1 rows only go to the local buffer, no NVLink.
-  std::int32_t warps = 2;
-  if (bucket == TokenBucket::small) warps = 4;
-  if (large_tokens) warps = 8;
-  if (hidden * bytes_per_element_x2(precision) / 2 >= 8192) warps *= 2;
-  if (w == 1) warps = std::min(warps, 4);
-  k.dispatch_warps =
-      std::clamp(warps, kKnobSpace.min_dispatch_warps, kKnobSpace.max_dispatch_warps);
+  // Dispatch warps: 8, the dispatch kernel's CTA before the knob was read, in every bucket until a
+  // measurement says otherwise (epmoe tune --dispatch-warps). Each CTA quantizes a token's row (a
+  // warp per MX block, so fewer warps take longer per row) and pushes it to its owners.
+  k.dispatch_warps = 8;
   // token_back: at medium/prefill sizes, storing FC2 rows over NVLink from the epilogue stalls the
   // tensor-core pipeline; the dispatch warps are idle by then and ship the rows instead. In decode
   // the extra staging hop only adds latency to a handful of rows, and at world 1 nothing crosses

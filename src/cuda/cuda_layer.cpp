@@ -89,8 +89,8 @@ class CudaLayer final : public LayerImpl {
       // (I5); forward picks the bucket of its T.
       for (int b = 0; b < kNumTokenBuckets; ++b) {
         const auto bucket = static_cast<TokenBucket>(b);
-        chain_[b] =
-            round_shapes(base_, device_, config.knobs(bucket).num_sms, bucket_max_tokens(bucket));
+        chain_[b] = round_shapes(base_, device_, config.knobs(bucket).num_sms,
+                                 config.knobs(bucket).dispatch_warps, bucket_max_tokens(bucket));
       }
       // The persistent round for the buckets whose knobs ask for it (Knobs::megakernel).
       for (int b = 0; b < kNumTokenBuckets; ++b) {

@@ -116,8 +116,9 @@ void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStr
 }
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
-// counts to every rank.
-KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms);
+// counts to every rank. `warps` per CTA: Knobs::dispatch_warps (1..kMaxDispatchWarps).
+inline constexpr int kMaxDispatchWarps = 16;
+KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms, int warps);
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // Steps 4-6: wait for every count, run the expert backend's FC1 -> SwiGLU -> FC2 on every arrived
@@ -149,11 +150,11 @@ struct RoundShapes {
   ExpertShapes experts;
   KernelShape combine;
 };
-inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms,
+inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms, int dispatch_warps,
                                 std::int64_t max_tokens) {
   const RoundGridCaps caps = round_grid_caps(max_tokens, p.world, kThreads);
   const ExpertShapes experts = experts_shape(p, device, num_sms);
-  return RoundShapes{at_most(dispatch_shape(p, device, num_sms), caps.per_token),
+  return RoundShapes{at_most(dispatch_shape(p, device, num_sms, dispatch_warps), caps.per_token),
                      ExpertShapes{at_most(experts.route, caps.per_row),
                                   at_most(experts.bucket, caps.per_row_thread)},
                      at_most(combine_shape(p, device, num_sms), caps.per_token)};
