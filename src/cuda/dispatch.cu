@@ -10,15 +10,17 @@
 namespace epmoe::cuda {
 namespace {
 
-__global__ void __launch_bounds__(kMaxDispatchWarps * 32) dispatch_kernel(RoundParams p) {
+__global__ void __launch_bounds__(kKnobSpace.max_dispatch_warps * 32)
+    dispatch_kernel(RoundParams p) {
   dispatch_step(p);
 }
 
 }  // namespace
 
 KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms, int warps) {
-  return occupancy_shape(dispatch_kernel, dispatch_smem(p), device, num_sms,
-                         32 * std::clamp(warps, 1, kMaxDispatchWarps));
+  return occupancy_shape(
+      dispatch_kernel, dispatch_smem(p), device, num_sms,
+      32 * std::clamp(warps, kKnobSpace.min_dispatch_warps, kKnobSpace.max_dispatch_warps));
 }
 
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream) {

@@ -116,8 +116,7 @@ void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStr
 }
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
-// counts to every rank. `warps` per CTA: Knobs::dispatch_warps (1..kMaxDispatchWarps).
-inline constexpr int kMaxDispatchWarps = 16;
+// counts to every rank. `warps` per CTA: Knobs::dispatch_warps (kKnobSpace's range).
 KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms, int warps);
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
