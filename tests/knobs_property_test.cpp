@@ -103,11 +103,23 @@ bool same_caller_fields(const LayerConfig& a, const LayerConfig& b) {
          oa.mxfp8_scale_rounding == ob.mxfp8_scale_rounding && oa.expert_math == ob.expert_math;
 }
 
+// token_back names a mode the bucket does not run: exact and tensor_core ship FC2's rows from the
+// epilogue, wgmma from its home kernel but where the bucket runs the E4M3 tile (either mode; its
+// persistent round, megakernel=true, from FC2's epilogue).
+bool token_back_conflicts(const Knobs& k, Precision p, int world, const LayerShape& shape,
+                          TokenBucket b, const LayerOptions& o) {
+  if (o.expert_math != ExpertMath::wgmma) return k.token_back != TokenBack::epilogue_warps;
+  if (!core::wgmma_e4m3_tokens(p, world, shape, b, k))
+    return k.token_back != TokenBack::dispatch_warps;
+  return k.megakernel && k.token_back != TokenBack::epilogue_warps;
+}
+
 // The conflict rules every knob set a launch may see must satisfy; empty when all hold.
-std::string conflict(const Knobs& k, Precision p, const LayerShape& shape, const LayerOptions& o) {
+std::string conflict(const Knobs& k, Precision p, int world, const LayerShape& shape, TokenBucket b,
+                     const LayerOptions& o) {
   if (!core::in_knob_space(k)) return "outside kKnobSpace";
-  if (k.token_back == TokenBack::dispatch_warps && o.combine == Combine::in_kernel_reduce) {
-    return "token_back=dispatch_warps with combine=in_kernel_reduce";
+  if (token_back_conflicts(k, p, world, shape, b, o)) {
+    return std::string("token_back=") + to_string(k.token_back) + " is not the bucket's mode";
   }
   if (core::shared_memory_bytes(p, k) > kMaxSharedMemoryBytes) return "shared memory overflows";
   if (k.block_n > std::max<std::int64_t>(kKnobSpace.block_n.front(), 2 * shape.intermediate)) {
@@ -166,7 +178,8 @@ TEST_P(WithKnobsProperty,
               if (!(out == base.knobs(b))) fail("changed a bucket it was not applied to", out);
               continue;
             }
-            if (const std::string c = conflict(out, precision, shape, options); !c.empty()) {
+            if (const std::string c = conflict(out, precision, world, shape, b, options);
+                !c.empty()) {
               fail("result breaks a rule: " + c, out);
             }
             // Minimal adjustment: only conflicting knobs move, and only downwards, except onto
@@ -182,13 +195,19 @@ TEST_P(WithKnobsProperty,
                 wgmma ? out.block_m == wgmma_block_m : out.block_m == in.block_m;
             const bool block_n_ok =
                 out.block_n <= in.block_n || (wgmma && in.block_n == 64 && out.block_n == 128);
+            // token_back moves only where the input's names a mode the bucket (on the result's
+            // tile) does not run
+            Knobs in_token_back = out;
+            in_token_back.token_back = in.token_back;
+            const bool token_back_ok =
+                out.token_back == in.token_back ||
+                token_back_conflicts(in_token_back, precision, world, shape, b, options);
             if (!block_m_ok || !block_n_ok || out.dispatch_warps != in.dispatch_warps ||
                 out.num_sms != in.num_sms || out.megakernel != in.megakernel ||
-                out.stages > in.stages ||
-                (out.token_back != in.token_back && options.combine != Combine::in_kernel_reduce)) {
+                out.stages > in.stages || !token_back_ok) {
               fail("adjusted a knob that did not conflict", out);
             }
-            if (conflict(in, precision, shape, options).empty() && !(out == in)) {
+            if (conflict(in, precision, world, shape, b, options).empty() && !(out == in)) {
               fail("changed conflict-free knobs", out);
             }
           }
@@ -221,7 +240,7 @@ TEST(DefaultKnobTable, RealShapesAtEveryWorldBucketAndPrecisionAreInsideKnobSpac
       for (Precision p : kPrecisions) {
         for (TokenBucket b : kBuckets) {
           const Knobs k = default_knobs(p, world, m.layer_shape(8192), b);
-          EXPECT_EQ(conflict(k, p, m.layer_shape(8192), LayerOptions{}), "")
+          EXPECT_EQ(conflict(k, p, world, m.layer_shape(8192), b, LayerOptions{}), "")
               << m.name << " world " << world << " " << to_string(p) << " " << to_string(b) << " "
               << show(k);
         }
@@ -253,7 +272,7 @@ TEST(DefaultKnobTable, MakeConfigKnobsAreConflictFreeForEveryCallerChoice) {
         for (const LayerOptions& o : every_caller_choice()) {
           const LayerConfig c = make_config(shape, p, 0, world, o);
           for (TokenBucket b : kBuckets) {
-            EXPECT_EQ(conflict(c.knobs(b), p, shape, o), "") << c.describe();
+            EXPECT_EQ(conflict(c.knobs(b), p, world, shape, b, o), "") << c.describe();
           }
         }
       }

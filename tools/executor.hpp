@@ -52,6 +52,18 @@ inline LayerConfig with_megakernel_everywhere(const LayerConfig& config) {
   }
   return out;
 }
+// `--token-back` (bench): `mode` asked of every token bucket, which with_knobs keeps where the
+// bucket runs either mode (wgmma's E4M3 tile) and moves onto the bucket's one mode elsewhere.
+inline LayerConfig with_token_back_everywhere(const LayerConfig& config, TokenBack mode) {
+  LayerConfig out = config;
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    const auto bucket = static_cast<TokenBucket>(b);
+    Knobs k = out.knobs(bucket);
+    k.token_back = mode;
+    out = with_knobs(out, k, bucket);
+  }
+  return out;
+}
 inline void check_megakernel_backend(bool megakernel, Backend backend) {
   if (megakernel && backend != Backend::cuda_nccl)
     throw Error(ErrorCode::invalid_argument,

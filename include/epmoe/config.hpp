@@ -65,6 +65,7 @@ Precision parse_precision(const std::string& name, const char* what = "precision
 Combine parse_combine(const std::string& name, const char* what = "combine");
 ExpertMath parse_expert_math(const std::string& name, const char* what = "expert_math");
 Activation parse_activation(const std::string& name, const char* what = "activation");
+TokenBack parse_token_back(const std::string& name, const char* what = "token_back");
 
 // Caller-owned choices. Nothing here is ever changed by tuning.
 struct LayerOptions {
@@ -104,17 +105,22 @@ const char* to_string(TokenBucket b);
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
 //   dispatch_warps     every expert math: the chain's dispatch kernel's warps per CTA, and
+//   token_back         who ships FC2's rows home, where a bucket runs either mode (wgmma's E4M3
+//                      tile); make_config and with_knobs set every other bucket's to its one mode,
 //   block_m, block_n   expert_math=wgmma only: its GEMMs' tiles.
-// token_back and stages are read by no code: they are reserved for the persistent kernel's warp
-// roles and planned GEMMs, validated, adjusted by with_knobs and compared across ranks, and change
-// nothing but describe(), which marks them "(not read yet)". Meanwhile exact and tensor_core run
-// fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4 with tensor_core,
-// whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many stages as fit
-// (CUTLASS's automatic carveout), and FC2 rows go home from the FC2 tile itself (wgmma: from its
-// home kernel, or from the E4M3 tile's FC2). The CPU executor reads no knob.
+// stages is read by no code: it is reserved for planned GEMMs, validated, adjusted by with_knobs
+// and compared across ranks, and changes nothing but describe(), which marks it "(not read yet)".
+// Meanwhile exact and tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages
+// in exact math, 4 with tensor_core, whose narrow form for chunks of at most 16 rows takes 5 to 8)
+// and wgmma as many stages as fit (CUTLASS's automatic carveout). The CPU executor reads no knob.
 struct Knobs {
-  // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
-  // warps from a staging pool, or stored by the epilogue).
+  // who ships FC2's rows home. epilogue_warps: the FC2 tile's epilogue stores each row into its
+  // home rank's window (exact and tensor_core always, chain and persistent round); dispatch_warps:
+  // FC2 leaves its rows in a local fp32 staging pool that copy warps ship home afterwards (wgmma's
+  // home kernel: always for bf16, fp8_block128, nvfp4 and the packed GEMM's decoding tiles).
+  // wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows) reads it and runs either;
+  // its persistent round (megakernel=true) sends from FC2's epilogue. with_knobs moves it onto
+  // the mode a bucket runs.
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64, 128
   // or 256. wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates)
@@ -181,9 +187,9 @@ class LayerConfig {
   std::size_t workspace_bytes() const;
 
   // A stable one-line description, compared across ranks at layer creation. Knobs that no code
-  // reads are marked "(not read yet)", and block_m / block_n "(not read by expert_math=...)" under
-  // exact and tensor_core (under wgmma: block_n for every precision but bf16, block_m too for
-  // fp8_block128).
+  // reads are marked "(not read yet)" (stages), and block_m / block_n "(not read by
+  // expert_math=...)" under exact and tensor_core (under wgmma: block_n for every precision but
+  // bf16, block_m too for fp8_block128).
   std::string describe() const;
 
  private:
@@ -217,7 +223,8 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
 // Whether `bucket`'s rounds can run as the persistent round (Knobs::megakernel, docs/design.md
 // §4.3) on the CUDA executor: always under expert_math=tensor_core; under wgmma where the bucket
 // runs mxfp8's or mxfp4's E4M3 tile (its block_m 64 and at most 16 rows per expert when routing is
-// balanced: docs/tuning.md); never under exact. A layer refuses megakernel=true elsewhere.
+// balanced: docs/tuning.md; there with_knobs makes token_back epilogue_warps, as the persistent
+// round's FC2 sends home); never under exact. A layer refuses megakernel=true elsewhere.
 bool has_persistent_round(const LayerConfig& config, TokenBucket bucket);
 
 // Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,18 @@ bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, 
 bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
 
+// token_back's modes: where FC2's rows are written. epilogue_warps: the FC2 tile's epilogue stores
+// each row into its home rank's window; dispatch_warps: FC2 leaves its rows in a local fp32 staging
+// pool and copy warps ship them home afterwards (the wgmma chain's home kernel). The one mode a
+// bucket's expert math runs, or nullopt where it runs either:
+//   exact, tensor_core (the chain and the persistent round): epilogue_warps, their FC2 tiles send
+//     home;
+//   wgmma: dispatch_warps (CUTLASS's GEMMs and the packed GEMM's decoding tiles end in fp32), but
+//     in the E4M3 tile's buckets (wgmma_e4m3_tokens), whose FC2 does either.
+std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
+                                         TokenBucket bucket, const LayerOptions& options,
+                                         const Knobs& knobs);
+
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
 // fp8_block128, whose E4M3 blockwise GEMM ships 128 x 128 x 128 only). block_m 128 runs the
@@ -89,15 +102,18 @@ std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "
 
 // Adjusts in-space knobs where they conflict with caller-owned fields or with the hardware; never
 // throws for in-space knobs and changes nothing that does not conflict:
-//   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
 //     -> 128 (64 stays where wgmma_has_64_row_tile, 256 where wgmma_has_256_row_tile), block_n
 //     64 -> 128, and 256 -> 128 for fp8_block128;
 //   * block_n halved while the tile does not fit kMaxSharedMemoryBytes at the fewest stages
-//     (256 x 256), then stages reduced until shared_memory_bytes fits.
+//     (256 x 256), then stages reduced until shared_memory_bytes fits;
+//   * token_back -> the bucket's one mode where it has one (only_token_back, after the tile moves),
+//     and epilogue_warps where megakernel=true runs wgmma's persistent E4M3 round (its FC2 sends
+//     home).
 // `notes` (may be null) receives one line per change, for logs.
-Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
-                   const LayerOptions& options, std::vector<std::string>* notes = nullptr);
+Knobs adjust_knobs(const Knobs& knobs, Precision precision, int world, const LayerShape& shape,
+                   TokenBucket bucket, const LayerOptions& options,
+                   std::vector<std::string>* notes = nullptr);
 
 }  // namespace epmoe::core

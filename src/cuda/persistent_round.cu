@@ -69,7 +69,12 @@ decltype(auto) with_kernel(const experts::ExpertProblem& problem, F f) {
 std::string PersistentRound::cannot_run(const experts::ExpertBackend& backend, TokenBucket bucket) {
   if (dynamic_cast<const experts::mma::MmaBackend*>(&backend) != nullptr) return {};
   if (const auto* w = dynamic_cast<const experts::wgmma::WgmmaBackend*>(&backend)) {
-    if (w->runs_e4m3_tile(bucket)) return {};
+    if (w->runs_e4m3_tile(bucket) && w->fc2_sends_home(bucket)) return {};
+    if (w->runs_e4m3_tile(bucket))  // with_knobs gives megakernel=true epilogue_warps there
+      return std::string(
+                 "the wgmma backend's persistent round sends FC2's rows home from its "
+                 "epilogue, and knobs.") +
+             to_string(bucket) + ".token_back is dispatch_warps; use epilogue_warps";
     return std::string(
                "the wgmma backend has a persistent round only for mxfp8's and mxfp4's "
                "E4M3 tile (knobs.") +

@@ -64,11 +64,11 @@ using Outputs = std::map<std::pair<int, std::int64_t>, std::vector<std::uint16_t
 // Every round of kTokenCounts on every rank of a cluster built with `tune`; each output checked
 // against the reference with the layer's rule. Returns the outputs by (rank, T).
 Outputs run_rounds(const LayerShape& shape, Precision p, ExpertMath math, const Cluster::Tune& tune,
-                   const std::string& what) {
+                   const std::string& what, Combine combine = Combine::staged) {
   const int world = test::gpus_up_to(2);
   LayerOptions options;
   options.expert_math = math;
-  options.combine = Combine::staged;
+  options.combine = combine;
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(shape, 41);
   Cluster cluster(shape, p, options, world, weights, Backend::cuda_nccl, {}, tune);
@@ -202,6 +202,37 @@ TEST(GpuKnobs, PackedPrecisionsRun16RowTilesOnFewRowsEachMatchingTheReference) {
                  std::string(to_string(p)) + " block_m=" + std::to_string(rows));
     }
     run_rounds(kShape, p, ExpertMath::wgmma, {}, std::string(to_string(p)) + " default knobs");
+  }
+}
+
+// token_back in the E4M3 tile's buckets (mxfp8 and mxfp4, block_m 64; kShape's decode bucket):
+// epilogue_warps, FC2's epilogue sends each row home (no home kernel), and dispatch_warps, FC2
+// stores fp32 rows that the home kernel ships. Both match the reference under both combines and,
+// staged, give the same bits (each result is bf16(sum + b2) of the same fp32 sum: mxfp8's and
+// mxfp4's weights have no per-expert factor, so the home kernel's unscaling multiplies by 1; the
+// in-kernel reduce's atomic adds have no fixed order).
+TEST(GpuKnobs, E4m3TileSendsHomeFromFc2OrFromTheHomeKernelWithTheSameBits) {
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+    LayerOptions options;
+    options.expert_math = ExpertMath::wgmma;
+    const LayerConfig base = make_config(kShape, p, 0, 1, options);
+    ASSERT_TRUE(has_persistent_round(base, TokenBucket::decode)) << "decode runs the E4M3 tile";
+    Outputs out[2];
+    for (const TokenBack mode : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+      const Knobs k = knobs_with(kShape, p, [mode](Knobs& kn) {
+        kn.block_m = 64;
+        kn.token_back = mode;
+      });
+      const LayerConfig tuned = with_knobs(base, k);
+      EXPECT_EQ(tuned.knobs(TokenBucket::decode).token_back, mode);
+      const std::string what = std::string(to_string(p)) + " token_back=" + to_string(mode);
+      out[static_cast<int>(mode)] = run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k), what);
+      run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k), what + " in_kernel_reduce",
+                 Combine::in_kernel_reduce);
+    }
+    expect_same_bits(out[0], out[1],
+                     std::string(to_string(p)) + ": FC2 sending home against the home kernel");
   }
 }
 

@@ -48,7 +48,8 @@ using Bf16 = cutlass::bfloat16_t;
 using Atom = GMMA::Layout_K_SW128_Atom<Bf16>;  // 8 rows x 64 bf16, 128-byte swizzle
 
 // What the token tile (WGMMA's N: 64, 128 or 256 token rows, PackedTokenTile) sets: the WGMMA, the
-// token rows' stages and the ring's depth (as deep as shared memory allows).
+// token rows' stages and the ring's depth (as deep as shared memory allows for 64, 128 and 256;
+// 16 rows take 12, the E4M3 tile's depth, of about 24 that would fit: deeper is unmeasured).
 template <int kTokens>
 struct TokenTile {
   static constexpr int kStages = kTokens == 16 ? 12 : kTokens == 64 ? 8 : kTokens == 128 ? 7 : 4;

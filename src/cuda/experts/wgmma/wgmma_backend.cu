@@ -151,6 +151,8 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();
+    run.fc2_sends_home =
+        tile == PackedTokenTile::t16_e4m3 && k.token_back == TokenBack::epilogue_warps;
   } else {
     const Bf16Tile tile = bf16_tile(k);
     const auto gemm = [&](int n, int kk) {
@@ -199,10 +201,10 @@ bool WgmmaBackend::runs_e4m3_tile(TokenBucket bucket) const {
 }
 
 WgmmaBackend::E4m3Round WgmmaBackend::e4m3_round(const ExpertStep& step, TokenBucket bucket) const {
-  if (!runs_e4m3_tile(bucket))
-    throw Error(ErrorCode::internal, std::string("wgmma backend: bucket ") + to_string(bucket) +
-                                         " does not run the E4M3 tile");
   const BucketRun& run = runs_[bucket_index(bucket)];
+  if (!runs_e4m3_tile(bucket) || !run.fc2_sends_home)
+    throw Error(ErrorCode::internal, std::string("wgmma backend: bucket ") + to_string(bucket) +
+                                         " does not run the E4M3 tile with FC2 sending home");
   const Params p = params(step, run);
   const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
   return E4m3Round{p, run.packed_fc1->args(p.packed_weights.w13),
@@ -291,7 +293,7 @@ void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   const Params p = params(step, run);
-  if (p.packed() && p.packed_e4m3) {  // the E4M3 tile's FC2 sends the results home itself
+  if (run.fc2_sends_home) {  // the E4M3 tile's FC2 sends the results home itself
     const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
     run.packed_fc2->run(p.packed_weights.w2, stream, &home);
     return;

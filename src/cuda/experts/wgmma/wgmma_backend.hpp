@@ -7,7 +7,8 @@
 // packed in their format into shared memory, exactly, for each k tile.
 // A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
 // activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates), three where FC2
-// also sends home (mxfp8's and mxfp4's E4M3 tile, PackedFc2Home: no home kernel):
+// also sends home (mxfp8's and mxfp4's E4M3 tile with token_back=epilogue_warps, PackedFc2Home:
+// no home kernel):
 //   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
 //             arrays; every CTA: each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
@@ -21,16 +22,17 @@
 // activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
 // layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
 // the rows' codes straight from the wire). Each takes the format's bytes.
-// Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
-// 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
-// bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
-// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; 64 runs a tile of 16 rows where an
-// expert gets a few rows, core::wgmma_16_row_tile: mxfp8's and mxfp4's the E4M3 tile, nvfp4's the
-// decoding one); num_sms sizes the GEMMs'
-// persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids.
-// with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not
-// read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
-// share their GEMMs.
+// Knobs, per token bucket: token_back picks, in the E4M3 tile's buckets, whether its FC2 sends the
+// rows home (epilogue_warps) or leaves them to the home kernel (dispatch_warps); block_n = 256 runs
+// bf16's FC2 GEMM on 128 x 256 tiles, anything else on 128 x 128 (E4M3: always 128 x 128; the
+// packed GEMM: always 128 weight rows); block_m picks bf16's activating FC1's tile (GluTile: 64 x
+// 128 ping-pong or 128 x 128 cooperative) and the packed GEMM's token rows (PackedTokenTile: 64,
+// 128 or 256; 64 runs a tile of 16 rows where an expert gets a few rows, core::wgmma_16_row_tile:
+// mxfp8's and mxfp4's the E4M3 tile, nvfp4's the decoding one); num_sms sizes the GEMMs' persistent
+// grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs
+// already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not read
+// (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count share
+// their GEMMs.
 #pragma once
 
 #include <memory>
@@ -73,13 +75,18 @@ class WgmmaBackend final : public ExpertBackend {
 
   // The persistent round (docs/design.md §4.3) runs a bucket's E4M3 tile (mxfp8 and mxfp4 where
   // core::wgmma_e4m3_tokens holds: runs_e4m3_tile) in its own kernel, with plan_gemms and
-  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home.
+  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home (the
+  // bucket's token_back is epilogue_warps: with_knobs sets it where megakernel=true).
   struct E4m3Round {
     Params params;
     PackedGemmArgs fc1, fc2;
     CUtensorMap w13_codes, w2_codes;  // the weights' TMA descriptors
   };
   bool runs_e4m3_tile(TokenBucket bucket) const;
+  // and its FC2 sends home (token_back=epilogue_warps), as the persistent round's does
+  bool fc2_sends_home(TokenBucket bucket) const {
+    return runs_[bucket_index(bucket)].fc2_sends_home;
+  }
   E4m3Round e4m3_round(const ExpertStep& step, TokenBucket bucket) const;
   const ExpertProblem& problem() const { return problem_; }
 
@@ -94,6 +101,8 @@ class WgmmaBackend final : public ExpertBackend {
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
     const PackedGroupedGemm* packed_fc1 = nullptr;
     const PackedGroupedGemm* packed_fc2 = nullptr;
+    // the E4M3 tile's FC2 sends its rows home (token_back=epilogue_warps): no home kernel
+    bool fc2_sends_home = false;
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
