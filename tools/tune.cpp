@@ -61,11 +61,14 @@ struct TuneOptions {
 };
 
 // The knob fields a candidate sets; the rest of each bucket's knobs stay the table's.
-struct Candidate {
+struct Asked {
   std::int32_t block_m = 0, block_n = 0, num_sms = 0;
   std::int32_t dispatch_warps = 0;      // 0: the table's
   std::optional<TokenBack> token_back;  // empty: the table's
   bool megakernel = false;
+};
+struct Candidate {
+  Asked asked;
   std::array<Knobs, kNumTokenBuckets> knobs{};  // what runs, after with_knobs' adjustments
   std::string check = "skipped";
   std::array<double, kNumTokenBuckets> p50{};  // NaN where the bucket was not timed
@@ -84,7 +87,7 @@ std::string knob_label(const Knobs& k, ExpertMath math) {
 
 // `config` with the candidate's fields in every bucket (the bucket's other knobs kept); megakernel
 // only where the bucket, with the candidate's tile, has a persistent round (has_persistent_round).
-LayerConfig apply(const LayerConfig& config, const Candidate& c) {
+LayerConfig apply(const LayerConfig& config, const Asked& c) {
   LayerConfig out = config;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     const auto bucket = static_cast<TokenBucket>(b);
@@ -183,13 +186,9 @@ int tune(const TuneOptions& o) {
           for (std::int32_t n : ns)
             for (const bool mk : megakernels) {
               Candidate c;
-              c.block_m = m;
-              c.block_n = n;
-              c.num_sms = sms;
-              c.dispatch_warps = dw;
-              c.token_back = tb;
-              c.megakernel = mk;
-              const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
+              c.asked = {m, n, sms, dw, tb, mk};
+              const LayerConfig applied =
+                  apply(base, c.asked);  // rejects values outside kKnobSpace
               for (int b = 0; b < kNumTokenBuckets; ++b)
                 c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
               c.p50.fill(kNaN);
@@ -217,7 +216,7 @@ int tune(const TuneOptions& o) {
   for (Candidate& c : candidates) {
     const ConfigCluster made =
         make_cluster(model.shape, precision, options, o.ranks, *data, backend,
-                     [&](const LayerConfig& config) { return apply(config, c); });
+                     [&](const LayerConfig& config) { return apply(config, c.asked); });
     if (!made.cluster) {
       c.error = made.error;
       progress.update(++st.done, "error");
