@@ -104,14 +104,13 @@ bool same_caller_fields(const LayerConfig& a, const LayerConfig& b) {
 }
 
 // token_back names a mode the bucket does not run: exact and tensor_core ship FC2's rows from the
-// epilogue, wgmma from its home kernel but where the bucket runs the E4M3 tile (either mode; its
-// persistent round, megakernel=true, from FC2's epilogue).
+// epilogue, wgmma from its home kernel but where the bucket runs the E4M3 tile (either mode, in
+// the chain and in its persistent round).
 bool token_back_conflicts(const Knobs& k, Precision p, int world, const LayerShape& shape,
                           TokenBucket b, const LayerOptions& o) {
   if (o.expert_math != ExpertMath::wgmma) return k.token_back != TokenBack::epilogue_warps;
-  if (!core::wgmma_e4m3_tokens(p, world, shape, b, k))
-    return k.token_back != TokenBack::dispatch_warps;
-  return k.megakernel && k.token_back != TokenBack::epilogue_warps;
+  return !core::wgmma_e4m3_tokens(p, world, shape, b, k) &&
+         k.token_back != TokenBack::dispatch_warps;
 }
 
 // The conflict rules every knob set a launch may see must satisfy; empty when all hold.

@@ -198,7 +198,7 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   options.combine = combine;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  // --token-back first: megakernel=true then takes the persistent round's mode (with_knobs)
+  // --token-back, then --megakernel where a bucket has a persistent round
   const Cluster::Tune tune = [megakernel, token_back](const LayerConfig& c) {
     const LayerConfig asked = token_back ? with_token_back_everywhere(c, *token_back) : c;
     return megakernel ? with_megakernel_everywhere(asked) : asked;

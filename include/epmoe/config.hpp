@@ -118,9 +118,10 @@ struct Knobs {
   // home rank's window (exact and tensor_core always, chain and persistent round); dispatch_warps:
   // FC2 leaves its rows in a local fp32 staging pool that copy warps ship home afterwards (wgmma's
   // home kernel: always for bf16, fp8_block128, nvfp4 and the packed GEMM's decoding tiles).
-  // wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows) reads it and runs either;
-  // its persistent round (megakernel=true) sends from FC2's epilogue. with_knobs moves it onto
-  // the mode a bucket runs.
+  // wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows) reads it and runs either,
+  // in the chain and in its persistent round (megakernel=true: dispatch_warps stages FC2's rows,
+  // and after a grid barrier every CTA's warps send them home). with_knobs moves it onto the mode
+  // a bucket runs.
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64, 128
   // or 256. wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates)
@@ -223,8 +224,8 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
 // Whether `bucket`'s rounds can run as the persistent round (Knobs::megakernel, docs/design.md
 // §4.3) on the CUDA executor: always under expert_math=tensor_core; under wgmma where the bucket
 // runs mxfp8's or mxfp4's E4M3 tile (its block_m 64 and at most 16 rows per expert when routing is
-// balanced: docs/tuning.md; there with_knobs makes token_back epilogue_warps, as the persistent
-// round's FC2 sends home); never under exact. A layer refuses megakernel=true elsewhere.
+// balanced: docs/tuning.md; in either token_back mode); never under exact. A layer refuses
+// megakernel=true elsewhere.
 bool has_persistent_round(const LayerConfig& config, TokenBucket bucket);
 
 // Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by

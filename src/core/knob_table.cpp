@@ -312,16 +312,13 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, int world, const Lay
     k.stages = fitting;
   }
   // token_back (after the tile moves, which decide whether a wgmma bucket runs the E4M3 tile)
-  std::optional<TokenBack> only = only_token_back(precision, world, shape, bucket, options, k);
-  const char* why =
-      options.expert_math != ExpertMath::wgmma
-          ? "the FC2 tile sends its rows home from its epilogue"
-          : "its FC2 GEMM leaves its rows in a staging pool that its home kernel ships";
-  if (!only && k.megakernel) {
-    only = TokenBack::epilogue_warps;
-    why = "megakernel=true runs the persistent E4M3 round, whose FC2 sends its rows home";
-  }
+  const std::optional<TokenBack> only =
+      only_token_back(precision, world, shape, bucket, options, k);
   if (only && k.token_back != *only) {
+    const char* why =
+        options.expert_math != ExpertMath::wgmma
+            ? "the FC2 tile sends its rows home from its epilogue"
+            : "its FC2 GEMM leaves its rows in a staging pool that its home kernel ships";
     note(std::string("token_back=") + to_string(k.token_back) + " -> " + to_string(*only) +
          ": under expert_math=" + to_string(options.expert_math) + " with " + to_string(precision) +
          " in the " + to_string(bucket) + " bucket " + why);

@@ -73,7 +73,8 @@ bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, 
 //   exact, tensor_core (the chain and the persistent round): epilogue_warps, their FC2 tiles send
 //     home;
 //   wgmma: dispatch_warps (CUTLASS's GEMMs and the packed GEMM's decoding tiles end in fp32), but
-//     in the E4M3 tile's buckets (wgmma_e4m3_tokens), whose FC2 does either.
+//     in the E4M3 tile's buckets (wgmma_e4m3_tokens), whose FC2 does either, in the chain and in
+//     the persistent round.
 std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
                                          TokenBucket bucket, const LayerOptions& options,
                                          const Knobs& knobs);
@@ -108,9 +109,8 @@ std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "
 //     64 -> 128, and 256 -> 128 for fp8_block128;
 //   * block_n halved while the tile does not fit kMaxSharedMemoryBytes at the fewest stages
 //     (256 x 256), then stages reduced until shared_memory_bytes fits;
-//   * token_back -> the bucket's one mode where it has one (only_token_back, after the tile moves),
-//     and epilogue_warps where megakernel=true runs wgmma's persistent E4M3 round (its FC2 sends
-//     home).
+//   * token_back -> the bucket's one mode where it has one (only_token_back, after the tile
+//     moves).
 // `notes` (may be null) receives one line per change, for logs.
 Knobs adjust_knobs(const Knobs& knobs, Precision precision, int world, const LayerShape& shape,
                    TokenBucket bucket, const LayerOptions& options,

@@ -13,7 +13,10 @@
 //   -- barrier --
 //   FC1           the E4M3 tile, activating: h as MXFP8 codes and scales
 //   -- barrier --
-//   FC2           the E4M3 tile, each result sent home; the last CTA publishes done to every rank
+//   FC2           the E4M3 tile, each result sent home (token_back=epilogue_warps), or its rows
+//                 staged (fp32, scratch d), -- barrier --, then sent home by every CTA's warps, a
+//                 warp per pair (dispatch_warps: the chain's home kernel's step); the last CTA
+//                 publishes done to every rank
 //   combine       every CTA waits for every rank's done; y; the last CTA advances the round
 //
 // FC1 and FC2 run through one ring of stages, its barriers initialized once (e4m3::init_ring,
@@ -42,8 +45,9 @@ using RoundSmem = e4m3::Smem<kTokens, true, kE2m1, true>;
 template <bool kE2m1>
 constexpr std::size_t kTileSmem = sizeof(RoundSmem<kE2m1>) + 1024;  // (its 1024-byte alignment)
 
-// One CTA per SM (the tile's 640 or 768 threads and ~180 KB of shared memory). kE2m1: mxfp4.
-template <bool kE2m1>
+// One CTA per SM (the tile's 640 or 768 threads and ~180 KB of shared memory). kE2m1: mxfp4;
+// kSendsHome: FC2's epilogue sends its rows home (token_back=epilogue_warps).
+template <bool kE2m1, bool kSendsHome>
 __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     persistent_e4m3_round_kernel(RoundParams p, experts::wgmma::Params e,
                                  experts::wgmma::PackedGemmArgs fc1,
@@ -72,26 +76,39 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       ring = e4m3::gemm<kTokens, true, kE2m1, false>(fc1, &w13_codes, s, ring);
       grid_barrier(p);
     }
-    // FC2's frame (the chain's FC2 kernel's): each result home, then done to every rank.
-    experts::fc2_round(e.step, [&](std::uint32_t) {
-      e4m3::gemm<kTokens, false, kE2m1, true>(fc2, &w2_codes, s, ring);
+    // FC2's frame (the chain's FC2 kernel's, or its home kernel's): each result home, then done to
+    // every rank. (A CTA skips the items only when the round failed, which ends the barrier's
+    // wait.)
+    experts::fc2_round(e.step, [&](std::uint32_t round) {
+      e4m3::gemm<kTokens, false, kE2m1, kSendsHome>(fc2, &w2_codes, s, ring);
+      if constexpr (!kSendsHome) {
+        grid_barrier(p);
+        experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, round);
+      }
     });
   });
 }
 
+// Calls f(kernel, its tile's shared memory, its threads) for the precision and token-back mode.
 template <class F>
-decltype(auto) with_kernel(Precision precision, F f) {
-  if (precision == Precision::mxfp4)
-    return f(persistent_e4m3_round_kernel<true>, kTileSmem<true>, e4m3::kThreads<true>);
-  return f(persistent_e4m3_round_kernel<false>, kTileSmem<false>, e4m3::kThreads<false>);
+decltype(auto) with_kernel(Precision precision, bool sends_home, F f) {
+  const auto pick = [&](auto e2m1) {
+    constexpr bool kE2m1 = decltype(e2m1)::value;
+    return sends_home ? f(persistent_e4m3_round_kernel<kE2m1, true>, kTileSmem<kE2m1>,
+                          e4m3::kThreads<kE2m1>)
+                      : f(persistent_e4m3_round_kernel<kE2m1, false>, kTileSmem<kE2m1>,
+                          e4m3::kThreads<kE2m1>);
+  };
+  if (precision == Precision::mxfp4) return pick(std::true_type{});
+  return pick(std::false_type{});
 }
 
 }  // namespace
 
 KernelShape persistent_e4m3_shape(const RoundParams& base,
-                                  const experts::wgmma::WgmmaBackend& backend, int device,
-                                  int num_sms) {
-  return with_kernel(backend.problem().precision,
+                                  const experts::wgmma::WgmmaBackend& backend, TokenBucket bucket,
+                                  int device, int num_sms) {
+  return with_kernel(backend.problem().precision, backend.fc2_sends_home(bucket),
                      [&](auto kernel, std::size_t tile_smem, int threads) {
                        const std::size_t smem = std::max(dispatch_smem(base), tile_smem);
                        return occupancy_shape(kernel, smem, device, num_sms, threads);
@@ -104,7 +121,7 @@ void launch_persistent_e4m3(const RoundParams& p, const experts::wgmma::WgmmaBac
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeCooperative;  // every CTA resident, or the launch fails
   attribute.val.cooperative = 1;
-  with_kernel(backend.problem().precision, [&](auto kernel, std::size_t, int) {
+  with_kernel(backend.problem().precision, r.fc2_sends_home, [&](auto kernel, std::size_t, int) {
     launch_with(attribute, kernel, shape, stream, p, r.params, r.fc1, r.fc2, r.w13_codes,
                 r.w2_codes);
   });

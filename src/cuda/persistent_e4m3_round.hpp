@@ -12,10 +12,11 @@
 
 namespace epmoe::cuda {
 
-// The kernel's grid on `num_sms` SMs: one CTA per SM (as many as are resident at once).
+// The grid of `bucket`'s kernel (its token-back mode's) on `num_sms` SMs: one CTA per SM (as many
+// as are resident at once).
 KernelShape persistent_e4m3_shape(const RoundParams& base,
-                                  const experts::wgmma::WgmmaBackend& backend, int device,
-                                  int num_sms);
+                                  const experts::wgmma::WgmmaBackend& backend, TokenBucket bucket,
+                                  int device, int num_sms);
 
 // The round `p` in one launch of `shape` on `stream`; `bucket` must run the E4M3 tile.
 void launch_persistent_e4m3(const RoundParams& p, const experts::wgmma::WgmmaBackend& backend,

@@ -69,12 +69,7 @@ decltype(auto) with_kernel(const experts::ExpertProblem& problem, F f) {
 std::string PersistentRound::cannot_run(const experts::ExpertBackend& backend, TokenBucket bucket) {
   if (dynamic_cast<const experts::mma::MmaBackend*>(&backend) != nullptr) return {};
   if (const auto* w = dynamic_cast<const experts::wgmma::WgmmaBackend*>(&backend)) {
-    if (w->runs_e4m3_tile(bucket) && w->fc2_sends_home(bucket)) return {};
-    if (w->runs_e4m3_tile(bucket))  // with_knobs gives megakernel=true epilogue_warps there
-      return std::string(
-                 "the wgmma backend's persistent round sends FC2's rows home from its "
-                 "epilogue, and knobs.") +
-             to_string(bucket) + ".token_back is dispatch_warps; use epilogue_warps";
+    if (w->runs_e4m3_tile(bucket)) return {};
     return std::string(
                "the wgmma backend has a persistent round only for mxfp8's and mxfp4's "
                "E4M3 tile (knobs.") +
@@ -95,7 +90,7 @@ PersistentRound::PersistentRound(const RoundParams& base, const experts::ExpertB
   if (wgmma_ != nullptr) {
     shapes_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
       return wgmma_->runs_e4m3_tile(bucket)
-                 ? persistent_e4m3_shape(base, *wgmma_, device, k.num_sms)
+                 ? persistent_e4m3_shape(base, *wgmma_, bucket, device, k.num_sms)
                  : KernelShape{};
     });
     return;

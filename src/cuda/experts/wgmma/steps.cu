@@ -7,29 +7,9 @@
 #include "cuda/experts/wgmma/steps.cuh"  // plan_gemms, gather_rows
 #include "cuda/experts/wgmma/steps.hpp"
 #include "math/activation.hpp"
-#include "math/expert_row.hpp"  // math::biased, math::unscaled
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
-
-// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
-// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
-// the values; fp8's GEMM applied its block scales.
-struct WeightFactors {
-  float divisor = 1.0f, multiplier = 1.0f;
-};
-__device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
-  if (p.packed()) {
-    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
-    return WeightFactors{m.divisor[e], m.multiplier[e]};
-  }
-  return WeightFactors{};
-}
-// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
-__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
-  const float v = math::unscaled(sum, row_scale, w.divisor);
-  return w.multiplier != 1.0f ? v * w.multiplier : v;
-}
 
 // CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
@@ -50,7 +30,6 @@ EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
 // A warp per row keeps 8 rows' loads in flight per CTA where one CTA per row had one, and its
 // barriers are __syncwarp (qwen3 at T = 8192: 65536 rows of 768, the kernel was at 1/6 of HBM).
 constexpr std::size_t kActivateSmem = 48 * 1024;
-constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
 int activate_group_size(const ExpertProblem& problem) {
   int size = 32;
   while (size < kThreads && (kThreads / size) * activate_row_smem(problem) > kActivateSmem)
@@ -125,51 +104,11 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
-// One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
-// both scales, b2, the result home (send_home_n), four columns per lane per step; the last CTA
-// publishes done to every rank (fc2_round).
+// FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
+// rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  fc2_round<Stamps::end_only>(p.step, [&](std::uint32_t round) {
-    const ExpertInputs& in = p.step.in;
-    const std::int64_t hidden = p.problem.hidden;
-    const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-    const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      HomeSlot home{};
-      int e = 0;
-      if (lane == 0) {
-        home = home_slot(p.step.home, round, in.pairs[pair]);
-        e = expert_of_pair(in, p.problem.local_experts, pair);
-      }
-      home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
-      home.token = __shfl_sync(0xffffffffu, home.token, 0);
-      home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
-      home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
-      e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
-      const WeightFactors w = weight_factors(p, false, e);
-      const auto* d =
-          reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
-      const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-      for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
-        float4 v[kLoads];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l)
-          if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l) {
-          const std::int64_t c4 = first + 32 * l;
-          if (c4 >= hidden / 4) break;
-          const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
-          float out[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
-          send_home_n<4>(p.step.home, home, c4, out);
-        }
-      }
-    }
-  });
+  fc2_round<Stamps::end_only>(p.step,
+                              [&](std::uint32_t round) { send_rows_home<kThreads>(p, round); });
 }
 
 }  // namespace

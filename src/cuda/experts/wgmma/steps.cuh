@@ -1,12 +1,14 @@
-// The wgmma backend's steps before its FC1 GEMM as device functions of the whole grid: plan (each
-// expert's M and operand pointers) and gather (each pair's row into FC1's operand). Run by the
-// chain's plan_and_gather kernel (steps.cu) and by the persistent round (docs/design.md §4.3).
+// The wgmma backend's steps around its GEMMs as device functions of the whole grid: plan (each
+// expert's M and operand pointers), gather (each pair's row into FC1's operand) and, after FC2,
+// sending its staged rows home. Run by the chain's kernels (steps.cu) and by the persistent round
+// (docs/design.md §4.3).
 #pragma once
 
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/packed_weights.cuh"  // e4m3x2_scaled_to_bf16x2
 #include "cuda/experts/wgmma/steps.hpp"
 #include "formats/quantized_weights.hpp"  // fp8_block128_tile
+#include "math/expert_row.hpp"            // math::biased, math::unscaled
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -152,6 +154,73 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
         in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
     auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
     for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = src[v];
+  }
+}
+
+// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
+// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
+// the values; fp8's GEMM applied its block scales.
+struct WeightFactors {
+  float divisor = 1.0f, multiplier = 1.0f;
+};
+__device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
+  if (p.packed()) {
+    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
+    return WeightFactors{m.divisor[e], m.multiplier[e]};
+  }
+  return WeightFactors{};
+}
+// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
+__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
+  const float v = math::unscaled(sum, row_scale, w.divisor);
+  return w.multiplier != 1.0f ? v * w.multiplier : v;
+}
+
+// One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the
+// round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
+// (send_home_n), four columns per lane per step. The chain's home kernel runs it, and the
+// persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads.
+constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
+template <int kCtaThreads>
+__device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
+  const ExpertInputs& in = p.step.in;
+  const std::int64_t hidden = p.problem.hidden;
+  const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
+  const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+    HomeSlot home{};
+    int e = 0;
+    if (lane == 0) {
+      home = home_slot(p.step.home, round, in.pairs[pair]);
+      e = expert_of_pair(in, p.problem.local_experts, pair);
+    }
+    home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
+    home.token = __shfl_sync(0xffffffffu, home.token, 0);
+    home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
+    home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
+    e = __shfl_sync(0xffffffffu, e, 0);
+    const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
+    const WeightFactors w = weight_factors(p, false, e);
+    const auto* d =
+        reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
+    const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
+    for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l)
+        if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t c4 = first + 32 * l;
+        if (c4 >= hidden / 4) break;
+        const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
+        float out[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
+        send_home_n<4>(p.step.home, home, c4, out);
+      }
+    }
   }
 }
 

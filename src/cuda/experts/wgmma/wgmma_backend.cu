@@ -202,15 +202,17 @@ bool WgmmaBackend::runs_e4m3_tile(TokenBucket bucket) const {
 
 WgmmaBackend::E4m3Round WgmmaBackend::e4m3_round(const ExpertStep& step, TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  if (!runs_e4m3_tile(bucket) || !run.fc2_sends_home)
+  if (!runs_e4m3_tile(bucket))
     throw Error(ErrorCode::internal, std::string("wgmma backend: bucket ") + to_string(bucket) +
-                                         " does not run the E4M3 tile with FC2 sending home");
+                                         " does not run the E4M3 tile");
   const Params p = params(step, run);
   const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
-  return E4m3Round{p, run.packed_fc1->args(p.packed_weights.w13),
-                   run.packed_fc2->args(p.packed_weights.w2, &home),
+  return E4m3Round{p,
+                   run.packed_fc1->args(p.packed_weights.w13),
+                   run.packed_fc2->args(p.packed_weights.w2, run.fc2_sends_home ? &home : nullptr),
                    run.packed_fc1->codes_map(p.packed_weights.w13),
-                   run.packed_fc2->codes_map(p.packed_weights.w2)};
+                   run.packed_fc2->codes_map(p.packed_weights.w2),
+                   run.fc2_sends_home};
 }
 
 WgmmaBackend::~WgmmaBackend() {

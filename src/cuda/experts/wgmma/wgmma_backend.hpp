@@ -75,12 +75,13 @@ class WgmmaBackend final : public ExpertBackend {
 
   // The persistent round (docs/design.md §4.3) runs a bucket's E4M3 tile (mxfp8 and mxfp4 where
   // core::wgmma_e4m3_tokens holds: runs_e4m3_tile) in its own kernel, with plan_gemms and
-  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home (the
-  // bucket's token_back is epilogue_warps: with_knobs sets it where megakernel=true).
+  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home, or
+  // (token_back=dispatch_warps) stages its rows for send_rows_home.
   struct E4m3Round {
     Params params;
     PackedGemmArgs fc1, fc2;
     CUtensorMap w13_codes, w2_codes;  // the weights' TMA descriptors
+    bool fc2_sends_home;
   };
   bool runs_e4m3_tile(TokenBucket bucket) const;
   // and its FC2 sends home (token_back=epilogue_warps), as the persistent round's does
