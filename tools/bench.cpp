@@ -198,12 +198,9 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   options.combine = combine;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  // --token-back, then --megakernel where a bucket has a persistent round
-  const Cluster::Tune tune = [megakernel, token_back](const LayerConfig& c) {
-    const LayerConfig asked = token_back ? with_token_back_everywhere(c, *token_back) : c;
-    return megakernel ? with_megakernel_everywhere(asked) : asked;
-  };
-  const ConfigCluster made = make_cluster(s, precision, options, world, data, st.backend, tune);
+  const ConfigCluster made = make_cluster(
+      s, precision, options, world, data, st.backend,
+      [=](const LayerConfig& c) { return with_tool_knobs(c, token_back, megakernel); });
   if (!made.cluster) {
     st.any_failure = true;
     cp.skip_rest(0, "error", made.error);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "epmoe/comm.hpp"
@@ -63,6 +64,12 @@ inline LayerConfig with_token_back_everywhere(const LayerConfig& config, TokenBa
     out = with_knobs(out, k, bucket);
   }
   return out;
+}
+// The tools' knob options on a layer's config: `--token-back` (when given), then `--megakernel`.
+inline LayerConfig with_tool_knobs(const LayerConfig& config, std::optional<TokenBack> token_back,
+                                   bool megakernel) {
+  const LayerConfig asked = token_back ? with_token_back_everywhere(config, *token_back) : config;
+  return megakernel ? with_megakernel_everywhere(asked) : asked;
 }
 inline void check_megakernel_backend(bool megakernel, Backend backend) {
   if (megakernel && backend != Backend::cuda_nccl)

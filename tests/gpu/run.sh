@@ -127,6 +127,15 @@ build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --roun
   --check-every 3 --min-zero-fraction 0.3 --seed 9 --math wgmma --precision mxfp8 --megakernel \
   >"$out/stress_tiny_wgmma_persistent.log" 2>&1 || stress_rc=1
 echo "wgmma persistent round (mxfp8): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_persistent.log" | head -1)"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 10 --math wgmma --precision mxfp4 --megakernel \
+  --token-back dispatch_warps >"$out/stress_tiny_wgmma_persistent_staged_home.log" 2>&1 ||
+  stress_rc=1
+echo "wgmma persistent round (mxfp4, token_back=dispatch_warps): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_persistent_staged_home.log" | head -1)"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 11 --math wgmma --precision mxfp8 \
+  --token-back dispatch_warps >"$out/stress_tiny_wgmma_home_kernel.log" 2>&1 || stress_rc=1
+echo "wgmma chain (mxfp8, token_back=dispatch_warps): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_home_kernel.log" | head -1)"
 
 echo "== epmoe stress --fault on the GPUs (every survivor names the faulty rank, then reset())"
 fault_rc=0
