@@ -8,7 +8,8 @@
 #   EPMOE_GPU_RUN_DEEPSEEK=0 tests/gpu/run.sh # without the deepseek-v3 (256 experts) runs
 # A machine without googletest, CLI11 or CUTLASS needs them carried in $EPMOE_GPU_DEPS (default
 # .gpu_deps): googletest/ (the source tree of Debian's googletest package), cli11/CLI/ (headers)
-# and cutlass/include/ (cutlass/ and cute/ from PyPI nvidia-cutlass's cutlass_library/source/include).
+# and cutlass/include/ (cutlass/ and cute/ from PyPI nvidia-cutlass's cutlass_library/source/include):
+# scripts/gpu_deps.sh assembles it on a machine with network.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these machines
