@@ -162,7 +162,6 @@ __device__ RoundStart start_round(const RoundParams& p, RoundPhase kernel_phase,
                                   Wait wait) {
   __shared__ RoundStart start;
   wait_for_previous_kernel();
-  allow_next_kernel();
   if (threadIdx.x == 0) {
     read_round(p.state, kernel_phase, Stamps::begin_and_end, start);
     if (!start.skip) {
@@ -188,7 +187,6 @@ __device__ inline RoundStart join_round(RoundState* state, RoundPhase phase,
                                         Stamps stamps = Stamps::begin_and_end) {
   __shared__ RoundStart start;
   wait_for_previous_kernel();
-  allow_next_kernel();
   if (threadIdx.x == 0) read_round(state, phase, stamps, start);
   __syncthreads();
   return start;

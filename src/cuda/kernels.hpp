@@ -102,9 +102,9 @@ void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...)
 
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
 // dependent launch (docs/design.md §4): its CTAs may be scheduled once every CTA of the
-// predecessor has passed its prologue (allow_next_kernel), and every chain kernel's prologue
-// (join_round / start_round: griddepcontrol.wait) holds them until the predecessor has completed
-// and its memory is visible, before any global access. Not
+// predecessor has started (allow_next_kernel), and every chain kernel's prologue (join_round /
+// start_round: griddepcontrol.wait) holds them until the predecessor has completed and its memory
+// is visible, before any global access. Not
 // for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
 // wait and attribute through parts::WaitsForPreviousKernel.)
 template <class... Params, class... Args>

@@ -76,16 +76,23 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       ring = e4m3::gemm<kTokens, true, kE2m1, false>(fc1, &w13_codes, s, ring);
       grid_barrier(p);
     }
-    // FC2's frame (the chain's FC2 kernel's, or its home kernel's): each result home, then done to
-    // every rank. (A CTA skips the items only when the round failed, which ends the barrier's
-    // wait.)
-    experts::fc2_round(e.step, [&](std::uint32_t round) {
-      e4m3::gemm<kTokens, false, kE2m1, kSendsHome>(fc2, &w2_codes, s, ring);
-      if constexpr (!kSendsHome) {
-        grid_barrier(p);
-        experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, round);
-      }
-    });
+    if constexpr (kSendsHome) {
+      // FC2's frame (the chain's FC2 kernel's): each result home, then done to every rank
+      experts::fc2_round(e.step, [&](std::uint32_t) {
+        e4m3::gemm<kTokens, false, kE2m1, true>(fc2, &w2_codes, s, ring);
+      });
+    } else {
+      // fc2_round's frame around a barrier every CTA meets (as every grid_barrier here), also one
+      // whose round failed: FC2's rows staged, then each home (the chain's home kernel's step),
+      // then done to every rank
+      const RoundStart start = join_round(e.step.state, RoundPhase::fc2);
+      const PhaseEnd phase_end{start};
+      if (!start.skip) e4m3::gemm<kTokens, false, kE2m1, false>(fc2, &w2_codes, s, ring);
+      grid_barrier(p);
+      if (start.skip) return;
+      experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, start.round);
+      experts::finish_expert_step(e.step, start.round);
+    }
   });
 }
 

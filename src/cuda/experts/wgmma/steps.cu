@@ -13,6 +13,7 @@ namespace {
 
 // CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
+  allow_next_kernel();  // FC1's GEMM (pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (blockIdx.x == 0) plan_gemms(p, start.skip);
@@ -42,6 +43,7 @@ int activate_group_size(const ExpertProblem& problem) {
 // h16 and its scale (fp8: E4M3 codes and 1 x 128 scales) go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
+  allow_next_kernel();  // FC2's GEMM (pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
 // FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
 // rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
+  allow_next_kernel();  // combine (pdl.cuh)
   fc2_round<Stamps::end_only>(p.step,
                               [&](std::uint32_t round) { send_rows_home<kThreads>(p, round); });
 }
