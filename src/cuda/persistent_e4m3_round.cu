@@ -9,7 +9,8 @@
 //   bucket        the pair list
 //   -- barrier --
 //   plan, gather  CTA 0: each expert's M and operand pointers; every CTA: the pairs' wire rows
-//                 into FC1's operand, and their home slots
+//                 into FC1's operand, and their home slots; FC2's weights of the experts with
+//                 rows into L2 (prefetch_weights_to_l2: a hint, when they fit its budget)
 //   -- barrier --
 //   FC1           the E4M3 tile, activating: h as MXFP8 codes and scales
 //   -- barrier --
@@ -67,7 +68,12 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       const RoundStart start = join_round(e.step.state, RoundPhase::fc1);
       const PhaseEnd phase_end{start};
       if (blockIdx.x == 0) experts::wgmma::plan_gemms(e, start.skip);
-      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
+      if (!start.skip) {
+        experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
+        // FC2's weights of the experts with rows into L2 while FC1 runs (a hint, within a budget)
+        experts::wgmma::prefetch_weights_to_l2<kE2m1 ? Precision::mxfp4 : Precision::mxfp8>(
+            e.packed_weights.w2, e.step.in, static_cast<int>(e.problem.local_experts));
+      }
       grid_barrier(p);
       // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA
       // use it through the async proxy from here on
