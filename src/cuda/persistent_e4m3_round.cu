@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       if (!start.skip) {
         experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
         // FC2's weights of the experts with rows into L2 while FC1 runs (a hint, within a budget)
-        experts::wgmma::prefetch_weights_to_l2<kE2m1 ? Precision::mxfp4 : Precision::mxfp8>(
-            e.packed_weights.w2, e.step.in, static_cast<int>(e.problem.local_experts));
+        experts::wgmma::prefetch_weights_to_l2(e.packed_weights.w2, e.problem.precision, e.step.in,
+                                               static_cast<int>(e.problem.local_experts));
       }
       grid_barrier(p);
       // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA

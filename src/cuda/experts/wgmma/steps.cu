@@ -11,7 +11,8 @@
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
-// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
+// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows)
+// and (packed weights) prefetches FC2's into L2.
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   allow_next_kernel();  // FC1's GEMM (pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
@@ -19,6 +20,10 @@ __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   if (blockIdx.x == 0) plan_gemms(p, start.skip);
   if (start.skip) return;
   gather_rows<kThreads>(p, start.round);
+  // FC2's packed weights of the experts with rows into L2 while FC1 runs (a hint, within a budget)
+  if (p.packed())
+    prefetch_weights_to_l2(p.packed_weights.w2, p.problem.precision, p.step.in,
+                           static_cast<int>(p.problem.local_experts));
 }
 
 // Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.

@@ -184,11 +184,12 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
 // bucket: pair_offset); each thread issues at most one 32 KB chunk per stride of the grid.
 inline constexpr std::int64_t kL2PrefetchBudget = 16 << 20;
 inline constexpr std::int64_t kL2PrefetchChunk = 32 << 10;
-template <Precision P>
-__device__ inline void prefetch_weights_to_l2(const PackedMatrices& w, const ExpertInputs& in,
-                                              int experts) {
-  const std::int64_t code_bytes = w.rows * (w.cols * PackedFormat<P>::kBits / 8);
-  const std::int64_t scale_bytes = w.rows * (w.cols / PackedFormat<P>::kBlock);
+__device__ inline void prefetch_weights_to_l2(const PackedMatrices& w, Precision precision,
+                                              const ExpertInputs& in, int experts) {
+  const int bits = precision == Precision::mxfp8 ? 8 : 4;  // (mxfp4, nvfp4)
+  const int block = precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
+  const std::int64_t code_bytes = w.rows * (w.cols * bits / 8);
+  const std::int64_t scale_bytes = w.rows * (w.cols / block);
   int active = 0;  // the experts with rows, the same count in every CTA
   for (int first = 0; first < experts; first += static_cast<int>(blockDim.x)) {
     const int e = first + static_cast<int>(threadIdx.x);
