@@ -8,8 +8,7 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
-  allow_next_kernel();  // bucket (pdl.cuh)
-  route_step(p);
+  route_step(p, /*allow_next=*/true);  // bucket, once the counts are in
 }
 
 __global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {

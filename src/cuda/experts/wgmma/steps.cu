@@ -14,7 +14,7 @@ namespace {
 // CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows)
 // and (packed weights) prefetches FC2's into L2.
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
-  allow_next_kernel();  // FC1's GEMM (pdl.cuh)
+  allow_next_kernel();  // FC1 (fp8_block128: its scale layouts kernel; pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (blockIdx.x == 0) plan_gemms(p, start.skip);
@@ -48,7 +48,7 @@ int activate_group_size(const ExpertProblem& problem) {
 // h16 and its scale (fp8: E4M3 codes and 1 x 128 scales) go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
-  allow_next_kernel();  // FC2's GEMM (pdl.cuh)
+  allow_next_kernel();  // FC2 (fp8_block128: its scale layouts kernel; pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;

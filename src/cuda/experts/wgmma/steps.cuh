@@ -178,11 +178,12 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
 
 // The packed weights of one FC (w: codes and one byte per block scale) of every local expert that
 // received rows this round, into L2 while other work runs: a hint (cp.async.bulk.prefetch.L2;
-// nothing waits for it), so that a GEMM started later reads them from L2. Skipped when they would
-// take more than kL2PrefetchBudget bytes (a third of an H200's 50 MB L2: they must not evict what
-// runs meanwhile, nor each other). Called by every thread of every CTA once rows are known (after
-// bucket: pair_offset); each thread issues at most one 32 KB chunk per stride of the grid.
-inline constexpr std::int64_t kL2PrefetchBudget = 16 << 20;
+// nothing waits for it), so that a GEMM started later reads them from L2. Skipped above
+// kL2PrefetchBudget bytes: FC1 streams about twice FC2's bytes through L2 meanwhile, so 3 x 14 MB
+// of an H200's 50 MB L2 (qwen3-30b-a3b at T = 1: 8 experts, 13 MB). Called by every thread of
+// every CTA once rows are known (after bucket: pair_offset); each thread issues at most one 32 KB
+// chunk per stride of the grid.
+inline constexpr std::int64_t kL2PrefetchBudget = 14 << 20;
 inline constexpr std::int64_t kL2PrefetchChunk = 32 << 10;
 __device__ inline void prefetch_weights_to_l2(const PackedMatrices& w, Precision precision,
                                               const ExpertInputs& in, int experts) {
