@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "cuda/round_grid_caps.hpp"
 #include "cuda/round_params.hpp"
 #include "epmoe/config.hpp"
+#include "epmoe/errors.hpp"
 
 namespace epmoe::cuda {
 
@@ -100,6 +103,22 @@ void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...)
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// Whether the chain's kernels are launched with programmatic dependent launch (launch_chained and
+// the wgmma backend's CUTLASS GEMMs): yes, unless $EPMOE_PDL is 0, which launches them in plain
+// stream order (their griddepcontrol triggers and waits then do nothing) — to tell a PDL fault
+// from another, and to time what PDL buys within one build. Read once per process.
+inline bool programmatic_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("EPMOE_PDL");
+    if (v == nullptr || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw Error(
+        ErrorCode::invalid_argument,
+        std::string("EPMOE_PDL=") + v + ": must be 0 (plain stream order) or 1 (the default)");
+  }();
+  return on;
+}
+
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
 // dependent launch (docs/design.md §4): its CTAs may be scheduled once every CTA of the
 // predecessor has started (allow_next_kernel), and every chain kernel's prologue (join_round /
@@ -112,7 +131,7 @@ void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStr
                     Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
   launch_with(attribute, kernel, shape, stream, std::forward<Args>(args)...);
 }
 

@@ -140,7 +140,7 @@ Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
 void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
   launch_chained(scale_layouts_kernel, KernelShape{1}, stream, arrays_.problems, groups_,
                  kernel_->sfa_layouts, kernel_->sfb_layouts);
-  parts::check(kernel_->gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+  parts::check(kernel_->gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
 }
 
 }  // namespace epmoe::cuda::experts::wgmma
