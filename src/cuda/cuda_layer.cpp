@@ -38,6 +38,7 @@ class CudaLayer final : public LayerImpl {
                                                        to_string(t->device) + ", expected cpu or " +
                                                        to_string(d));
       validate_weights(config, weights, d, /*host_allowed=*/true);
+      (void)programmatic_launch();  // a bad $EPMOE_PDL fails here, not part-way through a round
 
       EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       check_same_config_on_every_rank();
