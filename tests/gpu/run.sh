@@ -89,6 +89,11 @@ for p in mxfp8 mxfp4; do
     echo "qwen3-30b-a3b $p $c wgmma persistent (T = 8): $(grep -E '^(PASS|FAIL)' "$log" | cut -c1-4)"
   done
 done
+# The chain in plain stream order (EPMOE_PDL=0: no programmatic dependent launch), wgmma mxfp8.
+log="$out/run_mxfp8_wgmma_no_pdl.log"
+EPMOE_PDL=0 build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+  --precision mxfp8 --math wgmma >"$log" 2>&1 || run_rc=1
+echo "qwen3-30b-a3b mxfp8 wgmma, EPMOE_PDL=0: $(grep -E '^(PASS|FAIL)' "$log" | cut -c1-4)"
 cat "$out/run_bf16_staged.log"
 grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"
 # deepseek-v3 with all 256 experts (issue 11), every precision in exact, tensor_core and wgmma math:
