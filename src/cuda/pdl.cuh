@@ -22,10 +22,11 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 // So the next kernel's launch and CTA placement overlap this one instead of following its last
 // CTA. Safe because every kernel the layer launches with the attribute waits before its first
 // global access, and a grid's dependents start only once all of its CTAs are resident (no
-// starvation). Called first by the chain's kernels whose next kernel is the layer's own, but by
-// route only after its wait for its peers' counts (else the kernels after it would stack up
-// resident through that wait), and not by combine nor the persistent rounds, whose next kernel on
-// the stream may be the caller's (which would then sit resident through the round's waits).
+// starvation). Called first by the chain's kernels whose next kernel is the layer's own (the
+// GEMMs right after their wait), but by route only after its wait for its peers' counts (else the
+// kernels after it would stack up resident through that wait), and not by combine nor the
+// persistent rounds, whose next kernel on the stream may be the caller's (which would then sit
+// resident through the round's waits).
 __device__ __forceinline__ void allow_next_kernel() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
