@@ -28,10 +28,10 @@ mkdir -p "$deps/cli11" "$deps/cutlass/include"
 cp -r /usr/include/CLI "$deps/cli11/CLI"
 cp -r "$cutlass/cutlass" "$cutlass/cute" "$deps/cutlass/include/"
 if [ "${EPMOE_GPU_DEPS_WHEELS:-0}" = 1 ]; then
-  pip() { python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$deps/wheels" "$@"; }
-  pip flashinfer-python==0.6.18
-  pip --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+  wheel() { python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$deps/wheels" "$@"; }
+  wheel flashinfer-python==0.6.18
+  wheel --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
     apache-tvm-ffi==0.1.15.post2
-  pip --only-binary=:all: apache-tvm-ffi==0.1.15.post2
+  wheel --only-binary=:all: apache-tvm-ffi==0.1.15.post2
 fi
 echo "gpu_deps: $(du -sh "$deps" | cut -f1) in $deps (carry it: [\"$deps\"])"
