@@ -19,9 +19,10 @@
 # device tool returns only a few files). Several sides measure several candidate commits against
 # each other in one call; only the working tree is tested. Each side adds ~6 MB to the carry
 # (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
-# --guard FILTER: first build the GPU tests and run gpu_layer_test --gtest_filter=FILTER on the
-# working tree under a 120 s kill (the tests of the kernels the change touches), and stop there if
-# they fail or hang: a broken kernel costs ~2 minutes of device time, not the whole call.
+# --guard FILTER: first build the GPU tests (the sides build meanwhile) and run gpu_layer_test
+# --gtest_filter=FILTER on the working tree under a 120 s kill (the tests of the kernels the change
+# touches), and stop there if they fail or hang: a broken kernel costs ~2 minutes of device time,
+# not the whole call.
 # --kernel-times "ARGS": after the turns, bench/kernel_times.sh ARGS on the new build and on base
 # (ARGS: its own, "[--stalls REGEX] -- <epmoe bench arguments for one point>"), into the same
 # ab.tgz.
@@ -80,6 +81,25 @@ elapsed() { echo $(($(date +%s) - start)); }
 source scripts/gpu_env.sh || exit 1
 jobs=$(( $(nproc) / (${#sides[@]} + 1) > 0 ? $(nproc) / (${#sides[@]} + 1) : 1 ))  # (sides + new)
 pack() { (cd "$out/.." && tar czf ab.tgz ab && rm -rf ab); }  # one file comes back, not dozens
+build() {  # source dir, build dir
+  cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
+    -DNCCL_ROOT="$nccl_root" "${extra[@]}" && cmake --build "$2" -j "$jobs" --target epmoe_cli
+}
+# Every measured binary is built the same way (Release, no tests), the working tree's too: the GPU
+# tests' build (build/gpu, --tests) compiles the fault switches in (EPMOE_FAULT_INJECTION follows
+# EPMOE_BUILD_TESTS), which cost every kernel of the chain a little (session 25 measured mxfp4 at
+# T = 1 2-4 us slower from that build than from the same code built as the sides are).
+# The sides build from the start, beside the guard's and the tests' build (the CPUs are otherwise
+# idle while the GPU waits); each in its own process group (set -m), so a failed guard stops them.
+declare -A pids
+set -m
+for side in "${sides[@]}" new; do
+  src=$dir/$side
+  [ "$side" = new ] && src=.
+  build "$src" "build/ab-$side" >"$out/build_$side.log" 2>&1 &
+  pids[$side]=$!
+done
+set +m
 if [ -n "$guard" ]; then
   EPMOE_GPU_FILTER=NONE EPMOE_GPU_TESTS_ONLY=1 OUT="$out/guard" tests/gpu/run.sh \
     >"$out/guard_build.log" 2>&1
@@ -91,25 +111,11 @@ if [ -n "$guard" ]; then
   if [ "$guard_rc" != 0 ]; then
     grep -hE '^\[ *FAILED *\]|Failure' "$out/guard.log" | head -20
     tail -5 "$out/guard_build.log"
+    for side in "${!pids[@]}"; do kill -- "-${pids[$side]}" 2>/dev/null; done
     pack
     exit 1
   fi
 fi
-build() {  # source dir, build dir
-  cmake -S "$1" -B "$2" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DEPMOE_BUILD_TESTS=OFF \
-    -DNCCL_ROOT="$nccl_root" "${extra[@]}" && cmake --build "$2" -j "$jobs" --target epmoe_cli
-}
-# Every measured binary is built the same way (Release, no tests), the working tree's too: the GPU
-# tests' build (build/gpu, --tests) compiles the fault switches in (EPMOE_FAULT_INJECTION follows
-# EPMOE_BUILD_TESTS), which cost every kernel of the chain a little (session 25 measured mxfp4 at
-# T = 1 2-4 us slower from that build than from the same code built as the sides are).
-declare -A pids
-for side in "${sides[@]}" new; do
-  src=$dir/$side
-  [ "$side" = new ] && src=.
-  build "$src" "build/ab-$side" >"$out/build_$side.log" 2>&1 &
-  pids[$side]=$!
-done
 tests_rc=0
 if [ "$tests" = 1 ]; then
   EPMOE_GPU_TESTS_ONLY=1 OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
