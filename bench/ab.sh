@@ -17,9 +17,9 @@
 # stress too, under the caller's environment, e.g. EPMOE_GPU_RUN_DEEPSEEK=0), then N turns (2) of
 # every side and new with the arguments after `--` (each writes --json <side>_<turn>.json and its
 # table, printed as it lands so the call's output tail holds the numbers), and packs everything
-# into one $OUT/ab.tgz (the device tool returns only a few files). Several sides measure several candidate commits against
-# each other in one call; only the working tree is tested. Each side adds ~6 MB to the carry
-# (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
+# into one $OUT/ab.tgz (the device tool returns only a few files). Several sides measure several
+# candidate commits against each other in one call; only the working tree is tested. Each side
+# adds ~6 MB to the carry (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
 # --guard FILTER: first build the GPU tests (the sides build meanwhile) and run gpu_layer_test
 # --gtest_filter=FILTER on the working tree under a 120 s kill (the tests of the kernels the change
 # touches), and stop there if they fail or hang: a broken kernel costs ~2 minutes of device time,
