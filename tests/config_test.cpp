@@ -333,14 +333,6 @@ TEST(WithKnobsRejects, BlockNOutsideKnobSpace) {
   EXPECT_EQ(knobs_rejection(k), "knobs.block_n=512: must be 64, 128 or 256");
 }
 
-TEST(WithKnobsRejects, StagesOutsideTwoToEight) {
-  Knobs k;
-  k.stages = 9;
-  EXPECT_EQ(knobs_rejection(k), "knobs.stages=9: must be in [2, 8]");
-  k.stages = 1;
-  EXPECT_EQ(knobs_rejection(k), "knobs.stages=1: must be in [2, 8]");
-}
-
 TEST(WithKnobsRejects, DispatchWarpsOutsideOneToSixteen) {
   Knobs k;
   k.dispatch_warps = 0;
@@ -417,25 +409,10 @@ TEST(WithKnobs, TokenBackIsKeptWhereTheE4m3TileRunsEitherMode) {
     }
 }
 
-TEST(WithKnobs, StagesAreReducedUntilSharedMemoryFits) {
+TEST(WithKnobs, LeavesAFittingTileUntouched) {
   Knobs k;
   k.block_m = 128;
   k.block_n = 256;
-  k.stages = 8;
-  // bf16: 3 × (384 × 128 + 16) + 65536 = 213040 fits 232448; 4 stages would be 262208.
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      3);
-  // mxfp8: 6 × (384 × 66 + 16) + 65536 = 217696.
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::mxfp8, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      6);
-  // nvfp4: 8 stages fit (176256).
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::nvfp4, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      8);
-  // A pipeline that already fits is never deepened or otherwise touched.
-  k.stages = 2;
   EXPECT_EQ(with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill),
             k);
 }
@@ -489,7 +466,6 @@ Knobs tile_knobs(std::int32_t block_m, std::int32_t block_n) {
   Knobs k;
   k.block_m = block_m;
   k.block_n = block_n;
-  k.stages = 2;  // fits every tile: only the tile rule may act
   k.token_back = TokenBack::dispatch_warps;
   return k;
 }
@@ -525,16 +501,15 @@ TEST(WithKnobsWgmma, Fp8Block128GetsOnly128By128) {
           << bm << " x " << bn;
 }
 
-// (Except a tile that fits shared memory at no stage count: bf16's 256 x 256, whose block_n
-// halves.)
+// (Except a tile that does not fit shared memory even double-buffered: bf16's 256 x 256, whose
+// block_n halves.)
 TEST(WithKnobsWgmma, OtherMathsKeepTheTileKnobsTheyDoNotRead) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
     for (Precision p : kAllPrecisions)
       for (std::int32_t bm : kKnobSpace.block_m)
         for (std::int32_t bn : kKnobSpace.block_n) {
-          const bool fits =
-              core::shared_memory_bytes(p, bm, bn, kKnobSpace.min_stages) <= kMaxSharedMemoryBytes;
+          const bool fits = core::shared_memory_bytes(p, bm, bn) <= core::kMaxSharedMemoryBytes;
           EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, fits ? bn : bn / 2))
               << to_string(m) << " " << to_string(p) << " " << bm << " x " << bn;
           if (!fits) {
@@ -633,15 +608,14 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
 TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
   LayerOptions o;
   o.combine = Combine::in_kernel_reduce;
-  Knobs k{TokenBack::dispatch_warps, 128, 256, 8, 4, 0, false};
+  Knobs k{TokenBack::dispatch_warps, 128, 256, 4, 0, false};
   std::vector<std::string> notes;
   const LayerShape shape{256, 64, 8, 2, 64};
   const Knobs out = core::adjust_knobs(k, Precision::bf16, 2, shape, TokenBucket::small, o, &notes);
-  EXPECT_EQ(out, (Knobs{TokenBack::epilogue_warps, 128, 128, 6, 4, 0, false}));
-  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_EQ(out, (Knobs{TokenBack::epilogue_warps, 128, 128, 4, 0, false}));
+  ASSERT_EQ(notes.size(), 2u);
   EXPECT_THAT(notes[0], HasSubstr("block_n=256 -> 128"));
-  EXPECT_THAT(notes[1], HasSubstr("stages=8 -> 6"));
-  EXPECT_EQ(notes[2],
+  EXPECT_EQ(notes[1],
             "token_back=dispatch_warps -> epilogue_warps: under expert_math=exact with bf16 in the "
             "small bucket the FC2 tile sends its rows home from its epilogue");
   notes.clear();
@@ -650,16 +624,17 @@ TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
 }
 
 TEST(KnobSharedMemoryEstimate, MatchesTheDocumentedFormula) {
-  // stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
+  // 2 stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
   //   + block_m × block_n × 2 (bf16 epilogue tile)
-  EXPECT_EQ(core::shared_memory_bytes(Precision::bf16, 64, 128, 4),
-            4 * (192 * 128 + 16) + 64 * 128 * 2);
-  EXPECT_EQ(core::shared_memory_bytes(Precision::mxfp8, 128, 256, 6),
-            6 * (384 * 66 + 16) + 128 * 256 * 2);
-  EXPECT_EQ(core::shared_memory_bytes(Precision::nvfp4, 128, 64, 8),
-            8 * (192 * 36 + 16) + 128 * 64 * 2);
-  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 128, 256), 3);
-  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 64, 64), 8);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::bf16, 64, 128),
+            2 * (192 * 128 + 16) + 64 * 128 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::mxfp8, 128, 256),
+            2 * (384 * 66 + 16) + 128 * 256 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::nvfp4, 128, 64),
+            2 * (192 * 36 + 16) + 128 * 64 * 2);
+  // bf16's 256 x 256 alone exceeds 227 KiB (262176 B); its 128 x 256 fits (163872 B).
+  EXPECT_GT(core::shared_memory_bytes(Precision::bf16, 256, 256), core::kMaxSharedMemoryBytes);
+  EXPECT_LE(core::shared_memory_bytes(Precision::bf16, 128, 256), core::kMaxSharedMemoryBytes);
 }
 
 // ---- buckets -----------------------------------------------------------------------------------
@@ -780,7 +755,6 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
                             "knobs.prefill={",
                             "block_m=",
                             "block_n=",
-                            "stages=",
                             "dispatch_warps=",
                             "token_back=",
                             "num_sms=",
@@ -788,6 +762,7 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
     EXPECT_THAT(d, HasSubstr(field));
   }
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
+  EXPECT_THAT(d, Not(HasSubstr("stages=")));  // not a knob since epmoe.config/10
 }
 
 // How often `mark` follows a value of `knob` in `d`, and how often `knob` appears.
@@ -802,14 +777,14 @@ std::pair<int, int> marked(const std::string& d, const std::string& knob, const 
   return {marks, seen};
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. stages is read by no code
-// and marked in each of the 4 buckets; num_sms (every chain kernel's grid), dispatch_warps (the
+// docs/design.md §5: a knob exists only if the code that runs reads it, so none is marked
+// "(not read yet)"; num_sms (every chain kernel's grid), dispatch_warps (the
 // dispatch kernel's CTA), token_back (wgmma's E4M3 tile; elsewhere the one mode that runs) and
 // megakernel (the persistent round, or a refusal at creation) are read and unmarked; block_m /
 // block_n are read by the wgmma backend only, so marked under exact and tensor_core; under wgmma
 // bf16 reads both, mxfp8 block_m (the packed GEMM's token rows) but not block_n. No caller-owned
 // field is marked.
-TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
+TEST(ConfigDescribe, MarksExactlyTheKnobsTheBackendDoesNotReadAndNothingElse) {
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
     for (Precision p : {Precision::bf16, Precision::mxfp8}) {
       LayerOptions o;
@@ -821,20 +796,18 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
       const std::string not_here =
           std::string(" (not read by expert_math=") + to_string(math) +
           (math == ExpertMath::wgmma ? std::string(" with precision=") + to_string(p) : "") + ")";
-      EXPECT_EQ(marked(d, "stages=", not_yet), std::make_pair(4, 4)) << d;
+      EXPECT_THAT(d, Not(HasSubstr(not_yet)));
       for (const char* knob : {"num_sms=", "dispatch_warps=", "token_back=", "megakernel="}) {
         EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
         EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
       }
       EXPECT_EQ(marked(d, "block_m=", not_here).first, m_read ? 0 : 4) << d;
       EXPECT_EQ(marked(d, "block_n=", not_here).first, n_read ? 0 : 4) << d;
-      for (const char* knob : {"block_m=", "block_n="})
-        EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
       int marks = 0;
       for (std::size_t at = d.find(" (not read"); at != std::string::npos;
            at = d.find(" (not read", at + 1))
         ++marks;
-      EXPECT_EQ(marks, (1 + (m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
+      EXPECT_EQ(marks, ((m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
       EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
           << "a caller-owned field is marked: " << d;
     }
@@ -882,7 +855,6 @@ TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
   };
   knob([](Knobs& k) { k.block_m = k.block_m == 64 ? 128 : 64; });
   knob([](Knobs& k) { k.block_n = k.block_n == 64 ? 128 : 64; });
-  knob([](Knobs& k) { k.stages = 2; });
   knob([](Knobs& k) { k.dispatch_warps = k.dispatch_warps == 1 ? 2 : 1; });
   knob([](Knobs& k) { k.num_sms = 99; });
   knob([](Knobs& k) { k.megakernel = !k.megakernel; });
@@ -905,17 +877,16 @@ TEST(ConfigDescribe, HasAStableFormat) {
   Knobs k;  // explicit knobs so the text does not depend on the default table
   k.block_m = 128;
   k.block_n = 64;
-  k.stages = 5;
   k.dispatch_warps = 6;
   k.num_sms = 100;
   const LayerConfig c =
       with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
   const std::string knobs =
       "{token_back=epilogue_warps block_m=128 (not read by expert_math=exact) "
-      "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 "
+      "block_n=64 (not read by expert_math=exact) dispatch_warps=6 "
       "num_sms=100 megakernel=false}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/9 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/10 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
             "expert_math=exact "

@@ -39,14 +39,12 @@ std::vector<Knobs> whole_knob_space() {
   std::vector<Knobs> all;
   for (std::int32_t bm : kKnobSpace.block_m) {
     for (std::int32_t bn : kKnobSpace.block_n) {
-      for (std::int32_t st = kKnobSpace.min_stages; st <= kKnobSpace.max_stages; ++st) {
-        for (std::int32_t dw = kKnobSpace.min_dispatch_warps; dw <= kKnobSpace.max_dispatch_warps;
-             ++dw) {
-          for (TokenBack tb : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
-            for (bool mk : {false, true}) {
-              for (std::int32_t sms : {0, 1, 66, 132, 1000}) {
-                all.push_back(Knobs{tb, bm, bn, st, dw, sms, mk});
-              }
+      for (std::int32_t dw = kKnobSpace.min_dispatch_warps; dw <= kKnobSpace.max_dispatch_warps;
+           ++dw) {
+        for (TokenBack tb : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+          for (bool mk : {false, true}) {
+            for (std::int32_t sms : {0, 1, 66, 132, 1000}) {
+              all.push_back(Knobs{tb, bm, bn, dw, sms, mk});
             }
           }
         }
@@ -86,7 +84,7 @@ std::vector<LayerOptions> every_caller_choice() {
 std::string show(const Knobs& k) {
   std::ostringstream s;
   s << "{token_back=" << to_string(k.token_back) << " block_m=" << k.block_m
-    << " block_n=" << k.block_n << " stages=" << k.stages << " dispatch_warps=" << k.dispatch_warps
+    << " block_n=" << k.block_n << " dispatch_warps=" << k.dispatch_warps
     << " num_sms=" << k.num_sms << " megakernel=" << k.megakernel << "}";
   return s.str();
 }
@@ -120,7 +118,9 @@ std::string conflict(const Knobs& k, Precision p, int world, const LayerShape& s
   if (token_back_conflicts(k, p, world, shape, b, o)) {
     return std::string("token_back=") + to_string(k.token_back) + " is not the bucket's mode";
   }
-  if (core::shared_memory_bytes(p, k) > kMaxSharedMemoryBytes) return "shared memory overflows";
+  if (core::shared_memory_bytes(p, k) > core::kMaxSharedMemoryBytes) {
+    return "shared memory overflows";
+  }
   if (k.block_n > std::max<std::int64_t>(kKnobSpace.block_n.front(), 2 * shape.intermediate)) {
     return "block_n wider than 2 * intermediate";
   }
@@ -146,7 +146,7 @@ TEST_P(WithKnobsProperty,
   const Precision precision = GetParam();
   const std::vector<Knobs> space = whole_knob_space();
   const std::vector<LayerOptions> choices = every_caller_choice();
-  ASSERT_EQ(space.size(), 2u * 3 * 3 * 7 * 16 * 2 * 5);
+  ASSERT_EQ(space.size(), 2u * 3 * 3 * 16 * 2 * 5);
   ASSERT_EQ(choices.size(), 12u);
   std::size_t config_index = 0, checked = 0;
   int failures = 0;
@@ -202,8 +202,7 @@ TEST_P(WithKnobsProperty,
                 out.token_back == in.token_back ||
                 token_back_conflicts(in_token_back, precision, world, shape, b, options);
             if (!block_m_ok || !block_n_ok || out.dispatch_warps != in.dispatch_warps ||
-                out.num_sms != in.num_sms || out.megakernel != in.megakernel ||
-                out.stages > in.stages || !token_back_ok) {
+                out.num_sms != in.num_sms || out.megakernel != in.megakernel || !token_back_ok) {
               fail("adjusted a knob that did not conflict", out);
             }
             if (conflict(in, precision, world, shape, b, options).empty() && !(out == in)) {
@@ -408,7 +407,7 @@ TEST(DefaultKnobTable, FallbackForAnyShapeIsInsideKnobSpaceAndFitsSharedMemory) 
         for (TokenBucket b : kBuckets) {
           const Knobs k = default_knobs(p, world, s, b);
           EXPECT_TRUE(core::in_knob_space(k)) << show(k);
-          EXPECT_LE(core::shared_memory_bytes(p, k), kMaxSharedMemoryBytes) << show(k);
+          EXPECT_LE(core::shared_memory_bytes(p, k), core::kMaxSharedMemoryBytes) << show(k);
         }
       }
     }

@@ -8,7 +8,7 @@
 // one cluster is created and checked once against the emulating reference, then each bucket's T is
 // timed as `epmoe bench` times a point (warm-up rounds, then timed rounds of uniform random
 // routing; a round's latency is the slowest rank's forward). A bucket's winner is the checked
-// candidate with the lowest p50; the knobs no code reads keep the table's values. The ranks are
+// candidate with the lowest p50; knobs that are no candidate keep the table's values. The ranks are
 // threads of this one process, so the winner is chosen once and every rank loads the same file. The
 // file's comment lines say how each bucket was measured.
 #include <CLI/CLI.hpp>

@@ -104,9 +104,8 @@ void check_options(const LayerOptions& o) {
   }
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. Knobs no code reads are
-// marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
-// a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms,
+// docs/design.md §5: a knob exists only if the code that runs reads it (stages, which none read,
+// left Knobs with epmoe.config/10). The CUDA executor reads num_sms,
 // dispatch_warps and megakernel (the persistent round, or a refusal at creation where the backend
 // has none) with every expert math, token_back with wgmma (the E4M3 tile's buckets run either
 // mode; every other bucket, of every math, has one, which make_config and with_knobs set) and
@@ -114,8 +113,6 @@ void check_options(const LayerOptions& o) {
 // mxfp8 / nvfp4 / mxfp4: block_m, the packed-weight GEMM's token rows; fp8_block128: neither);
 // the CPU executor reads none (its describe() is the same line: ranks compare configs, not
 // executors).
-constexpr const char* kNotReadYet = " (not read yet)";
-
 std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision) {
   // block_m / block_n: read by the wgmma backend only (exact and tensor_core run fixed tiles):
   // both by its bf16 GEMMs, block_m (token rows) by the packed-weight GEMM of mxfp8 / nvfp4 /
@@ -128,18 +125,17 @@ std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision)
         std::string(" (not read by expert_math=wgmma with precision=") + to_string(precision) + ")";
     if (precision == Precision::fp8_block128) m_mark = n_mark;
   }
-  return "{" + core::knob_fields(k, kNotReadYet, m_mark, n_mark) + "}";
+  return "{" + core::knob_fields(k, m_mark, n_mark) + "}";
 }
 
 }  // namespace
 
-std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
-                              const std::string& block_m_mark, const std::string& block_n_mark) {
+std::string core::knob_fields(const Knobs& k, const std::string& block_m_mark,
+                              const std::string& block_n_mark) {
   std::string s = "token_back=";
   s += to_string(k.token_back);
   s += " block_m=" + std::to_string(k.block_m) + block_m_mark;
   s += " block_n=" + std::to_string(k.block_n) + block_n_mark;
-  s += " stages=" + std::to_string(k.stages) + not_read_mark;
   s += " dispatch_warps=" + std::to_string(k.dispatch_warps);
   s += " num_sms=" + std::to_string(k.num_sms);
   s += k.megakernel ? " megakernel=true" : " megakernel=false";
@@ -293,7 +289,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/9";
+  std::string s = "epmoe.config/10";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);

@@ -163,12 +163,10 @@ TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit
   const Knobs wide = knobs_with(shape, p, [](Knobs& k) {
     k.block_m = 128;
     k.block_n = 256;
-    k.stages = 2;
   });
   const Knobs narrow = knobs_with(shape, p, [](Knobs& k) {
     k.block_m = 128;
     k.block_n = 128;
-    k.stages = 2;
   });
   LayerOptions options;
   options.expert_math = ExpertMath::wgmma;

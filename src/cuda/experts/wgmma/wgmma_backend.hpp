@@ -30,9 +30,9 @@
 // 128 or 256; 64 runs a tile of 16 rows where an expert gets a few rows, core::wgmma_16_row_tile:
 // mxfp8's and mxfp4's the E4M3 tile, nvfp4's the decoding one); num_sms sizes the GEMMs' persistent
 // grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs
-// already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not read
-// (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count share
-// their GEMMs.
+// already moved the knobs onto a tile this backend has (core::wgmma_has_tile); no knob sets a
+// pipeline depth (CUTLASS's automatic carveout picks it). Buckets with the same tile and SM count
+// share their GEMMs.
 #pragma once
 
 #include <memory>
