@@ -12,7 +12,6 @@ namespace {
 
 __global__ void __launch_bounds__(kKnobSpace.max_dispatch_warps * 32)
     dispatch_kernel(RoundParams p) {
-  allow_next_kernel();  // route (pdl.cuh)
   dispatch_step(p);
 }
 

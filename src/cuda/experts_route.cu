@@ -8,11 +8,10 @@ namespace epmoe::cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) route_kernel(RoundParams p) {
-  route_step(p, /*allow_next=*/true);  // bucket, once the counts are in
+  route_step(p);
 }
 
 __global__ void __launch_bounds__(kThreads) bucket_kernel(RoundParams p) {
-  allow_next_kernel();  // the backend's first kernel (pdl.cuh)
   bucket_step(p);
 }
 

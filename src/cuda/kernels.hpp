@@ -105,7 +105,7 @@ void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...)
 
 // Whether the chain's kernels are launched with programmatic dependent launch (launch_chained and
 // the wgmma backend's CUTLASS GEMMs): yes, unless $EPMOE_PDL is 0, which launches them in plain
-// stream order (their griddepcontrol triggers and waits then do nothing) — to tell a PDL fault
+// stream order (their griddepcontrol waits then do nothing) — to tell a PDL fault
 // from another, and to time what PDL buys within one build. Read once per process; CudaLayer's
 // creation reads it first, so a bad value fails there.
 inline bool programmatic_launch() {
@@ -121,11 +121,10 @@ inline bool programmatic_launch() {
 }
 
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
-// dependent launch (docs/design.md §4): its CTAs may be scheduled once every CTA of the
-// predecessor has started (allow_next_kernel), and every chain kernel's prologue (join_round /
-// start_round: griddepcontrol.wait) holds them until the predecessor has completed and its memory
-// is visible, before any global access. Not
-// for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
+// dependent launch (docs/design.md §4): the launch is queued before the predecessor completes,
+// and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds its
+// CTAs until the predecessor has completed and its memory is visible, before any global access.
+// Not for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
 // wait and attribute through parts::WaitsForPreviousKernel.)
 template <class... Params, class... Args>
 void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream,

@@ -9,8 +9,7 @@
 //   bucket        the pair list
 //   -- barrier --
 //   plan, gather  CTA 0: each expert's M and operand pointers; every CTA: the pairs' wire rows
-//                 into FC1's operand, and their home slots; FC2's weights of the experts with
-//                 rows into L2 (prefetch_weights_to_l2: a hint, when they fit its budget)
+//                 into FC1's operand, and their home slots
 //   -- barrier --
 //   FC1           the E4M3 tile, activating: h as MXFP8 codes and scales
 //   -- barrier --
@@ -68,12 +67,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       const RoundStart start = join_round(e.step.state, RoundPhase::fc1);
       const PhaseEnd phase_end{start};
       if (blockIdx.x == 0) experts::wgmma::plan_gemms(e, start.skip);
-      if (!start.skip) {
-        experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
-        // FC2's weights of the experts with rows into L2 while FC1 runs (a hint, within a budget)
-        experts::wgmma::prefetch_weights_to_l2(e.packed_weights.w2, e.problem.precision, e.step.in,
-                                               static_cast<int>(e.problem.local_experts));
-      }
+      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
       grid_barrier(p);
       // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA
       // use it through the async proxy from here on

@@ -98,10 +98,8 @@ __device__ inline void write_offsets(const RoundParams& p) {
   }
 }
 
-// Called by every thread of every CTA of the grid (no dynamic shared memory). `allow_next`: the
-// chain's route kernel lets bucket launch early (pdl.cuh) once the counts are in, not during the
-// wait for its peers' (the kernels after it would stack up resident through that wait).
-__device__ inline void route_step(const RoundParams& p, bool allow_next = false) {
+// Called by every thread of every CTA of the grid (no dynamic shared memory).
+__device__ inline void route_step(const RoundParams& p) {
   __shared__ std::uint32_t rows_from[kMaxWorld];
   __shared__ bool last;
   // 4. Every CTA needs every count before it can pick rows.
@@ -110,7 +108,6 @@ __device__ inline void route_step(const RoundParams& p, bool allow_next = false)
       [&](const DeviceSession& session, protocol::Deadline deadline, DevicePlatform& platform) {
         return session.await_counts(deadline, platform, rows_from);
       });
-  if (allow_next) allow_next_kernel();
   const PhaseEnd phase_end{start};
   if (start.skip) return;
   const std::uint32_t round = start.round;

@@ -21,7 +21,6 @@ __global__ void __launch_bounds__(kThreads, 1) f64_fc1_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ std::uint32_t x_row_of[kTileRows];  // the chunk's rows in the staged x
 
-  allow_next_kernel();  // quantize h (pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;

@@ -16,7 +16,6 @@ template <Precision P>
 __global__ void __launch_bounds__(kThreads, 1) f64_fc2_kernel(Params p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   __shared__ HomeSlot home_of[kTileRows];
-  allow_next_kernel();  // combine (pdl.cuh)
 
   fc2_round(p.step, [&](std::uint32_t round) {
     const ExpertInputs& in = p.step.in;

@@ -21,7 +21,6 @@ __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
   std::uint8_t* bytes = smem;
   auto* scratch = reinterpret_cast<float*>(smem + protocol::align16(protocol::wire_payload_bytes(
                                                       problem.precision, problem.intermediate)));
-  allow_next_kernel();  // FC2 (pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;

@@ -6,7 +6,6 @@ namespace {
 
 template <Activation kActivation, Precision P>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc1_kernel(Params p) {
-  allow_next_kernel();  // quantize h or FC2 (pdl.cuh)
   fc1_step<kActivation, P>(p);
 }
 

@@ -6,7 +6,6 @@ namespace {
 
 template <Precision P>
 __global__ void __launch_bounds__(kThreads, 2) bf16_fc2_kernel(Params p) {
-  allow_next_kernel();  // combine (pdl.cuh)
   fc2_step<P>(p);
 }
 

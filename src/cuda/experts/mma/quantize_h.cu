@@ -5,7 +5,6 @@ namespace epmoe::cuda::experts::mma {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) quantize_h_kernel(Params p) {
-  allow_next_kernel();  // FC2 (pdl.cuh)
   quantize_h_step(p);
 }
 

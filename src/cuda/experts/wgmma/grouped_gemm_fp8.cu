@@ -51,11 +51,10 @@ using StrideD = GemmKernel::InternalStrideD;
 constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
 // Each group's scale layouts from its problem (they fold M, N and K in). A kernel of the chain
-// (launch_chained): the GEMM after it may launch early, and it reads the problems the previous
-// kernel (plan_and_gather, activate) wrote only after that kernel has completed.
+// (launch_chained, PDL): it reads the problems the previous kernel (plan_and_gather, activate)
+// wrote only after that kernel has completed.
 __global__ void __launch_bounds__(kThreads)
     scale_layouts_kernel(const GemmProblem* problems, int groups, LayoutSFA* sfa, LayoutSFB* sfb) {
-  allow_next_kernel();  // the GEMM (pdl.cuh)
   wait_for_previous_kernel();
   for (int g = static_cast<int>(threadIdx.x); g < groups; g += blockDim.x) {
     const GemmProblem p = problems[g];

@@ -37,7 +37,6 @@ template <class Kernel>
 struct WaitsForPreviousKernel : Kernel {
   CUTLASS_DEVICE void operator()(typename Kernel::Params const& params, char* smem) {
     wait_for_previous_kernel();
-    allow_next_kernel();
     Kernel::operator()(params, smem);
   }
 };

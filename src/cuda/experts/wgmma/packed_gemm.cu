@@ -322,7 +322,6 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
   if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
   e4m3::init_ring<kTokens, kE2m1>(s);
   wait_for_previous_kernel();  // (plan wrote the problems and pointers)
-  allow_next_kernel();
   e4m3::gemm<kTokens, kActivates, kE2m1, kSendsHome>(args, &weight_codes, s, 0);
   // Sending home, once every thread's results are on their way, the last CTA publishes done to
   // every rank (a CTA without a tile takes its ticket too).

@@ -445,7 +445,6 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
     cutlass::arch::fence_barrier_init();
   }
   wait_for_previous_kernel();
-  allow_next_kernel();
   return tile_prefix<kTokens, kThreads>(s, args);
 }
 

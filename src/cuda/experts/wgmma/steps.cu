@@ -11,19 +11,13 @@
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
-// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows)
-// and (packed weights) prefetches FC2's into L2.
+// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
-  allow_next_kernel();  // FC1 (fp8_block128: its scale layouts kernel; pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (blockIdx.x == 0) plan_gemms(p, start.skip);
   if (start.skip) return;
   gather_rows<kThreads>(p, start.round);
-  // FC2's packed weights of the experts with rows into L2 while FC1 runs (a hint, within a budget)
-  if (p.packed())
-    prefetch_weights_to_l2(p.packed_weights.w2, p.problem.precision, p.step.in,
-                           static_cast<int>(p.problem.local_experts));
 }
 
 // Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.
@@ -48,7 +42,6 @@ int activate_group_size(const ExpertProblem& problem) {
 // h16 and its scale (fp8: E4M3 codes and 1 x 128 scales) go back to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
-  allow_next_kernel();  // FC2 (fp8_block128: its scale layouts kernel; pdl.cuh)
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;
@@ -114,7 +107,6 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
 // FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
 // rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  allow_next_kernel();  // combine (pdl.cuh)
   fc2_round<Stamps::end_only>(p.step,
                               [&](std::uint32_t round) { send_rows_home<kThreads>(p, round); });
 }

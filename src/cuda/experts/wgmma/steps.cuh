@@ -176,49 +176,6 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
   return w.multiplier != 1.0f ? v * w.multiplier : v;
 }
 
-// The packed weights of one FC (w: codes and one byte per block scale) of every local expert that
-// received rows this round, into L2 while other work runs: a hint (cp.async.bulk.prefetch.L2;
-// nothing waits for it), so that a GEMM started later reads them from L2. Skipped above
-// kL2PrefetchBudget bytes: FC1 streams about twice FC2's bytes through L2 meanwhile, so 3 x 14 MB
-// of an H200's 50 MB L2 (qwen3-30b-a3b at T = 1: 8 experts, 13 MB). Called by every thread of
-// every CTA once rows are known (after bucket: pair_offset); each thread issues at most one 32 KB
-// chunk per stride of the grid.
-inline constexpr std::int64_t kL2PrefetchBudget = 14 << 20;
-inline constexpr std::int64_t kL2PrefetchChunk = 32 << 10;
-__device__ inline void prefetch_weights_to_l2(const PackedMatrices& w, Precision precision,
-                                              const ExpertInputs& in, int experts) {
-  const int bits = precision == Precision::mxfp8 ? 8 : 4;  // (mxfp4, nvfp4)
-  const int block = precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
-  const std::int64_t code_bytes = w.rows * (w.cols * bits / 8);
-  const std::int64_t scale_bytes = w.rows * (w.cols / block);
-  int active = 0;  // the experts with rows, the same count in every CTA
-  for (int first = 0; first < experts; first += static_cast<int>(blockDim.x)) {
-    const int e = first + static_cast<int>(threadIdx.x);
-    active += __syncthreads_count(e < experts && in.pair_offset[e + 1] > in.pair_offset[e]);
-  }
-  if (active == 0 ||
-      static_cast<std::int64_t>(active) * (code_bytes + scale_bytes) > kL2PrefetchBudget)
-    return;
-  // chunks of expert e: its codes', then its scales' (each a whole multiple of 16 bytes)
-  const std::int64_t code_chunks = (code_bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
-  const std::int64_t chunks = code_chunks + (scale_bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
-  const std::int64_t threads = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       g < experts * chunks; g += threads) {
-    const int e = static_cast<int>(g / chunks);
-    if (in.pair_offset[e + 1] == in.pair_offset[e]) continue;
-    const std::int64_t c = g % chunks;
-    const bool codes = c < code_chunks;
-    const std::int64_t at = (codes ? c : c - code_chunks) * kL2PrefetchChunk;
-    const std::int64_t left = (codes ? code_bytes : scale_bytes) - at;
-    const std::int64_t bytes = left < kL2PrefetchChunk ? left : kL2PrefetchChunk;
-    const std::uint8_t* base = codes ? w.codes + e * code_bytes : w.scales + e * scale_bytes;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at),
-                 "r"(static_cast<std::uint32_t>(bytes))
-                 : "memory");
-  }
-}
-
 // One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the
 // round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
 // (send_home_n), four columns per lane per step. The chain's home kernel runs it, and the
