@@ -7,18 +7,19 @@
 #                                            # (git archive; sides base, alt1, alt2, ...; ignored
 #                                            # by git, so pass it to the device tool as carry,
 #                                            # with .gpu_deps)
-#   bench/ab.sh run [--turns N] [--tests] [--guard FILTER] [--kernel-times "ARGS"] \
+#   bench/ab.sh run [--turns N] [--tests | --suite] [--guard FILTER] [--kernel-times "ARGS"] \
 #     [--new-only "ARGS"] -- <epmoe bench arguments>                    # on the GPU machine
 #
 # `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
 # same time (Release; NCCL from the wheel and CLI11 / CUTLASS from .gpu_deps, as bench/run_all.sh
 # does): in build/ab-new, with `--tests` while the GPU tests build and run in build/gpu
-# (EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh), then N turns (2) of every side and new with the
-# arguments after `--` (each writes --json <side>_<turn>.json and its table, printed as it lands
-# so the call's output tail holds the numbers), and packs everything into one $OUT/ab.tgz (the
-# device tool returns only a few files). Several sides measure several candidate commits against
-# each other in one call; only the working tree is tested. Each side adds ~6 MB to the carry
-# (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
+# (EPMOE_GPU_TESTS_ONLY=1 tests/gpu/run.sh; `--suite`: the whole tests/gpu/run.sh, epmoe run and
+# stress too, under the caller's environment, e.g. EPMOE_GPU_RUN_DEEPSEEK=0), then N turns (2) of
+# every side and new with the arguments after `--` (each writes --json <side>_<turn>.json and its
+# table, printed as it lands so the call's output tail holds the numbers), and packs everything
+# into one $OUT/ab.tgz (the device tool returns only a few files). Several sides measure several
+# candidate commits against each other in one call; only the working tree is tested. Each side
+# adds ~6 MB to the carry (with .gpu_deps' 31 MB, three sides fit the device tool's 64 MiB).
 # --guard FILTER: first build the GPU tests (the sides build meanwhile) and run gpu_layer_test
 # --gtest_filter=FILTER on the working tree under a 120 s kill (the tests of the kernels the change
 # touches), and stop there if they fail or hang: a broken kernel costs ~2 minutes of device time,
@@ -64,6 +65,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --turns) turns=$2; shift 2 ;;
     --tests) tests=1; shift ;;
+    --suite) tests=2; shift ;;
     --guard) guard=$2; shift 2 ;;
     --kernel-times) kernel_times=$2; shift 2 ;;
     --new-only) new_only=$2; shift 2 ;;
@@ -117,13 +119,16 @@ if [ -n "$guard" ]; then
   fi
 fi
 tests_rc=0
-if [ "$tests" = 1 ]; then
-  EPMOE_GPU_TESTS_ONLY=1 OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
+if [ "$tests" != 0 ]; then
+  only=1
+  [ "$tests" = 2 ] && only=""  # the whole suite
+  EPMOE_GPU_TESTS_ONLY=$only OUT="$out/tests" tests/gpu/run.sh >"$out/tests.log" 2>&1
   tests_rc=$?
   # (gtest's summary is in the tests' own log; run.sh's in tests.log)
   logs=("$out/tests.log" "$out/tests/gpu_tests.log")
   echo "GPU tests rc=$tests_rc at $(elapsed) s: $(grep -hE '^\[ *(PASSED|FAILED) *\]|BUILD FAILED' "${logs[@]}" 2>/dev/null | tr '\n' ' ')"
   grep -hE '^\[ *FAILED *\]' "${logs[@]}" 2>/dev/null | head -20
+  [ "$tests" = 2 ] && grep -E ': (PASS|FAIL)|^(PASS|FAIL)|rc=' "$out/tests.log" | grep -v ': PASS$' | head -40
 fi
 failed=""
 for side in "${sides[@]}" new; do

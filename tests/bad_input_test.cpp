@@ -493,7 +493,7 @@ TEST(LayerCreationShapes, DifferentShapesOnDifferentRanksFailOnEveryRank) {
       [](int) { return LayerOptions{}; });
   for (const auto& e : errors) {
     EXPECT_THAT(e, HasSubstr("Layer creation: rank 1 was given a different config than rank 0"));
-    EXPECT_THAT(e, HasSubstr("rank 1: epmoe.config/7 hidden=64 intermediate=64 num_experts=8 "
+    EXPECT_THAT(e, HasSubstr("rank 1: epmoe.config/10 hidden=64 intermediate=64 num_experts=8 "
                              "top_k=2 max_tokens_per_rank=16"));
   }
 }

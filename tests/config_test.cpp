@@ -131,16 +131,27 @@ TEST(MakeConfig, KnobsAreTheDefaultTableEntryOfEachBucketUnderDefaultOptions) {
   }
 }
 
-TEST(MakeConfig, InKernelReduceTurnsADefaultDispatchWarpsTokenBackIntoEpilogueWarps) {
-  // Precondition: the table ships rows home with the dispatch warps here (else the test is void).
-  ASSERT_EQ(default_knobs(Precision::bf16, 8, kQwen, TokenBucket::prefill).token_back,
-            TokenBack::dispatch_warps);
-  LayerOptions o;
-  o.combine = Combine::in_kernel_reduce;
-  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 8, o);
-  for (int b = 0; b < kNumTokenBuckets; ++b) {
-    EXPECT_EQ(c.knobs(static_cast<TokenBucket>(b)).token_back, TokenBack::epilogue_warps);
-  }
+// token_back is the mode each bucket runs (docs/tuning.md#knobs): exact and tensor_core store FC2's
+// rows from the epilogue, wgmma's GEMMs leave them to its home kernel, but in the E4M3 tile's
+// buckets (mxfp8 and mxfp4 with a few rows per expert: qwen3 at world 4 in decode), where the
+// table's epilogue_warps (FC2 sends home) is kept. Neither combine changes it.
+TEST(MakeConfig, TokenBackIsTheModeEachBucketRuns) {
+  for (Combine combine : {Combine::staged, Combine::in_kernel_reduce})
+    for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
+      for (Precision p : {Precision::bf16, Precision::mxfp8, Precision::mxfp4}) {
+        LayerOptions o;
+        o.combine = combine;
+        o.expert_math = math;
+        const LayerConfig c = make_config(kQwen, p, 0, 4, o);
+        for (int b = 0; b < kNumTokenBuckets; ++b) {
+          const auto bucket = static_cast<TokenBucket>(b);
+          const bool e4m3 =
+              math == ExpertMath::wgmma && p != Precision::bf16 && bucket == TokenBucket::decode;
+          const TokenBack expected = math != ExpertMath::wgmma || e4m3 ? TokenBack::epilogue_warps
+                                                                       : TokenBack::dispatch_warps;
+          EXPECT_EQ(c.knobs(bucket).token_back, expected) << c.describe();
+        }
+      }
 }
 
 // ---- make_config rejects: field, value and rule in the message
@@ -322,14 +333,6 @@ TEST(WithKnobsRejects, BlockNOutsideKnobSpace) {
   EXPECT_EQ(knobs_rejection(k), "knobs.block_n=512: must be 64, 128 or 256");
 }
 
-TEST(WithKnobsRejects, StagesOutsideTwoToEight) {
-  Knobs k;
-  k.stages = 9;
-  EXPECT_EQ(knobs_rejection(k), "knobs.stages=9: must be in [2, 8]");
-  k.stages = 1;
-  EXPECT_EQ(knobs_rejection(k), "knobs.stages=1: must be in [2, 8]");
-}
-
 TEST(WithKnobsRejects, DispatchWarpsOutsideOneToSixteen) {
   Knobs k;
   k.dispatch_warps = 0;
@@ -358,45 +361,58 @@ TEST(WithKnobsRejects, BucketOutsideItsNames) {
 
 // ---- with_knobs adjusts conflicts it did not create ---------------------------------------------
 
-TEST(WithKnobs, DispatchWarpsTokenBackBecomesEpilogueWarpsUnderInKernelReduce) {
-  LayerOptions o;
-  o.combine = Combine::in_kernel_reduce;
-  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, o);
-  Knobs k;
-  k.token_back = TokenBack::dispatch_warps;
-  const LayerConfig t = with_knobs(c, k);
-  Knobs expected = k;
-  expected.token_back = TokenBack::epilogue_warps;
-  EXPECT_EQ(t.knobs(TokenBucket::decode), expected);
-  EXPECT_EQ(t.options().combine, Combine::in_kernel_reduce);
+TEST(WithKnobs, TokenBackMovesOntoTheOneModeABucketRuns) {
+  for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
+    LayerOptions o;
+    o.combine = Combine::in_kernel_reduce;
+    o.expert_math = math;
+    const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, o);
+    const TokenBack runs =
+        math == ExpertMath::wgmma ? TokenBack::dispatch_warps : TokenBack::epilogue_warps;
+    for (TokenBack asked : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+      Knobs k = c.knobs(TokenBucket::medium);
+      k.token_back = asked;
+      const LayerConfig t = with_knobs(c, k);
+      Knobs expected = k;
+      expected.token_back = runs;
+      for (int b = 0; b < kNumTokenBuckets; ++b)
+        EXPECT_EQ(t.knobs(static_cast<TokenBucket>(b)).token_back, runs) << t.describe();
+      EXPECT_EQ(t.knobs(TokenBucket::medium), expected);
+      EXPECT_EQ(t.options().combine, Combine::in_kernel_reduce);
+    }
+  }
 }
 
-TEST(WithKnobs, DispatchWarpsTokenBackIsKeptUnderStagedCombine) {
-  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
-  Knobs k;
-  k.token_back = TokenBack::dispatch_warps;
-  EXPECT_EQ(with_knobs(c, k).knobs(TokenBucket::medium), k);
+// wgmma's E4M3 tile (mxfp8 and mxfp4, qwen3 at world 4: decode) runs either mode, under either
+// combine, in the chain and in its persistent round (megakernel=true).
+TEST(WithKnobs, TokenBackIsKeptWhereTheE4m3TileRunsEitherMode) {
+  for (Combine combine : {Combine::staged, Combine::in_kernel_reduce})
+    for (Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+      LayerOptions o;
+      o.combine = combine;
+      o.expert_math = ExpertMath::wgmma;
+      const LayerConfig c = make_config(kQwen, p, 0, 4, o);
+      ASSERT_TRUE(has_persistent_round(c, TokenBucket::decode)) << c.describe();
+      ASSERT_FALSE(has_persistent_round(c, TokenBucket::small)) << c.describe();
+      for (TokenBack asked : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+        Knobs k = c.knobs(TokenBucket::decode);
+        k.token_back = asked;
+        EXPECT_EQ(with_knobs(c, k, TokenBucket::decode).knobs(TokenBucket::decode), k);
+        // applied to every bucket: small, medium and prefill run the home kernel
+        const LayerConfig all = with_knobs(c, k);
+        EXPECT_EQ(all.knobs(TokenBucket::decode).token_back, asked);
+        EXPECT_EQ(all.knobs(TokenBucket::small).token_back, TokenBack::dispatch_warps);
+        k.megakernel = true;
+        EXPECT_EQ(with_knobs(c, k, TokenBucket::decode).knobs(TokenBucket::decode), k)
+            << to_string(asked);
+      }
+    }
 }
 
-TEST(WithKnobs, StagesAreReducedUntilSharedMemoryFits) {
+TEST(WithKnobs, LeavesAFittingTileUntouched) {
   Knobs k;
   k.block_m = 128;
   k.block_n = 256;
-  k.stages = 8;
-  // bf16: 3 × (384 × 128 + 16) + 65536 = 213040 fits 232448; 4 stages would be 262208.
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      3);
-  // mxfp8: 6 × (384 × 66 + 16) + 65536 = 217696.
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::mxfp8, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      6);
-  // nvfp4: 8 stages fit (176256).
-  EXPECT_EQ(
-      with_knobs(make_config(kQwen, Precision::nvfp4, 0, 4), k).knobs(TokenBucket::prefill).stages,
-      8);
-  // A pipeline that already fits is never deepened or otherwise touched.
-  k.stages = 2;
   EXPECT_EQ(with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill),
             k);
 }
@@ -445,11 +461,12 @@ TEST(WithKnobs, NoBucketAppliesToEveryBucketAndLeavesTheInputUntouched) {
 // ---- the wgmma backend's tiles (core::wgmma_has_tile): knobs moved onto one it ships
 // --------------
 
+// (token_back: wgmma's mode outside the E4M3 tile's buckets, so that only the tile rule acts there)
 Knobs tile_knobs(std::int32_t block_m, std::int32_t block_n) {
   Knobs k;
   k.block_m = block_m;
   k.block_n = block_n;
-  k.stages = 2;  // fits every tile: only the tile rule may act
+  k.token_back = TokenBack::dispatch_warps;
   return k;
 }
 
@@ -484,16 +501,15 @@ TEST(WithKnobsWgmma, Fp8Block128GetsOnly128By128) {
           << bm << " x " << bn;
 }
 
-// (Except a tile that fits shared memory at no stage count: bf16's 256 x 256, whose block_n
-// halves.)
+// (Except a tile that does not fit shared memory even double-buffered: bf16's 256 x 256, whose
+// block_n halves.)
 TEST(WithKnobsWgmma, OtherMathsKeepTheTileKnobsTheyDoNotRead) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core})
     for (Precision p : kAllPrecisions)
       for (std::int32_t bm : kKnobSpace.block_m)
         for (std::int32_t bn : kKnobSpace.block_n) {
-          const bool fits =
-              core::shared_memory_bytes(p, bm, bn, kKnobSpace.min_stages) <= kMaxSharedMemoryBytes;
+          const bool fits = core::shared_memory_bytes(p, bm, bn) <= core::kMaxSharedMemoryBytes;
           EXPECT_EQ(tile_after(p, m, bm, bn), T(bm, fits ? bn : bn / 2))
               << to_string(m) << " " << to_string(p) << " " << bm << " x " << bn;
           if (!fits) {
@@ -506,8 +522,8 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
   LayerOptions o;
   o.expert_math = ExpertMath::wgmma;
   std::vector<std::string> notes;
-  const Knobs out =
-      core::adjust_knobs(tile_knobs(64, 256), Precision::fp8_block128, kQwen, o, &notes);
+  const Knobs out = core::adjust_knobs(tile_knobs(64, 256), Precision::fp8_block128, 4, kQwen,
+                                       TokenBucket::decode, o, &notes);
   EXPECT_EQ(out, tile_knobs(128, 128));
   ASSERT_EQ(notes.size(), 2u);
   EXPECT_EQ(notes[0],
@@ -517,7 +533,9 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
             "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
             "(E4M3 blockwise)");
   notes.clear();
-  EXPECT_EQ(core::adjust_knobs(out, Precision::fp8_block128, kQwen, o, &notes), out);
+  EXPECT_EQ(
+      core::adjust_knobs(out, Precision::fp8_block128, 4, kQwen, TokenBucket::decode, o, &notes),
+      out);
   EXPECT_TRUE(notes.empty());
 }
 
@@ -536,6 +554,45 @@ TEST(WithKnobsWgmma, EveryDefaultBucketOfEveryRealShapeIsATileTheBackendShips) {
       }
 }
 
+// The persistent round: every bucket of tensor_core, none of exact, and under wgmma exactly the
+// buckets whose knobs run mxfp8's or mxfp4's E4M3 tile (block_m 64, at most 16 balanced rows per
+// expert): decode of qwen3 at world 4, not small (32 rows) and above; none once block_m is 128;
+// none of the precisions without the tile.
+TEST(HasPersistentRound, TensorCoreEveryBucketExactNoneWgmmaTheE4m3TilesBuckets) {
+  const auto config = [](Precision p, ExpertMath math) {
+    LayerOptions o;
+    o.expert_math = math;
+    return make_config(kQwen, p, 0, 4, o);
+  };
+  const TokenBucket buckets[] = {TokenBucket::decode, TokenBucket::small, TokenBucket::medium,
+                                 TokenBucket::prefill};
+  for (const Precision p : kAllPrecisions)
+    for (const TokenBucket b : buckets) {
+      EXPECT_TRUE(has_persistent_round(config(p, ExpertMath::tensor_core), b)) << to_string(p);
+      EXPECT_FALSE(has_persistent_round(config(p, ExpertMath::exact), b)) << to_string(p);
+    }
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+    LayerConfig c = config(p, ExpertMath::wgmma);
+    for (const TokenBucket b : buckets) {  // the E4M3 tile where block_m is 64 and rows are few
+      Knobs k = c.knobs(b);
+      k.block_m = 64;
+      c = with_knobs(c, k, b);
+    }
+    // qwen3 (E = 128, top-8) at world 4: 4 x 16 x 8 / 128 = 4 and 4 x 128 x 8 / 128 = 32 rows
+    EXPECT_TRUE(has_persistent_round(c, TokenBucket::decode)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::small)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::medium)) << to_string(p);
+    EXPECT_FALSE(has_persistent_round(c, TokenBucket::prefill)) << to_string(p);
+    Knobs k = c.knobs(TokenBucket::decode);
+    k.block_m = 128;
+    EXPECT_FALSE(has_persistent_round(with_knobs(c, k, TokenBucket::decode), TokenBucket::decode))
+        << to_string(p);
+  }
+  for (const Precision p : {Precision::bf16, Precision::nvfp4, Precision::fp8_block128})
+    for (const TokenBucket b : buckets)
+      EXPECT_FALSE(has_persistent_round(config(p, ExpertMath::wgmma), b)) << to_string(p);
+}
+
 TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
   for (Precision p : kAllPrecisions)
     for (std::int32_t bm : kKnobSpace.block_m)
@@ -551,30 +608,33 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
 TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
   LayerOptions o;
   o.combine = Combine::in_kernel_reduce;
-  Knobs k{TokenBack::dispatch_warps, 128, 256, 8, 4, 0, false};
+  Knobs k{TokenBack::dispatch_warps, 128, 256, 4, 0, false};
   std::vector<std::string> notes;
-  const Knobs out = core::adjust_knobs(k, Precision::bf16, {256, 64, 8, 2, 64}, o, &notes);
-  EXPECT_EQ(out, (Knobs{TokenBack::epilogue_warps, 128, 128, 6, 4, 0, false}));
-  ASSERT_EQ(notes.size(), 3u);
-  EXPECT_THAT(notes[0], HasSubstr("token_back=dispatch_warps -> epilogue_warps"));
-  EXPECT_THAT(notes[1], HasSubstr("block_n=256 -> 128"));
-  EXPECT_THAT(notes[2], HasSubstr("stages=8 -> 6"));
+  const LayerShape shape{256, 64, 8, 2, 64};
+  const Knobs out = core::adjust_knobs(k, Precision::bf16, 2, shape, TokenBucket::small, o, &notes);
+  EXPECT_EQ(out, (Knobs{TokenBack::epilogue_warps, 128, 128, 4, 0, false}));
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_THAT(notes[0], HasSubstr("block_n=256 -> 128"));
+  EXPECT_EQ(notes[1],
+            "token_back=dispatch_warps -> epilogue_warps: under expert_math=exact with bf16 in the "
+            "small bucket the FC2 tile sends its rows home from its epilogue");
   notes.clear();
-  EXPECT_EQ(core::adjust_knobs(out, Precision::bf16, {256, 64, 8, 2, 64}, o, &notes), out);
+  EXPECT_EQ(core::adjust_knobs(out, Precision::bf16, 2, shape, TokenBucket::small, o, &notes), out);
   EXPECT_TRUE(notes.empty());
 }
 
 TEST(KnobSharedMemoryEstimate, MatchesTheDocumentedFormula) {
-  // stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
+  // 2 stages × ((block_m + block_n) × row bytes of a 64-wide k tile + 16 B of mbarriers)
   //   + block_m × block_n × 2 (bf16 epilogue tile)
-  EXPECT_EQ(core::shared_memory_bytes(Precision::bf16, 64, 128, 4),
-            4 * (192 * 128 + 16) + 64 * 128 * 2);
-  EXPECT_EQ(core::shared_memory_bytes(Precision::mxfp8, 128, 256, 6),
-            6 * (384 * 66 + 16) + 128 * 256 * 2);
-  EXPECT_EQ(core::shared_memory_bytes(Precision::nvfp4, 128, 64, 8),
-            8 * (192 * 36 + 16) + 128 * 64 * 2);
-  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 128, 256), 3);
-  EXPECT_EQ(core::max_fitting_stages(Precision::bf16, 64, 64), 8);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::bf16, 64, 128),
+            2 * (192 * 128 + 16) + 64 * 128 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::mxfp8, 128, 256),
+            2 * (384 * 66 + 16) + 128 * 256 * 2);
+  EXPECT_EQ(core::shared_memory_bytes(Precision::nvfp4, 128, 64),
+            2 * (192 * 36 + 16) + 128 * 64 * 2);
+  // bf16's 256 x 256 alone exceeds 227 KiB (262176 B); its 128 x 256 fits (163872 B).
+  EXPECT_GT(core::shared_memory_bytes(Precision::bf16, 256, 256), core::kMaxSharedMemoryBytes);
+  EXPECT_LE(core::shared_memory_bytes(Precision::bf16, 128, 256), core::kMaxSharedMemoryBytes);
 }
 
 // ---- buckets -----------------------------------------------------------------------------------
@@ -632,6 +692,9 @@ TEST(ConfigNames, ToStringAndParseRoundTrip) {
   for (ExpertMath m : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma}) {
     EXPECT_EQ(parse_expert_math(to_string(m)), m);
   }
+  for (TokenBack t : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+    EXPECT_EQ(parse_token_back(to_string(t)), t);
+  }
   EXPECT_STREQ(to_string(ExpertMath::exact), "exact");
   EXPECT_STREQ(to_string(ExpertMath::tensor_core), "tensor_core");
   EXPECT_STREQ(to_string(ExpertMath::wgmma), "wgmma");
@@ -658,6 +721,8 @@ TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
             "expert_math=tf32: must be one of exact, tensor_core, wgmma");
   EXPECT_EQ(rejection([] { parse_expert_math("Exact", "--math"); }),
             "--math=Exact: must be one of exact, tensor_core, wgmma");
+  EXPECT_EQ(rejection([] { parse_token_back("epilogue", "--token-back"); }),
+            "--token-back=epilogue: must be one of epilogue_warps, dispatch_warps");
 }
 
 TEST(ConfigOptions, ExpertMathDefaultsToExact) {
@@ -690,7 +755,6 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
                             "knobs.prefill={",
                             "block_m=",
                             "block_n=",
-                            "stages=",
                             "dispatch_warps=",
                             "token_back=",
                             "num_sms=",
@@ -698,6 +762,7 @@ TEST(ConfigDescribe, IsOneLineNamingEveryField) {
     EXPECT_THAT(d, HasSubstr(field));
   }
   EXPECT_THAT(d, Not(HasSubstr(" rank=")));
+  EXPECT_THAT(d, Not(HasSubstr("stages=")));  // not a knob since epmoe.config/10
 }
 
 // How often `mark` follows a value of `knob` in `d`, and how often `knob` appears.
@@ -712,13 +777,14 @@ std::pair<int, int> marked(const std::string& d, const std::string& knob, const 
   return {marks, seen};
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. token_back, stages and
-// dispatch_warps are read by no code and marked in each of the 4 buckets; num_sms (every chain
-// kernel's grid) and megakernel (the persistent round, or a refusal at creation) are read and
-// unmarked; block_m / block_n are read by the wgmma backend only, so marked under exact and
-// tensor_core; under wgmma bf16 reads both, mxfp8 block_m (the packed GEMM's token rows) but not
-// block_n. No caller-owned field is marked.
-TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
+// docs/design.md §5: a knob exists only if the code that runs reads it, so none is marked
+// "(not read yet)"; num_sms (every chain kernel's grid), dispatch_warps (the
+// dispatch kernel's CTA), token_back (wgmma's E4M3 tile; elsewhere the one mode that runs) and
+// megakernel (the persistent round, or a refusal at creation) are read and unmarked; block_m /
+// block_n are read by the wgmma backend only, so marked under exact and tensor_core; under wgmma
+// bf16 reads both, mxfp8 block_m (the packed GEMM's token rows) but not block_n. No caller-owned
+// field is marked.
+TEST(ConfigDescribe, MarksExactlyTheKnobsTheBackendDoesNotReadAndNothingElse) {
   for (ExpertMath math : {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma})
     for (Precision p : {Precision::bf16, Precision::mxfp8}) {
       LayerOptions o;
@@ -730,21 +796,18 @@ TEST(ConfigDescribe, MarksExactlyTheKnobsNoCodeReadsAndNothingElse) {
       const std::string not_here =
           std::string(" (not read by expert_math=") + to_string(math) +
           (math == ExpertMath::wgmma ? std::string(" with precision=") + to_string(p) : "") + ")";
-      for (const char* knob : {"token_back=", "stages=", "dispatch_warps="})
-        EXPECT_EQ(marked(d, knob, not_yet), std::make_pair(4, 4)) << knob << " in " << d;
-      for (const char* knob : {"num_sms=", "megakernel="}) {
+      EXPECT_THAT(d, Not(HasSubstr(not_yet)));
+      for (const char* knob : {"num_sms=", "dispatch_warps=", "token_back=", "megakernel="}) {
         EXPECT_EQ(marked(d, knob, "").second, 4) << knob;
         EXPECT_EQ(marked(d, knob, " (not").first, 0) << knob << " in " << d;
       }
       EXPECT_EQ(marked(d, "block_m=", not_here).first, m_read ? 0 : 4) << d;
       EXPECT_EQ(marked(d, "block_n=", not_here).first, n_read ? 0 : 4) << d;
-      for (const char* knob : {"block_m=", "block_n="})
-        EXPECT_EQ(marked(d, knob, not_yet).first, 0) << d;
       int marks = 0;
       for (std::size_t at = d.find(" (not read"); at != std::string::npos;
            at = d.find(" (not read", at + 1))
         ++marks;
-      EXPECT_EQ(marks, (3 + (m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
+      EXPECT_EQ(marks, ((m_read ? 0 : 1) + (n_read ? 0 : 1)) * kNumTokenBuckets) << d;
       EXPECT_EQ(d.substr(0, d.find(" knobs.")).find(" (not read"), std::string::npos)
           << "a caller-owned field is marked: " << d;
     }
@@ -790,19 +853,22 @@ TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
     edit(k);
     variants.push_back(with_knobs(base, k, TokenBucket::medium));
   };
-  knob([](Knobs& k) {
-    k.token_back = k.token_back == TokenBack::epilogue_warps ? TokenBack::dispatch_warps
-                                                             : TokenBack::epilogue_warps;
-  });
   knob([](Knobs& k) { k.block_m = k.block_m == 64 ? 128 : 64; });
   knob([](Knobs& k) { k.block_n = k.block_n == 64 ? 128 : 64; });
-  knob([](Knobs& k) { k.stages = 2; });
   knob([](Knobs& k) { k.dispatch_warps = k.dispatch_warps == 1 ? 2 : 1; });
   knob([](Knobs& k) { k.num_sms = 99; });
   knob([](Knobs& k) { k.megakernel = !k.megakernel; });
   for (std::size_t i = 0; i < variants.size(); ++i) {
     EXPECT_NE(variants[i].describe(), base.describe()) << "variant " << i;
   }
+  // token_back where a bucket runs either mode (wgmma's E4M3 tile: mxfp8, qwen3 at world 4, decode)
+  LayerOptions wgmma;
+  wgmma.expert_math = ExpertMath::wgmma;
+  const LayerConfig e4m3 = make_config(kQwen, Precision::mxfp8, 0, 4, wgmma);
+  Knobs k = e4m3.knobs(TokenBucket::decode);
+  k.token_back = k.token_back == TokenBack::epilogue_warps ? TokenBack::dispatch_warps
+                                                           : TokenBack::epilogue_warps;
+  EXPECT_NE(with_knobs(e4m3, k, TokenBucket::decode).describe(), e4m3.describe());
 }
 
 TEST(ConfigDescribe, HasAStableFormat) {
@@ -811,17 +877,16 @@ TEST(ConfigDescribe, HasAStableFormat) {
   Knobs k;  // explicit knobs so the text does not depend on the default table
   k.block_m = 128;
   k.block_n = 64;
-  k.stages = 5;
   k.dispatch_warps = 6;
   k.num_sms = 100;
   const LayerConfig c =
       with_knobs(make_config({1024, 512, 16, 2, 256}, Precision::nvfp4, 1, 2, o), k);
   const std::string knobs =
-      "{token_back=epilogue_warps (not read yet) block_m=128 (not read by expert_math=exact) "
-      "block_n=64 (not read by expert_math=exact) stages=5 (not read yet) dispatch_warps=6 (not "
-      "read yet) num_sms=100 megakernel=false}";
+      "{token_back=epilogue_warps block_m=128 (not read by expert_math=exact) "
+      "block_n=64 (not read by expert_math=exact) dispatch_warps=6 "
+      "num_sms=100 megakernel=false}";
   EXPECT_EQ(c.describe(),
-            "epmoe.config/7 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
+            "epmoe.config/10 hidden=1024 intermediate=512 num_experts=16 top_k=2 "
             "max_tokens_per_rank=256 precision=nvfp4 world=2 combine=staged deterministic=false "
             "timeout_ms=10000 activation=swiglu swiglu_limit=7.5 mxfp8_scale_rounding=rceil "
             "expert_math=exact "

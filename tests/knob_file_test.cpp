@@ -71,6 +71,7 @@ TEST(KnobFile, WritesTheKeyAndABucketPerLine) {
   EXPECT_NE(text.find("\nprefill token_back=dispatch_warps block_m=128 block_n=256 "),
             std::string::npos)
       << text;
+  EXPECT_EQ(text.find("stages"), std::string::npos) << text;  // not a knob
 }
 
 TEST(KnobFile, ALineMayNameSomeKnobsAndAFileSomeBuckets) {
@@ -84,6 +85,25 @@ TEST(KnobFile, ALineMayNameSomeKnobsAndAFileSomeBuckets) {
   EXPECT_EQ(loaded.knobs(TokenBucket::small), want);
   for (TokenBucket b : {TokenBucket::decode, TokenBucket::medium, TokenBucket::prefill})
     EXPECT_EQ(loaded.knobs(b), base.knobs(b)) << to_string(b);
+}
+
+// Files written before epmoe.config/10 hold stages=N, a knob no code ever read: accepted and
+// ignored, so such a line loads the knobs it loaded before.
+TEST(KnobFile, StagesFromAnOlderFileIsAcceptedAndIgnored) {
+  const LayerConfig base = wgmma_config();
+  const std::string key =
+      "key precision=bf16 world=2 hidden=2048 intermediate=768 num_experts=128 top_k=8 "
+      "expert_math=wgmma\n";
+  const std::string head = "prefill token_back=dispatch_warps block_m=128 block_n=256 ";
+  const std::string tail = "dispatch_warps=12 num_sms=66 megakernel=false\n";
+  const LayerConfig without = with_knob_text(base, key + head + tail);
+  const LayerConfig old = with_knob_text(base, key + head + "stages=5 " + tail);
+  EXPECT_NE(without.knobs(TokenBucket::prefill), base.knobs(TokenBucket::prefill));
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    const auto bucket = static_cast<TokenBucket>(b);
+    EXPECT_EQ(old.knobs(bucket), without.knobs(bucket)) << to_string(bucket);
+  }
+  EXPECT_EQ(old.describe(), without.describe());
 }
 
 TEST(KnobFile, KnobsAreAdjustedAsWithKnobsAdjustsThem) {
@@ -117,9 +137,10 @@ TEST(KnobFile, MalformedLinesAreRejectedNamingTheLineAndTheField) {
     return rejection([&] { with_knob_text(c, text, "f"); });
   };
   EXPECT_EQ(reject(key + "decode stage=3\n"),
-            "f:2: unknown knob 'stage' (token_back, block_m, block_n, stages, dispatch_warps, "
-            "num_sms, megakernel)");
-  EXPECT_EQ(reject(key + "decode stages=9\n"), "f:2: knobs.stages=9: must be in [2, 8]");
+            "f:2: unknown knob 'stage' (token_back, block_m, block_n, dispatch_warps, num_sms, "
+            "megakernel)");
+  EXPECT_EQ(reject(key + "decode dispatch_warps=17\n"),
+            "f:2: knobs.dispatch_warps=17: must be in [1, 16]");
   EXPECT_EQ(reject(key + "decode block_m\n"), "f:2: 'block_m' is not name=value");
   EXPECT_EQ(reject(key + "decode block_m=6x4\n"), "f:2: block_m=6x4: not an integer");
   EXPECT_EQ(reject(key + "decode megakernel=yes\n"), "f:2: megakernel=yes: must be true or false");

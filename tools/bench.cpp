@@ -45,6 +45,7 @@ struct BenchOptions : SweepOptions {
   std::string worlds = "auto";
   bool phases = false;               // Layer::set_phase_timing on every rank; per-phase p50 columns
   std::string megakernel = "false";  // comma list of true / false, or auto: the persistent round
+  std::string token_back = "table";  // comma list of table, epilogue_warps, dispatch_warps
   bool graph = false;                // time CUDA-graph replays of one captured forward
   BenchOptions() {
     models = "qwen3-30b-a3b,deepseek-v3";
@@ -143,6 +144,8 @@ struct Point {
   Traffic traffic;                 // mean over the timed rounds
   std::size_t resident_bytes = 0;  // Layer::resident_weight_bytes() of rank 0 (every rank alike)
   bool megakernel = false;         // the knobs of T's bucket ran the persistent round (CUDA)
+  TokenBack token_back = TokenBack::epilogue_warps;  // the knobs of T's bucket's (what ran)
+  bool show_token_back = false;                      // --token-back named a mode: the table says
   double floor_ms = kNaN;
   std::string bound;
   // --phases: per phase, the p50 over timed rounds of its duration on the round's slowest rank
@@ -176,13 +179,14 @@ struct SweepState : SweepRun {
 
 void run_config(SweepState& st, const Model& model, const ModelData& data, int world,
                 Precision precision, Combine combine, ExpertMath math, bool megakernel,
-                std::vector<Point*>& points) {
+                std::optional<TokenBack> token_back, std::vector<Point*>& points) {
   const BenchOptions& o = *st.o;
   const LayerShape& s = model.shape;
-  ConfigPoints<Point> cp{st, points,
-                         model.label() + " W=" + std::to_string(world) + " " +
-                             to_string(precision) + " " + to_string(combine) + " " +
-                             to_string(math) + (megakernel ? " persistent" : "")};
+  ConfigPoints<Point> cp{
+      st, points,
+      model.label() + " W=" + std::to_string(world) + " " + to_string(precision) + " " +
+          to_string(combine) + " " + to_string(math) + (megakernel ? " persistent" : "") +
+          (token_back ? std::string(" token_back=") + to_string(*token_back) : std::string())};
   const std::string& what = cp.what;
   // Preparing a layer (each rank copies its experts' bf16 weights up and prepares them on its
   // GPU) is a large part of a config's cost: skip it when the time the same model and precision
@@ -194,9 +198,9 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   options.combine = combine;
   options.expert_math = math;
   options.timeout_ms = o.timeout_ms;
-  const ConfigCluster made =
-      make_cluster(s, precision, options, world, data, st.backend,
-                   megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
+  const ConfigCluster made = make_cluster(
+      s, precision, options, world, data, st.backend,
+      [=](const LayerConfig& c) { return with_tool_knobs(c, token_back, megakernel); });
   if (!made.cluster) {
     st.any_failure = true;
     cp.skip_rest(0, "error", made.error);
@@ -211,8 +215,10 @@ void run_config(SweepState& st, const Model& model, const ModelData& data, int w
   for (Point* p : points) {
     p->check = check;
     p->resident_bytes = resident_bytes;
-    p->megakernel = st.backend == Backend::cuda_nccl &&
-                    cluster->layer(0).config().knobs_for(p->counts.max()).megakernel;
+    const Knobs& knobs = cluster->layer(0).config().knobs_for(p->counts.max());
+    p->megakernel = st.backend == Backend::cuda_nccl && knobs.megakernel;
+    p->token_back = knobs.token_back;
+    p->show_token_back = token_back.has_value();
   }
   std::fprintf(stderr, "[config] %s: layer ready in %.1f s, check %s\n", what.c_str(), prep_s,
                check.c_str());
@@ -294,7 +300,10 @@ void print_table(const std::vector<Point>& points, bool phases) {
     for (const char* column : kPhaseColumns) std::printf("%7s ", column);
   std::printf("check\n");
   for (const Point& p : points) {
-    const std::string math = std::string(to_string(p.math)) + (p.megakernel ? "*" : "");
+    // --token-back: " e" / " d", the mode T's bucket ran (epilogue_warps / dispatch_warps)
+    const std::string math =
+        std::string(to_string(p.math)) + (p.megakernel ? "*" : "") +
+        (p.show_token_back ? (p.token_back == TokenBack::epilogue_warps ? " e" : " d") : "");
     std::printf("%-22s %2d %-5s %-16s %-11s %5s ", p.model->label().c_str(), p.world,
                 to_string(p.precision), to_string(p.combine), math.c_str(),
                 p.counts.label().c_str());
@@ -347,6 +356,7 @@ void write_json(const std::string& path, const BenchOptions& o, Backend backend,
         f << ", \"combine\": " << json_str(to_string(p.combine))
           << ", \"math\": " << json_str(to_string(p.math))
           << ", \"megakernel\": " << (p.megakernel ? "true" : "false")
+          << ", \"token_back\": " << json_str(to_string(p.token_back))
           << ", \"graph\": " << (o.graph ? "true" : "false") << ", \"world\": " << p.world
           << ", \"tokens_per_rank\": " << tokens_per_rank(p.counts)
           << ", \"status\": " << json_str(p.status) << ", \"note\": " << json_str(p.note)
@@ -438,14 +448,22 @@ int bench(const BenchOptions& o) {
 
   const bool tensor_core =
       std::find(maths.begin(), maths.end(), ExpertMath::tensor_core) != maths.end();
+  const bool wgmma = std::find(maths.begin(), maths.end(), ExpertMath::wgmma) != maths.end();
   const std::vector<bool> megakernels =
       parse_megakernel_values(o.megakernel, tensor_core && backend == Backend::cuda_nccl);
   if (std::find(megakernels.begin(), megakernels.end(), true) != megakernels.end()) {
     check_megakernel_backend(true, backend);
-    if (!tensor_core)
+    if (!tensor_core && !wgmma)
       reject("--megakernel=" + o.megakernel +
-             ": only --math tensor_core has the persistent round; add it to --math");
+             ": only --math tensor_core and wgmma (mxfp8's and mxfp4's E4M3 tile) have the "
+             "persistent round; add one to --math");
   }
+  // --token-back: table (each bucket's, empty) or a mode asked of every bucket
+  std::vector<std::optional<TokenBack>> token_backs;
+  for (const std::string& v : split(o.token_back))
+    token_backs.push_back(v == "table" ? std::nullopt
+                                       : std::optional(parse_token_back(v, "--token-back")));
+  if (token_backs.empty()) reject("--token-back: give at least one value");
   const Ceilings ceilings =
       start_sweep(o, backend, "epmoe bench: executor " + describe_backend(backend, data_world));
 
@@ -458,6 +476,7 @@ int bench(const BenchOptions& o) {
     Combine combine;
     ExpertMath math;
     bool megakernel;
+    std::optional<TokenBack> token_back;
     std::vector<std::size_t> points;
   };
   std::vector<Point> points;
@@ -467,28 +486,39 @@ int bench(const BenchOptions& o) {
       for (Combine c : combines)
         for (ExpertMath x : maths)
           for (const bool mk : megakernels)
-            for (std::size_t m = 0; m < models.size(); ++m) {
-              // The CUDA mma.sync backend refuses fp8_block128 (its fp32 block scales are not
-              // exact in bf16; docs/formats.md): that config is left out, not failed. So are the
-              // persistent round's configs of the maths that have none.
-              if (backend == Backend::cuda_nccl && p == Precision::fp8_block128 &&
-                  x == ExpertMath::tensor_core)
-                continue;
-              if (mk && x != ExpertMath::tensor_core) continue;
-              Config cfg{m, w, p, c, x, mk, {}};
-              for (const TokenCounts& t : tokens) {
-                Point pt;
-                pt.model = &models[m];
-                pt.world = w;
-                pt.precision = p;
-                pt.combine = c;
-                pt.math = x;
-                pt.counts = t;
-                cfg.points.push_back(points.size());
-                points.push_back(pt);
+            for (const std::optional<TokenBack>& tb : token_backs)
+              for (std::size_t m = 0; m < models.size(); ++m) {
+                // The CUDA mma.sync backend refuses fp8_block128 (its fp32 block scales are not
+                // exact in bf16; docs/formats.md): that config is left out, not failed. So are the
+                // persistent round's configs of the maths that have none.
+                if (backend == Backend::cuda_nccl && p == Precision::fp8_block128 &&
+                    x == ExpertMath::tensor_core)
+                  continue;
+                if (mk) {  // (a config make_config refuses fails in run_config, as without mk)
+                  LayerOptions options;
+                  options.expert_math = x;
+                  options.combine = c;
+                  bool has_one = false;
+                  try {
+                    has_one = any_persistent_round(make_config(models[m].shape, p, 0, w, options));
+                  } catch (const Error&) {
+                  }
+                  if (!has_one) continue;
+                }
+                Config cfg{m, w, p, c, x, mk, tb, {}};
+                for (const TokenCounts& t : tokens) {
+                  Point pt;
+                  pt.model = &models[m];
+                  pt.world = w;
+                  pt.precision = p;
+                  pt.combine = c;
+                  pt.math = x;
+                  pt.counts = t;
+                  cfg.points.push_back(points.size());
+                  points.push_back(pt);
+                }
+                configs.push_back(cfg);
               }
-              configs.push_back(cfg);
-            }
 
   ModelDataCache data(models, data_world, o.seed);
   Progress progress("bench", static_cast<std::int64_t>(points.size()));
@@ -496,7 +526,7 @@ int bench(const BenchOptions& o) {
   for (Config& cfg : configs) {
     std::vector<Point*> pts = points_at(points, cfg.points);
     run_config(st, models[cfg.model], data.get(cfg.model), cfg.world, cfg.precision, cfg.combine,
-               cfg.math, cfg.megakernel, pts);
+               cfg.math, cfg.megakernel, cfg.token_back, pts);
   }
   progress.finish();
   const double total_s = seconds_since(start);
@@ -510,6 +540,10 @@ int bench(const BenchOptions& o) {
   if (o.graph) std::printf("every point: CUDA-graph replays of one captured forward (--graph)\n");
   if (std::any_of(points.begin(), points.end(), [](const Point& p) { return p.megakernel; }))
     std::printf("math* = the persistent round (--megakernel): one launch per forward\n");
+  if (std::any_of(points.begin(), points.end(), [](const Point& p) { return p.show_token_back; }))
+    std::printf(
+        "math e / d = the token-back mode T's bucket ran (--token-back; where a bucket has one, "
+        "its own): e = epilogue_warps (FC2 sends home), d = dispatch_warps (the home kernel)\n");
   if (o.phases)
     std::printf(
         "phases (--phases): p50 us over rounds on the round's slowest rank, from its GPU clock: "
@@ -545,9 +579,16 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   cmd->add_option("--megakernel", o->megakernel,
                   "comma list of true / false, or auto (both with --math tensor_core on the CUDA "
-                  "executor): the tensor_core configs also or only as the persistent round, one "
-                  "launch per forward (CUDA executor; docs/design.md 4.3); the table marks its "
-                  "math with *")
+                  "executor): the configs that have one (tensor_core; wgmma's mxfp8 and mxfp4, in "
+                  "the buckets of its E4M3 tile) also or only as the persistent round, one launch "
+                  "per forward (CUDA executor; docs/design.md 4.3); the table marks its math with "
+                  "*")
+      ->capture_default_str();
+  cmd->add_option("--token-back", o->token_back,
+                  "comma list of table, epilogue_warps, dispatch_warps: the token-back mode asked "
+                  "of every bucket (with_knobs keeps it where the bucket runs either mode, wgmma's "
+                  "E4M3 tile, and gives other buckets their one mode); the table marks the mode "
+                  "that ran, the JSON has token_back")
       ->capture_default_str();
   cmd->add_flag("--graph", o->graph,
                 "time CUDA-graph replays: each rank captures one forward per point, then each "

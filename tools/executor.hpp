@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "epmoe/comm.hpp"
@@ -25,19 +26,50 @@ inline Backend choose_backend(const std::string& executor, int ranks) {
   return on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
 }
 
-// `--megakernel` (run, stress): every token bucket's rounds as the persistent round, one launch per
-// forward (docs/design.md §4.3). The CUDA executor runs it under --math tensor_core and refuses it
-// at layer creation under the others; the CPU executor runs no kernels, so the option is refused
-// there before anything is built.
+// `--megakernel` (run, stress, bench): the rounds of every token bucket that has a persistent round
+// (has_persistent_round: each one under --math tensor_core, the E4M3 tile's under wgmma) in one
+// launch per forward (docs/design.md §4.3); a layer with no such bucket is refused (unsupported).
+// The CPU executor runs no kernels, so the option is refused there before anything is built.
+inline bool any_persistent_round(const LayerConfig& config) {
+  for (int b = 0; b < kNumTokenBuckets; ++b)
+    if (has_persistent_round(config, static_cast<TokenBucket>(b))) return true;
+  return false;
+}
 inline LayerConfig with_megakernel_everywhere(const LayerConfig& config) {
+  if (!any_persistent_round(config))
+    throw Error(ErrorCode::unsupported,
+                std::string("--megakernel: no token bucket of this layer has a persistent round "
+                            "(expert_math=") +
+                    to_string(config.options().expert_math) +
+                    ", precision=" + to_string(config.precision()) +
+                    "): use --math tensor_core, or --math wgmma with mxfp8 or mxfp4");
   LayerConfig out = config;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     const auto bucket = static_cast<TokenBucket>(b);
+    if (!has_persistent_round(out, bucket)) continue;
     Knobs k = out.knobs(bucket);
     k.megakernel = true;
     out = with_knobs(out, k, bucket);
   }
   return out;
+}
+// `--token-back` (bench): `mode` asked of every token bucket, which with_knobs keeps where the
+// bucket runs either mode (wgmma's E4M3 tile) and moves onto the bucket's one mode elsewhere.
+inline LayerConfig with_token_back_everywhere(const LayerConfig& config, TokenBack mode) {
+  LayerConfig out = config;
+  for (int b = 0; b < kNumTokenBuckets; ++b) {
+    const auto bucket = static_cast<TokenBucket>(b);
+    Knobs k = out.knobs(bucket);
+    k.token_back = mode;
+    out = with_knobs(out, k, bucket);
+  }
+  return out;
+}
+// The tools' knob options on a layer's config: `--token-back` (when given), then `--megakernel`.
+inline LayerConfig with_tool_knobs(const LayerConfig& config, std::optional<TokenBack> token_back,
+                                   bool megakernel) {
+  const LayerConfig asked = token_back ? with_token_back_everywhere(config, *token_back) : config;
+  return megakernel ? with_megakernel_everywhere(asked) : asked;
 }
 inline void check_megakernel_backend(bool megakernel, Backend backend) {
   if (megakernel && backend != Backend::cuda_nccl)

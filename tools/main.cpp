@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
           "fp8_block128; CUDA executor only, the CPU executor always computes exactly)")
       ->capture_default_str();
   run_cmd->add_flag("--megakernel", run.megakernel,
-                    "every round as the persistent round, one launch per forward (CUDA executor, "
-                    "--math tensor_core; docs/design.md 4.3)");
+                    "every round of a bucket that has one as the persistent round, one launch per "
+                    "forward (CUDA executor; --math tensor_core, or wgmma's mxfp8 / mxfp4 E4M3 "
+                    "tile; docs/design.md 4.3)");
   run_cmd->add_option("--executor", run.executor, "auto | cpu | cuda")->capture_default_str();
   run_cmd->add_option("--rounds", run.rounds, "rounds to run (each checked)")
       ->capture_default_str();

@@ -1,15 +1,16 @@
 // `epmoe tune`: measures the knob candidates of one layer (model shape, precision, world, expert
 // math) on the ranks at hand and writes the winners as a knob file (docs/tuning.md#epmoe-tune).
 //
-// For each candidate — the knobs the running code reads (num_sms; block_m / block_n under
-// expert_math=wgmma; megakernel, both paths by default under tensor_core), every value given,
-// applied to every bucket through with_knobs and deduplicated after its adjustments — one cluster
-// is created and checked once against the emulating reference, then each bucket's T is timed as
-// `epmoe bench` times a point (warm-up rounds, then timed rounds of uniform random routing; a
-// round's latency is the slowest rank's forward). A bucket's winner is the checked candidate with
-// the lowest p50; the knobs no code reads keep the table's values. The ranks are threads of this
-// one process, so the winner is chosen once and every rank loads the same file. The file's comment
-// lines say how each bucket was measured.
+// For each candidate — the knobs the running code reads (num_sms; dispatch_warps and token_back
+// where given; block_m / block_n under expert_math=wgmma; megakernel, both paths by default under
+// tensor_core, true only where a bucket has a persistent round, as wgmma's E4M3 tile's), every
+// value given, applied to every bucket through with_knobs and deduplicated after its adjustments —
+// one cluster is created and checked once against the emulating reference, then each bucket's T is
+// timed as `epmoe bench` times a point (warm-up rounds, then timed rounds of uniform random
+// routing; a round's latency is the slowest rank's forward). A bucket's winner is the checked
+// candidate with the lowest p50; knobs that are no candidate keep the table's values. The ranks are
+// threads of this one process, so the winner is chosen once and every rank loads the same file. The
+// file's comment lines say how each bucket was measured.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -48,6 +49,8 @@ struct TuneOptions {
   std::string num_sms = "0";
   std::string block_m = "64,128,256";
   std::string block_n = "128,256";
+  std::string dispatch_warps;  // empty: each bucket's table value
+  std::string token_back;      // empty: each bucket's table value
   std::string megakernel = "auto";
   int warmup = 3;
   int rounds = 20;
@@ -58,9 +61,14 @@ struct TuneOptions {
 };
 
 // The knob fields a candidate sets; the rest of each bucket's knobs stay the table's.
-struct Candidate {
+struct Asked {
   std::int32_t block_m = 0, block_n = 0, num_sms = 0;
+  std::int32_t dispatch_warps = 0;      // 0: the table's
+  std::optional<TokenBack> token_back;  // empty: the table's
   bool megakernel = false;
+};
+struct Candidate {
+  Asked asked;
   std::array<Knobs, kNumTokenBuckets> knobs{};  // what runs, after with_knobs' adjustments
   std::string check = "skipped";
   std::array<double, kNumTokenBuckets> p50{};  // NaN where the bucket was not timed
@@ -68,15 +76,18 @@ struct Candidate {
 };
 
 std::string knob_label(const Knobs& k, ExpertMath math) {
-  std::string s = "num_sms=" + std::to_string(k.num_sms);
+  std::string s = "num_sms=" + std::to_string(k.num_sms) +
+                  " dispatch_warps=" + std::to_string(k.dispatch_warps);
   if (math == ExpertMath::wgmma)
-    s = "block_m=" + std::to_string(k.block_m) + " block_n=" + std::to_string(k.block_n) + " " + s;
+    s = "block_m=" + std::to_string(k.block_m) + " block_n=" + std::to_string(k.block_n) + " " + s +
+        " token_back=" + to_string(k.token_back);
   if (k.megakernel) s += " megakernel=true";
   return s;
 }
 
-// `config` with the candidate's fields in every bucket (the bucket's other knobs kept).
-LayerConfig apply(const LayerConfig& config, const Candidate& c) {
+// `config` with the candidate's fields in every bucket (the bucket's other knobs kept); megakernel
+// only where the bucket, with the candidate's tile, has a persistent round (has_persistent_round).
+LayerConfig apply(const LayerConfig& config, const Asked& c) {
   LayerConfig out = config;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     const auto bucket = static_cast<TokenBucket>(b);
@@ -84,8 +95,15 @@ LayerConfig apply(const LayerConfig& config, const Candidate& c) {
     k.block_m = c.block_m;
     k.block_n = c.block_n;
     k.num_sms = c.num_sms;
-    k.megakernel = c.megakernel;
+    if (c.dispatch_warps > 0) k.dispatch_warps = c.dispatch_warps;
+    if (c.token_back) k.token_back = *c.token_back;  // kept only where a bucket runs either mode
+    k.megakernel = false;
     out = with_knobs(out, k, bucket);
+    if (c.megakernel && has_persistent_round(out, bucket)) {
+      k = out.knobs(bucket);
+      k.megakernel = true;
+      out = with_knobs(out, k, bucket);
+    }
   }
   return out;
 }
@@ -153,24 +171,31 @@ int tune(const TuneOptions& o) {
   // given.
   const std::vector<bool> megakernels =
       parse_megakernel_values(o.megakernel, options.expert_math == ExpertMath::tensor_core);
+  const std::vector<std::int32_t> dws =
+      o.dispatch_warps.empty() ? std::vector<std::int32_t>{0}
+                               : parse_knob_values(o.dispatch_warps, "--dispatch-warps");
+  std::vector<std::optional<TokenBack>> tbs;
+  for (const std::string& v : split(o.token_back))
+    tbs.emplace_back(parse_token_back(v, "--token-back"));
+  if (tbs.empty()) tbs.emplace_back();
   std::vector<Candidate> candidates;
   for (std::int32_t sms : parse_knob_values(o.num_sms, "--num-sms"))
-    for (std::int32_t m : ms)
-      for (std::int32_t n : ns)
-        for (const bool mk : megakernels) {
-          Candidate c;
-          c.block_m = m;
-          c.block_n = n;
-          c.num_sms = sms;
-          c.megakernel = mk;
-          const LayerConfig applied = apply(base, c);  // rejects a value outside kKnobSpace
-          for (int b = 0; b < kNumTokenBuckets; ++b)
-            c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
-          c.p50.fill(kNaN);
-          const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                        [&](const Candidate& d) { return d.knobs == c.knobs; });
-          if (!seen) candidates.push_back(c);
-        }
+    for (std::int32_t dw : dws)
+      for (const std::optional<TokenBack>& tb : tbs)
+        for (std::int32_t m : ms)
+          for (std::int32_t n : ns)
+            for (const bool mk : megakernels) {
+              Candidate c;
+              c.asked = {m, n, sms, dw, tb, mk};
+              const LayerConfig applied =
+                  apply(base, c.asked);  // rejects values outside kKnobSpace
+              for (int b = 0; b < kNumTokenBuckets; ++b)
+                c.knobs[static_cast<std::size_t>(b)] = applied.knobs(static_cast<TokenBucket>(b));
+              c.p50.fill(kNaN);
+              const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                            [&](const Candidate& d) { return d.knobs == c.knobs; });
+              if (!seen) candidates.push_back(c);
+            }
 
   std::printf("epmoe tune: %s, precision %s, world %d, expert_math %s, combine %s; executor %s\n",
               model.label().c_str(), o.precision.c_str(), o.ranks, o.math.c_str(),
@@ -191,7 +216,7 @@ int tune(const TuneOptions& o) {
   for (Candidate& c : candidates) {
     const ConfigCluster made =
         make_cluster(model.shape, precision, options, o.ranks, *data, backend,
-                     [&](const LayerConfig& config) { return apply(config, c); });
+                     [&](const LayerConfig& config) { return apply(config, c.asked); });
     if (!made.cluster) {
       c.error = made.error;
       progress.update(++st.done, "error");
@@ -315,7 +340,8 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
       "time the knob candidates of one layer on the ranks at hand and write the winners per token "
       "bucket as a knob file (load it with $EPMOE_KNOB_FILE)");
   cmd->footer(
-      "Candidates: every combination of --num-sms, and under --math wgmma --block-m x --block-n, "
+      "Candidates: every combination of --num-sms, --dispatch-warps and --token-back (if given), "
+      "and under --math wgmma --block-m x --block-n, "
       "applied with\nwith_knobs (duplicates after its adjustments dropped). Each is checked once "
       "against the emulating\nreference, then each T of --tokens (one per bucket) is timed; the "
       "lowest p50 of the slowest rank wins\nits bucket. docs/tuning.md#epmoe-tune. Exit status: 0 "
@@ -343,9 +369,20 @@ Subcommand add_tune_command(CLI::App& parent, int argc, char** argv) {
       ->capture_default_str();
   cmd->add_option("--block-n", o->block_n, "comma list of block_n candidates (wgmma)")
       ->capture_default_str();
+  cmd->add_option("--dispatch-warps", o->dispatch_warps,
+                  "comma list of dispatch_warps candidates (1..16: the dispatch kernel's warps per "
+                  "CTA); empty: each bucket's table value")
+      ->capture_default_str();
+  cmd->add_option("--token-back", o->token_back,
+                  "comma list of token_back candidates (epilogue_warps, dispatch_warps: kept "
+                  "where a bucket runs either mode, wgmma's E4M3 tile; other buckets run their "
+                  "one); empty: each bucket's table value")
+      ->capture_default_str();
   cmd->add_option("--megakernel", o->megakernel,
                   "comma list of megakernel candidates (true, false), or auto: both under "
-                  "--math tensor_core (the persistent round), false otherwise")
+                  "--math tensor_core (the persistent round), false otherwise; true applies to "
+                  "the buckets that have a persistent round (under wgmma: mxfp8's and mxfp4's "
+                  "E4M3 tile's)")
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed rounds per bucket")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "timed rounds per bucket")->capture_default_str();

@@ -4,8 +4,8 @@
 // mode, determinism, timeouts, activation and its clamp, scale rounding, expert math) are
 // caller-owned:
 // with_knobs() adjusts any tuned knob that conflicts with them and never changes them. The CUDA
-// executor reads num_sms and (expert_math=wgmma) block_m / block_n of each launch's token bucket;
-// the other knobs are reserved (see Knobs).
+// executor reads the knobs of each launch's token bucket (Knobs says which expert math reads
+// which); the CPU executor reads none.
 #pragma once
 
 #include <array>
@@ -65,6 +65,7 @@ Precision parse_precision(const std::string& name, const char* what = "precision
 Combine parse_combine(const std::string& name, const char* what = "combine");
 ExpertMath parse_expert_math(const std::string& name, const char* what = "expert_math");
 Activation parse_activation(const std::string& name, const char* what = "activation");
+TokenBack parse_token_back(const std::string& name, const char* what = "token_back");
 
 // Caller-owned choices. Nothing here is ever changed by tuning.
 struct LayerOptions {
@@ -103,18 +104,26 @@ const char* to_string(TokenBucket b);
 // them (docs/tuning.md#knobs): the CUDA executor picks each forward's bucket from T on the host and
 // runs the grids and GEMMs it built at creation for that bucket's
 //   num_sms            every expert math: every kernel of the chain, and
-//   block_m, block_n   expert_math=wgmma only: its bf16 GEMMs' tiles (bf16 layers).
-// token_back, stages and dispatch_warps are read by no code: they are reserved for the persistent
-// kernel's warp roles and planned GEMMs, validated, adjusted by with_knobs and compared across
-// ranks, and change nothing but describe(), which marks them "(not read yet)". Meanwhile exact and
-// tensor_core run fixed tiles (64 rows x 128 columns, k slabs of 64, 3 stages in exact math, 4
-// with tensor_core, whose narrow form for chunks of at most 16 rows takes 5 to 8), wgmma as many
-// stages as fit (CUTLASS's automatic carveout), dispatch uses all 8 warps of each of its CTAs, and
-// FC2 rows go home from the FC2 tile itself (wgmma: from its home kernel). The CPU executor reads
-// no knob.
+//   dispatch_warps     every expert math: the chain's dispatch kernel's warps per CTA, and
+//   token_back         who ships FC2's rows home, where a bucket runs either mode (wgmma's E4M3
+//                      tile); make_config and with_knobs set every other bucket's to its one mode,
+//   block_m, block_n   expert_math=wgmma only: its GEMMs' tiles.
+// Pipeline depth (stages) is no knob: exact and tensor_core run fixed tiles (64 rows x 128
+// columns, k slabs of 64, 3 stages in exact math, 4 with tensor_core, whose narrow form for chunks
+// of at most 16 rows takes 5 to 8); wgmma's CUTLASS GEMMs take as many stages as fit (CUTLASS's
+// automatic carveout: 6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating FC1's 128 x 128
+// and 64 x 128), its packed-weight GEMM a fixed ring by its token rows (8, 7 or 4 at 64, 128 or
+// 256; 12 to 16 at 16). A StageCount<N> per value would multiply the GEMMs' instantiations. The
+// CPU executor reads no knob.
 struct Knobs {
-  // not read yet: reserved for the token-back warp role (FC2 rows shipped home by the dispatch
-  // warps from a staging pool, or stored by the epilogue).
+  // who ships FC2's rows home. epilogue_warps: the FC2 tile's epilogue stores each row into its
+  // home rank's window (exact and tensor_core always, chain and persistent round); dispatch_warps:
+  // FC2 leaves its rows in a local fp32 staging pool that copy warps ship home afterwards (wgmma's
+  // home kernel: always for bf16, fp8_block128, nvfp4 and the packed GEMM's decoding tiles).
+  // wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows) reads it and runs either,
+  // in the chain and in its persistent round (megakernel=true: dispatch_warps stages FC2's rows,
+  // and after a grid barrier every CTA's warps send them home). with_knobs moves it onto the mode
+  // a bucket runs.
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64, 128
   // or 256. wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates)
@@ -127,21 +136,18 @@ struct Knobs {
   // fp8_block128: 128 x 128 x 128 only; not read for mxfp8, nvfp4, mxfp4); with_knobs moves 64 to
   // 128, and 256 to 128 for fp8_block128.
   std::int32_t block_n = 128;
-  // not read yet: reserved for a pipeline depth of the planned GEMMs, 2..8. wgmma's stages come
-  // from CUTLASS's automatic carveout (6 at 128 x 128, 4 at 128 x 256, 7 and 9 for the activating
-  // FC1's 128 x 128 and 64 x 128; the packed-weight GEMM: 8, 7 or 4 by its token rows); a
-  // StageCount<N> per value would multiply its instantiations, so it has none.
-  std::int32_t stages = 4;
-  // not read yet: reserved for the number of warps per CTA that push rows over NVLink: 1..16.
+  // read by the CUDA executor: warps per CTA of the chain's dispatch kernel, which quantizes each
+  // token's row and pushes it to its owner ranks (a CTA per token at a time): 1..16. (The
+  // persistent round's dispatch step runs on its kernel's CTAs.)
   std::int32_t dispatch_warps = 4;
   // read by the CUDA executor: every kernel of the chain gets a grid of as many CTAs as fit at once
   // on min(num_sms, the device's SMs), and wgmma's GEMMs that many persistent CTAs; 0 = all SMs.
   // It caps CTAs, not placement: a chain kernel's CTAs may still land on more SMs.
   std::int32_t num_sms = 0;
   // read by the CUDA executor: true runs this bucket's rounds as one persistent (cooperative)
-  // launch per forward instead of the chain of kernels (docs/design.md §4.3). Only
-  // expert_math=tensor_core has one: under exact or wgmma a bucket with true is refused at layer
-  // creation (unsupported, naming the knob).
+  // launch per forward instead of the chain of kernels (docs/design.md §4.3), where the bucket has
+  // one (has_persistent_round: tensor_core, and wgmma's E4M3 tile); elsewhere a bucket with true
+  // is refused at layer creation (unsupported, naming the knob).
   bool megakernel = false;
 
   bool operator==(const Knobs&) const = default;
@@ -151,14 +157,9 @@ struct Knobs {
 struct KnobSpace {
   std::array<std::int32_t, 3> block_m{64, 128, 256};
   std::array<std::int32_t, 3> block_n{64, 128, 256};
-  std::int32_t min_stages = 2, max_stages = 8;
   std::int32_t min_dispatch_warps = 1, max_dispatch_warps = 16;
 };
 inline constexpr KnobSpace kKnobSpace{};
-
-// Shared memory one CTA may use on sm_90 (227 KiB); with_knobs reduces the reserved `stages` knob
-// until the estimated footprint of the planned GEMM tiles fits.
-inline constexpr std::int64_t kMaxSharedMemoryBytes = 227 * 1024;
 
 class LayerConfig {
  public:
@@ -178,10 +179,10 @@ class LayerConfig {
   // Bytes of the symmetric window one rank registers for this layer (same on every rank).
   std::size_t workspace_bytes() const;
 
-  // A stable one-line description, compared across ranks at layer creation. Knobs that no code
-  // reads are marked "(not read yet)", and block_m / block_n "(not read by expert_math=...)" under
-  // exact and tensor_core (under wgmma: block_n for every precision but bf16, block_m too for
-  // fp8_block128).
+  // A stable one-line description, compared across ranks at layer creation. block_m / block_n
+  // are marked "(not read by expert_math=...)" where the backend does not read them: under exact
+  // and tensor_core, and under wgmma block_n for every precision but bf16, block_m too for
+  // fp8_block128.
   std::string describe() const;
 
  private:
@@ -205,12 +206,19 @@ LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, 
 // Applies tuned knobs (to one bucket, or to all when `bucket` is empty). Knobs outside kKnobSpace
 // are rejected; knobs inside it are adjusted, never rejected, where they conflict with a
 // caller-owned field or with the hardware (e.g. a tile expert_math=wgmma does not ship moved onto
-// one it does, stages reduced to fit shared memory): the result holds what runs.
+// one it does): the result holds what runs.
 LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
                        std::optional<TokenBucket> bucket = std::nullopt);
 
 // The built-in default knob table, keyed by (precision, world, H, I, E, K, bucket).
 Knobs default_knobs(Precision precision, int world, const LayerShape& shape, TokenBucket bucket);
+
+// Whether `bucket`'s rounds can run as the persistent round (Knobs::megakernel, docs/design.md
+// §4.3) on the CUDA executor: always under expert_math=tensor_core; under wgmma where the bucket
+// runs mxfp8's or mxfp4's E4M3 tile (its block_m 64 and at most 16 rows per expert when routing is
+// balanced: docs/tuning.md; in either token_back mode); never under exact. A layer refuses
+// megakernel=true elsewhere.
+bool has_persistent_round(const LayerConfig& config, TokenBucket bucket);
 
 // Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by
 // what they were chosen for: precision, world, the shape's hidden, intermediate, num_experts and
@@ -222,7 +230,8 @@ std::string knob_file_text(const LayerConfig& config);
 // `config` with the buckets the text holds (with_knobs each, so adjusted where they conflict;
 // buckets it does not name keep theirs). Error(invalid_argument) naming `source`, the line and the
 // field for a malformed line, an unknown field or bucket, a knob outside kKnobSpace, or a key that
-// is not `config`'s (a file tuned for another layer).
+// is not `config`'s (a file tuned for another layer). `stages=`, a knob no code ever read, is
+// accepted from older files and ignored.
 LayerConfig with_knob_text(const LayerConfig& config, const std::string& text,
                            const std::string& source = "knob file");
 // The same from a file; Error(invalid_argument) naming the path when it cannot be read.

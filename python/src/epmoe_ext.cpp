@@ -857,9 +857,9 @@ NB_MODULE(_epmoe, m) {
            "Bytes of the symmetric window one rank registers for this layer.")
       .def("describe", &LayerConfig::describe,
            "One stable line with every field but rank (shape, precision, world, options, the knobs "
-           "of every token bucket), compared across ranks at layer creation. Knobs no code reads "
-           "are marked \"(not read yet)\" (reserved), block_m / block_n \"(not read by "
-           "expert_math=...)\" where the backend does not read them (docs/tuning.md#knobs).")
+           "of every token bucket), compared across ranks at layer creation. block_m / block_n "
+           "are marked \"(not read by expert_math=...)\" where the backend does not read them "
+           "(docs/tuning.md#knobs).")
       .def("__repr__", [](const LayerConfig& c) { return "LayerConfig(" + c.describe() + ")"; });
 
   m.def("make_config", &make_config_py, "shape"_a, "precision"_a = "bf16", "rank"_a = 0,

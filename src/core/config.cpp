@@ -104,16 +104,15 @@ void check_options(const LayerOptions& o) {
   }
 }
 
-// docs/design.md §5: a knob exists only if the code that runs reads it. Knobs no code reads are
-// marked (config.hpp says what each is reserved for); drop a knob's mark in the commit that makes
-// a kernel read it (and bump the describe() version tag). The CUDA executor reads num_sms and
-// megakernel (the persistent round, or a refusal at creation where the backend has none) with
-// every expert math and block_m / block_n with wgmma (bf16: both, its CUTLASS GEMMs' tiles;
+// docs/design.md §5: a knob exists only if the code that runs reads it (stages, which none read,
+// left Knobs with epmoe.config/10). The CUDA executor reads num_sms,
+// dispatch_warps and megakernel (the persistent round, or a refusal at creation where the backend
+// has none) with every expert math, token_back with wgmma (the E4M3 tile's buckets run either
+// mode; every other bucket, of every math, has one, which make_config and with_knobs set) and
+// block_m / block_n with wgmma (bf16: both, its CUTLASS GEMMs' tiles;
 // mxfp8 / nvfp4 / mxfp4: block_m, the packed-weight GEMM's token rows; fp8_block128: neither);
 // the CPU executor reads none (its describe() is the same line: ranks compare configs, not
 // executors).
-constexpr const char* kNotReadYet = " (not read yet)";
-
 std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision) {
   // block_m / block_n: read by the wgmma backend only (exact and tensor_core run fixed tiles):
   // both by its bf16 GEMMs, block_m (token rows) by the packed-weight GEMM of mxfp8 / nvfp4 /
@@ -126,20 +125,18 @@ std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision)
         std::string(" (not read by expert_math=wgmma with precision=") + to_string(precision) + ")";
     if (precision == Precision::fp8_block128) m_mark = n_mark;
   }
-  return "{" + core::knob_fields(k, kNotReadYet, m_mark, n_mark) + "}";
+  return "{" + core::knob_fields(k, m_mark, n_mark) + "}";
 }
 
 }  // namespace
 
-std::string core::knob_fields(const Knobs& k, const std::string& not_read_mark,
-                              const std::string& block_m_mark, const std::string& block_n_mark) {
+std::string core::knob_fields(const Knobs& k, const std::string& block_m_mark,
+                              const std::string& block_n_mark) {
   std::string s = "token_back=";
   s += to_string(k.token_back);
-  s += not_read_mark;
   s += " block_m=" + std::to_string(k.block_m) + block_m_mark;
   s += " block_n=" + std::to_string(k.block_n) + block_n_mark;
-  s += " stages=" + std::to_string(k.stages) + not_read_mark;
-  s += " dispatch_warps=" + std::to_string(k.dispatch_warps) + not_read_mark;
+  s += " dispatch_warps=" + std::to_string(k.dispatch_warps);
   s += " num_sms=" + std::to_string(k.num_sms);
   s += k.megakernel ? " megakernel=true" : " megakernel=false";
   return s;
@@ -270,6 +267,13 @@ Activation parse_activation(const std::string& name, const char* what) {
   reject(what, name, "must be one of swiglu, swiglu_oai");
 }
 
+TokenBack parse_token_back(const std::string& name, const char* what) {
+  for (TokenBack t : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+    if (name == to_string(t)) return t;
+  }
+  reject(what, name, "must be one of epilogue_warps, dispatch_warps");
+}
+
 TokenBucket token_bucket(std::int64_t tokens) {
   if (tokens < 0) reject("tokens", tokens, "must be >= 0");
   if (tokens <= kDecodeMaxTokens) return TokenBucket::decode;
@@ -285,7 +289,7 @@ const Knobs& LayerConfig::knobs_for(std::int64_t tokens) const {
 std::string LayerConfig::describe() const {
   // One line, every field but rank (ranks compare it), fixed order; bump the version tag when the
   // format changes.
-  std::string s = "epmoe.config/7";
+  std::string s = "epmoe.config/10";
   s += " hidden=" + std::to_string(shape_.hidden);
   s += " intermediate=" + std::to_string(shape_.intermediate);
   s += " num_experts=" + std::to_string(shape_.num_experts);
@@ -338,7 +342,8 @@ LayerConfig make_config(const LayerShape& shape, Precision precision, int rank, 
   config.options_ = options;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
     const Knobs defaults = default_knobs(precision, world, shape, static_cast<TokenBucket>(b));
-    config.knobs_[b] = core::adjust_knobs(defaults, precision, shape, options);
+    config.knobs_[b] =
+        core::adjust_knobs(defaults, precision, world, shape, static_cast<TokenBucket>(b), options);
   }
   return config;
 }
@@ -350,11 +355,11 @@ LayerConfig with_knobs(const LayerConfig& config, const Knobs& knobs,
            "must be decode, small, medium or prefill");
   }
   core::check_knob_space(knobs);
-  const Knobs adjusted =
-      core::adjust_knobs(knobs, config.precision_, config.shape_, config.options_);
   LayerConfig result = config;
   for (int b = 0; b < kNumTokenBuckets; ++b) {
-    if (!bucket || static_cast<int>(*bucket) == b) result.knobs_[b] = adjusted;
+    if (!bucket || static_cast<int>(*bucket) == b)  // adjusted per bucket: token_back's mode
+      result.knobs_[b] = core::adjust_knobs(knobs, config.precision_, config.world_, config.shape_,
+                                            static_cast<TokenBucket>(b), config.options_);
   }
   return result;
 }

@@ -78,7 +78,8 @@ Knobs knobs_of(const Knobs& base, const std::vector<std::pair<std::string, std::
     } else if (name == "block_n") {
       k.block_n = int_field(name, value, source, line);
     } else if (name == "stages") {
-      k.stages = int_field(name, value, source, line);
+      // Written by older versions; no code ever read it (pipeline depth is not a knob), so
+      // ignoring it changes nothing that runs.
     } else if (name == "dispatch_warps") {
       k.dispatch_warps = int_field(name, value, source, line);
     } else if (name == "num_sms") {
@@ -90,7 +91,7 @@ Knobs knobs_of(const Knobs& base, const std::vector<std::pair<std::string, std::
     } else {
       fail(source, line,
            "unknown knob '" + name +
-               "' (token_back, block_m, block_n, stages, dispatch_warps, num_sms, megakernel)");
+               "' (token_back, block_m, block_n, dispatch_warps, num_sms, megakernel)");
     }
   }
   return k;

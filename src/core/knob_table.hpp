@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,17 +16,17 @@ namespace epmoe::core {
 // K extent of one pipeline stage of the expert GEMMs (elements along the reduction dimension).
 inline constexpr std::int64_t kKTile = 64;
 
-// Estimated shared memory of one CTA of the planned sm90 expert GEMM for `knobs` (see
-// knob_table.cpp for the formula), used to choose stages. No kernel reads stages; the kernels that
-// run have footprints of their own (wgmma: CUTLASS's automatic carveout).
-std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std::int32_t block_n,
-                                 std::int32_t stages);
-inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs) {
-  return shared_memory_bytes(precision, knobs.block_m, knobs.block_n, knobs.stages);
-}
+// Shared memory one CTA may use on sm_90 (227 KiB).
+inline constexpr std::int64_t kMaxSharedMemoryBytes = 227 * 1024;
 
-// The deepest pipeline in [min_stages, max_stages] whose footprint fits kMaxSharedMemoryBytes.
-std::int32_t max_fitting_stages(Precision precision, std::int32_t block_m, std::int32_t block_n);
+// Estimated shared memory of one CTA of a block_m x block_n tile at the shallowest pipeline (two k
+// tiles in flight) with its bf16 output tile (knob_table.cpp has the formula): with_knobs halves
+// block_n while it exceeds kMaxSharedMemoryBytes. The kernels that run size their own pipelines
+// (include/epmoe/config.hpp, above Knobs).
+std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std::int32_t block_n);
+inline std::int64_t shared_memory_bytes(Precision precision, const Knobs& knobs) {
+  return shared_memory_bytes(precision, knobs.block_m, knobs.block_n);
+}
 
 // The precisions whose wgmma FC1 runs CUTLASS's GEMM with an activating epilogue of ours
 // (grouped_gemm.hpp, Bf16GluGroupedGemm): bf16 only (MXFP8, MXFP4 and NVFP4 run the packed-weight
@@ -60,6 +61,23 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
 inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
+// Where the same rule gives the packed GEMM 16 token rows: wgmma_e4m3_tokens' buckets, and nvfp4's
+// (whose 16-row tile decodes its weights, its CTA splitting K over two pairs of math warpgroups).
+bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
+                       const Knobs& knobs);
+
+// token_back's modes: where FC2's rows are written. epilogue_warps: the FC2 tile's epilogue stores
+// each row into its home rank's window; dispatch_warps: FC2 leaves its rows in a local fp32 staging
+// pool and copy warps ship them home afterwards (the wgmma chain's home kernel). The one mode a
+// bucket's expert math runs, or nullopt where it runs either:
+//   exact, tensor_core (the chain and the persistent round): epilogue_warps, their FC2 tiles send
+//     home;
+//   wgmma: dispatch_warps (CUTLASS's GEMMs and the packed GEMM's decoding tiles end in fp32), but
+//     in the E4M3 tile's buckets (wgmma_e4m3_tokens), whose FC2 does either, in the chain and in
+//     the persistent round.
+std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
+                                         TokenBucket bucket, const LayerOptions& options,
+                                         const Knobs& knobs);
 
 // The tiles the wgmma backend ships (src/cuda/experts/wgmma/grouped_gemm.hpp), as (block_m,
 // block_n): 128 x 128 in every precision and 128 x 256 in its bf16 GEMMs (every precision but
@@ -73,27 +91,28 @@ bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t bloc
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
 bool in_knob_space(const Knobs& knobs) noexcept;
 
-// Throws Error(invalid_argument) naming the first knob outside kKnobSpace ("knobs.stages=9: must
-// be in [2, 8]").
+// Throws Error(invalid_argument) naming the first knob outside kKnobSpace ("knobs.block_m=96: must
+// be 64, 128 or 256").
 void check_knob_space(const Knobs& knobs);
 
 // Every knob as name=value fields, in the order and spelling of describe() and knob files
-// (config.cpp); `not_read_mark` follows each knob no code reads, `block_m_mark` / `block_n_mark`
-// those two where the backend does not read them.
-std::string knob_fields(const Knobs& knobs, const std::string& not_read_mark = "",
-                        const std::string& block_m_mark = "", const std::string& block_n_mark = "");
+// (config.cpp); `block_m_mark` / `block_n_mark` follow those two where the backend does not read
+// them.
+std::string knob_fields(const Knobs& knobs, const std::string& block_m_mark = "",
+                        const std::string& block_n_mark = "");
 
 // Adjusts in-space knobs where they conflict with caller-owned fields or with the hardware; never
 // throws for in-space knobs and changes nothing that does not conflict:
-//   * token_back=dispatch_warps with combine=in_kernel_reduce -> epilogue_warps;
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
 //     -> 128 (64 stays where wgmma_has_64_row_tile, 256 where wgmma_has_256_row_tile), block_n
 //     64 -> 128, and 256 -> 128 for fp8_block128;
-//   * block_n halved while the tile does not fit kMaxSharedMemoryBytes at the fewest stages
-//     (256 x 256), then stages reduced until shared_memory_bytes fits.
+//   * block_n halved while shared_memory_bytes exceeds kMaxSharedMemoryBytes (bf16 256 x 256);
+//   * token_back -> the bucket's one mode where it has one (only_token_back, after the tile
+//     moves).
 // `notes` (may be null) receives one line per change, for logs.
-Knobs adjust_knobs(const Knobs& knobs, Precision precision, const LayerShape& shape,
-                   const LayerOptions& options, std::vector<std::string>* notes = nullptr);
+Knobs adjust_knobs(const Knobs& knobs, Precision precision, int world, const LayerShape& shape,
+                   TokenBucket bucket, const LayerOptions& options,
+                   std::vector<std::string>* notes = nullptr);
 
 }  // namespace epmoe::core

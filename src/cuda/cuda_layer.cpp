@@ -38,6 +38,7 @@ class CudaLayer final : public LayerImpl {
                                                        to_string(t->device) + ", expected cpu or " +
                                                        to_string(d));
       validate_weights(config, weights, d, /*host_allowed=*/true);
+      (void)programmatic_launch();  // a bad $EPMOE_PDL fails here, not part-way through a round
 
       EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       check_same_config_on_every_rank();
@@ -89,14 +90,14 @@ class CudaLayer final : public LayerImpl {
       // (I5); forward picks the bucket of its T.
       for (int b = 0; b < kNumTokenBuckets; ++b) {
         const auto bucket = static_cast<TokenBucket>(b);
-        chain_[b] =
-            round_shapes(base_, device_, config.knobs(bucket).num_sms, bucket_max_tokens(bucket));
+        chain_[b] = round_shapes(base_, device_, config.knobs(bucket).num_sms,
+                                 config.knobs(bucket).dispatch_warps, bucket_max_tokens(bucket));
       }
       // The persistent round for the buckets whose knobs ask for it (Knobs::megakernel).
       for (int b = 0; b < kNumTokenBuckets; ++b) {
         const auto bucket = static_cast<TokenBucket>(b);
         if (!config.knobs(bucket).megakernel) continue;
-        if (const std::string why = PersistentRound::cannot_run(*backend_); !why.empty())
+        if (const std::string why = PersistentRound::cannot_run(*backend_, bucket); !why.empty())
           throw Error(ErrorCode::unsupported, std::string("Layer: knobs.") + to_string(bucket) +
                                                   ".megakernel=true: " + why);
         if (persistent_ == nullptr)

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "cuda/round_grid_caps.hpp"
 #include "cuda/round_params.hpp"
 #include "epmoe/config.hpp"
+#include "epmoe/errors.hpp"
 
 namespace epmoe::cuda {
 
@@ -47,14 +50,16 @@ inline int grid_sms(int device, int num_sms) {
 // NOTES: this caps the CTAs, not where they run: the block scheduler may spread num_sms SMs' worth
 // of CTAs over more SMs than num_sms; only the wgmma backend's persistent GEMMs, one CTA per SM,
 // occupy exactly that many.
+// `threads`: per CTA (a warp-specialized kernel's own count).
 template <class Kernel>
-KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms) {
+KernelShape occupancy_shape(Kernel kernel, std::size_t smem, int device, int num_sms,
+                            int threads = kThreads) {
   if (smem > 0)
     EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(smem)));
   int per_sm = 0;
-  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem};
+  EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return KernelShape{(per_sm > 0 ? per_sm : 1) * grid_sms(device, num_sms), smem, threads};
 }
 
 // One value per token bucket, made from that bucket's knobs (make(knobs), or make(knobs, bucket)
@@ -98,24 +103,41 @@ void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...)
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// Whether the chain's kernels are launched with programmatic dependent launch (launch_chained and
+// the wgmma backend's CUTLASS GEMMs): yes, unless $EPMOE_PDL is 0, which launches them in plain
+// stream order (their griddepcontrol waits then do nothing) — to tell a PDL fault
+// from another, and to time what PDL buys within one build. Read once per process; CudaLayer's
+// creation reads it first, so a bad value fails there.
+inline bool programmatic_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("EPMOE_PDL");
+    if (v == nullptr || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    throw Error(
+        ErrorCode::invalid_argument,
+        std::string("EPMOE_PDL=") + v + ": must be 0 (plain stream order) or 1 (the default)");
+  }();
+  return on;
+}
+
 // Launches a kernel of the round chain after its predecessor on `stream` with programmatic
-// dependent launch (docs/design.md §4): its CTAs may be scheduled while the predecessor drains,
-// and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds them
-// until the predecessor has completed and its memory is visible, before any global access. Not
-// for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
+// dependent launch (docs/design.md §4): the launch is queued before the predecessor completes,
+// and every chain kernel's prologue (join_round / start_round: griddepcontrol.wait) holds its
+// CTAs until the predecessor has completed and its memory is visible, before any global access.
+// Not for dispatch, the first kernel of a forward. (The wgmma backend's CUTLASS GEMMs get the same
 // wait and attribute through parts::WaitsForPreviousKernel.)
 template <class... Params, class... Args>
 void launch_chained(void (*kernel)(Params...), const KernelShape& shape, cudaStream_t stream,
                     Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  attribute.val.programmaticStreamSerializationAllowed = programmatic_launch() ? 1 : 0;
   launch_with(attribute, kernel, shape, stream, std::forward<Args>(args)...);
 }
 
 // Steps 1-3: prepare the accumulator, push rows (quantized on the fly) to their owners, publish
-// counts to every rank.
-KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms);
+// counts to every rank. `warps` per CTA: Knobs::dispatch_warps (kKnobSpace's range).
+KernelShape dispatch_shape(const RoundParams& p, int device, int num_sms, int warps);
 void launch_dispatch(const RoundParams& p, const KernelShape& s, cudaStream_t stream);
 
 // Steps 4-6: wait for every count, run the expert backend's FC1 -> SwiGLU -> FC2 on every arrived
@@ -147,11 +169,11 @@ struct RoundShapes {
   ExpertShapes experts;
   KernelShape combine;
 };
-inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms,
+inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms, int dispatch_warps,
                                 std::int64_t max_tokens) {
   const RoundGridCaps caps = round_grid_caps(max_tokens, p.world, kThreads);
   const ExpertShapes experts = experts_shape(p, device, num_sms);
-  return RoundShapes{at_most(dispatch_shape(p, device, num_sms), caps.per_token),
+  return RoundShapes{at_most(dispatch_shape(p, device, num_sms, dispatch_warps), caps.per_token),
                      ExpertShapes{at_most(experts.route, caps.per_row),
                                   at_most(experts.bucket, caps.per_row_thread)},
                      at_most(combine_shape(p, device, num_sms), caps.per_token)};

@@ -24,78 +24,24 @@
 // tensor-core backend's, shared with its chain kernels.
 #include <algorithm>
 
-#include "cuda/combine_step.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/dispatch_step.cuh"
 #include "cuda/experts.hpp"
 #include "cuda/experts/mma/mma_backend.hpp"
 #include "cuda/experts/mma/steps.cuh"
+#include "cuda/persistent_e4m3_round.hpp"
+#include "cuda/persistent_round.cuh"
 #include "cuda/persistent_round.hpp"
-#include "cuda/route_steps.cuh"
 
 namespace epmoe::cuda {
 namespace {
-
-// Every thread of every CTA calls it: returns once every CTA of the grid has called it, with every
-// CTA's earlier stores visible (the fences of cooperative groups' grid sync). Bounded: a CTA that
-// waits past timeout_ms (0: forever, as every wait) fails the round (Phase::grid_barrier, an
-// internal fault: a cooperative launch has every CTA resident, and every step's waits are bounded),
-// and a CTA whose rank's round has failed stops waiting (the steps after it do nothing then).
-__device__ void grid_barrier(const RoundParams& p) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    RoundState* s = p.state;
-    const ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_device> generation(
-        s->barrier_generation);
-    const std::uint32_t passed = generation.load(::cuda::std::memory_order_relaxed);
-    __threadfence();  // this CTA's stores, and the read above, before its arrival
-    if (atomicAdd(&s->barrier_arrived, 1u) == gridDim.x - 1) {
-      atomicExch(&s->barrier_arrived, 0u);
-      generation.store(passed + 1, ::cuda::std::memory_order_release);
-    } else {
-      DevicePlatform platform;
-      const protocol::Deadline deadline = protocol::deadline_after_ms(platform, p.timeout_ms);
-      for (std::uint32_t i = 1; generation.load(::cuda::std::memory_order_acquire) == passed; ++i) {
-        if (round_failed(s)) break;
-        if (i % 64 == 0 && !deadline.forever() && platform.now_ns() > deadline.at_ns) {
-          const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, s->round);
-          fail_round(p, session,
-                     protocol::WaitOutcome{protocol::WaitStatus::timeout, p.rank, s->round, 0},
-                     Phase::grid_barrier);
-          break;
-        }
-        __nanosleep(32);
-      }
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// After route's barrier, the same answer in every CTA: whether this round goes on to the GEMMs
-// (it has not failed, and some pair arrived).
-__device__ bool round_has_pairs(const RoundParams& p) {
-  __shared__ bool has_pairs;
-  if (threadIdx.x == 0)
-    has_pairs = !round_failed(p.state) && __ldcg(&p.scratch.pair_offset[p.local_experts]) > 0;
-  __syncthreads();
-  return has_pairs;
-}
 
 // Two CTAs per SM: the mma tile's at most 110 KB of shared memory each, so at most 128 registers.
 // One kernel per activation and weight precision (the tile's format).
 template <Activation kActivation, Precision P>
 __global__ void __launch_bounds__(kThreads, 2)
     persistent_round_kernel(RoundParams p, experts::mma::Params e) {
-  dispatch_step(p);
-  route_step(p);
-  grid_barrier(p);
-  if (!round_has_pairs(p)) {
-    // No pair arrived on this rank: FC2's frame with no items, so done still goes to every rank.
-    experts::fc2_round(e.step, [](std::uint32_t) {});
-  } else {
-    bucket_step(p);
-    grid_barrier(p);
+  persistent_round(p, e.step, [&] {
     experts::mma::fc1_step<kActivation, P>(e);
     grid_barrier(p);
     if constexpr (!experts::fc1_epilogue_quantizes(P)) {  // NVFP4: the whole h row
@@ -103,8 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       grid_barrier(p);
     }
     experts::mma::fc2_step<P>(e);
-  }
-  combine_step(p);
+  });
 }
 
 // Calls f(kernel, the tile's shared memory bytes) for the problem's activation and precision.
@@ -119,28 +64,41 @@ decltype(auto) with_kernel(const experts::ExpertProblem& problem, F f) {
   });
 }
 
-const experts::mma::MmaBackend& mma_backend(const experts::ExpertBackend& backend) {
-  const auto* mma = dynamic_cast<const experts::mma::MmaBackend*>(&backend);
-  if (mma == nullptr)
-    throw Error(ErrorCode::internal, std::string("PersistentRound: backend ") + backend.name() +
-                                         ": " + PersistentRound::cannot_run(backend));
-  return *mma;
-}
-
 }  // namespace
 
-std::string PersistentRound::cannot_run(const experts::ExpertBackend& backend) {
+std::string PersistentRound::cannot_run(const experts::ExpertBackend& backend, TokenBucket bucket) {
   if (dynamic_cast<const experts::mma::MmaBackend*>(&backend) != nullptr) return {};
+  if (const auto* w = dynamic_cast<const experts::wgmma::WgmmaBackend*>(&backend)) {
+    if (w->runs_e4m3_tile(bucket)) return {};
+    return std::string(
+               "the wgmma backend has a persistent round only for mxfp8's and mxfp4's "
+               "E4M3 tile (knobs.") +
+           to_string(bucket) +
+           ".block_m=64 and at most 16 rows per expert: docs/tuning.md), and this bucket runs "
+           "kernels of the chain; use expert_math=tensor_core, or megakernel=false";
+  }
   return std::string("the ") + backend.name() +
          " backend has no persistent round (its GEMMs run as kernels of the chain); the "
-         "persistent round runs the tensor-core backend's tiles: use expert_math=tensor_core, or "
-         "megakernel=false";
+         "persistent round runs the tensor-core backend's tiles and the wgmma backend's E4M3 "
+         "tile: use expert_math=tensor_core, or megakernel=false";
 }
 
 PersistentRound::PersistentRound(const RoundParams& base, const experts::ExpertBackend& backend,
                                  const LayerConfig& config, int device)
-    : backend_(mma_backend(backend)) {
-  const experts::ExpertProblem& problem = backend_.problem();
+    : mma_(dynamic_cast<const experts::mma::MmaBackend*>(&backend)),
+      wgmma_(dynamic_cast<const experts::wgmma::WgmmaBackend*>(&backend)) {
+  if (wgmma_ != nullptr) {
+    shapes_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
+      return wgmma_->runs_e4m3_tile(bucket)
+                 ? persistent_e4m3_shape(base, *wgmma_, bucket, device, k.num_sms)
+                 : KernelShape{};
+    });
+    return;
+  }
+  if (mma_ == nullptr)
+    throw Error(ErrorCode::internal, std::string("PersistentRound: backend ") + backend.name() +
+                                         " has no persistent round");
+  const experts::ExpertProblem& problem = mma_->problem();
   shapes_ = per_bucket(config, [&](const Knobs& k) {
     return with_kernel(problem, [&](auto kernel, std::size_t tile_smem) {
       const std::size_t smem =
@@ -152,7 +110,14 @@ PersistentRound::PersistentRound(const RoundParams& base, const experts::ExpertB
 
 void PersistentRound::launch(const RoundParams& p, TokenBucket bucket, cudaStream_t stream) const {
   const KernelShape& shape = shapes_[bucket_index(bucket)];
-  const experts::mma::Params e = backend_.params(expert_step(p));
+  if (wgmma_ != nullptr) {
+    if (shape.grid == 0)
+      throw Error(ErrorCode::internal, std::string("PersistentRound: bucket ") + to_string(bucket) +
+                                           ": " + cannot_run(*wgmma_, bucket));
+    launch_persistent_e4m3(p, *wgmma_, bucket, shape, stream);
+    return;
+  }
+  const experts::mma::Params e = mma_->params(expert_step(p));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeCooperative;  // every CTA resident, or the launch fails
   attribute.val.cooperative = 1;

@@ -5,8 +5,10 @@
 // interchangeable round by round and a layer may use either per token bucket.
 //
 // The backend's steps must be device functions the kernel can call: the tensor-core backend's are
-// (experts/mma/steps.cuh). The exact backend's float64 tile (one CTA per SM, the bit-exact path)
-// and the wgmma backend's CUTLASS GEMMs (kernels of their own) run in the chain only.
+// (experts/mma/steps.cuh), and the wgmma backend's E4M3 tile's (mxfp8 and mxfp4 in the buckets
+// that run it: persistent_e4m3_round.hpp). The exact backend's float64 tile (one CTA per SM, the
+// bit-exact path) and the wgmma backend's other GEMMs (CUTLASS's and the bf16-decoding tiles,
+// kernels of their own) run in the chain only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,16 +26,19 @@ class ExpertBackend;
 namespace mma {
 class MmaBackend;
 }
+namespace wgmma {
+class WgmmaBackend;
+}
 }  // namespace experts
 
 class PersistentRound {
  public:
-  // Empty, or why `backend` cannot run a round in one launch.
-  static std::string cannot_run(const experts::ExpertBackend& backend);
+  // Empty, or why `backend` cannot run `bucket`'s rounds in one launch.
+  static std::string cannot_run(const experts::ExpertBackend& backend, TokenBucket bucket);
 
   // The kernel's grid per token bucket: as many CTAs as are resident at once on the bucket's
   // num_sms SMs (I5; a cooperative launch, so the driver refuses rather than under-places them).
-  // `backend` must outlive this, and cannot_run(backend) must be empty.
+  // `backend` must outlive this, and launch() takes only buckets for which cannot_run is empty.
   PersistentRound(const RoundParams& base, const experts::ExpertBackend& backend,
                   const LayerConfig& config, int device);
 
@@ -41,7 +46,8 @@ class PersistentRound {
   void launch(const RoundParams& p, TokenBucket bucket, cudaStream_t stream) const;
 
  private:
-  const experts::mma::MmaBackend& backend_;
+  const experts::mma::MmaBackend* mma_ = nullptr;        // one of the two
+  const experts::wgmma::WgmmaBackend* wgmma_ = nullptr;  // (the E4M3 tile's buckets)
   PerBucket<KernelShape> shapes_{};
 };
 

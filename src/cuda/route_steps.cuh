@@ -47,14 +47,18 @@ __device__ inline void locate_row(const std::uint32_t* rows_from, std::uint32_t 
 }
 
 // The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
-// per-thread sums over the CTA, Hillis-Steele in shared memory). [E_local] holds the totals.
+// per-thread sums over the CTA's first kThreads threads, Hillis-Steele in shared memory; a wider
+// CTA's other threads, as the wgmma persistent round's, only meet its barriers). [E_local] holds
+// the totals.
 __device__ inline void write_offsets(const RoundParams& p) {
   constexpr int kMaxPerThread = static_cast<int>(kMaxExperts / kThreads);
   static_assert(kMaxExperts % kThreads == 0);
   __shared__ std::uint32_t scan_pairs[kThreads], scan_chunks[kThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool scans = tid < kThreads;
   const int experts = static_cast<int>(p.local_experts);
   const int per_thread = (experts + kThreads - 1) / kThreads;
-  const int first = static_cast<int>(threadIdx.x) * per_thread;
+  const int first = scans ? tid * per_thread : experts;
   std::uint32_t count[kMaxPerThread];
   std::uint32_t pairs = 0, chunks = 0;
   for (int i = 0; i < kMaxPerThread; ++i) {
@@ -63,19 +67,25 @@ __device__ inline void write_offsets(const RoundParams& p) {
     pairs += count[i];
     chunks += (count[i] + kChunkRows - 1) / kChunkRows;
   }
-  scan_pairs[threadIdx.x] = pairs;
-  scan_chunks[threadIdx.x] = chunks;
+  if (scans) {
+    scan_pairs[tid] = pairs;
+    scan_chunks[tid] = chunks;
+  }
   __syncthreads();
   for (int offset = 1; offset < kThreads; offset *= 2) {
-    const std::uint32_t add_pairs = threadIdx.x >= offset ? scan_pairs[threadIdx.x - offset] : 0;
-    const std::uint32_t add_chunks = threadIdx.x >= offset ? scan_chunks[threadIdx.x - offset] : 0;
+    const bool adds = scans && tid >= offset;
+    const std::uint32_t add_pairs = adds ? scan_pairs[tid - offset] : 0;
+    const std::uint32_t add_chunks = adds ? scan_chunks[tid - offset] : 0;
     __syncthreads();
-    scan_pairs[threadIdx.x] += add_pairs;
-    scan_chunks[threadIdx.x] += add_chunks;
+    if (scans) {
+      scan_pairs[tid] += add_pairs;
+      scan_chunks[tid] += add_chunks;
+    }
     __syncthreads();
   }
-  std::uint32_t pair_at = scan_pairs[threadIdx.x] - pairs;
-  std::uint32_t chunk_at = scan_chunks[threadIdx.x] - chunks;
+  if (!scans) return;
+  std::uint32_t pair_at = scan_pairs[tid] - pairs;
+  std::uint32_t chunk_at = scan_chunks[tid] - chunks;
   for (int i = 0; i < per_thread && first + i < experts; ++i) {
     p.scratch.pair_offset[first + i] = pair_at;
     p.scratch.chunk_offset[first + i] = chunk_at;

@@ -363,6 +363,7 @@ const char* tile_name(cuda::experts::wgmma::PackedTokenTile tile) {
   using cuda::experts::wgmma::PackedTokenTile;
   return tile == PackedTokenTile::t64        ? "64"
          : tile == PackedTokenTile::t16_e4m3 ? "16 (E4M3)"
+         : tile == PackedTokenTile::t16      ? "16"
          : tile == PackedTokenTile::t128     ? "128"
                                              : "256";
 }
@@ -522,6 +523,18 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     } else {
       EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(c.precision, 1, c.n, c.k, 1, 0,
                                                            PackedTokenTile::t16_e4m3),
+                   Error)
+          << to_string(c.precision);
+      // nvfp4's 16-row decoding tile (split K: its sums in another order than the wider tiles',
+      // each against float64 in run_packed_gemm) gives the same bits on 3 CTAs as on all
+      const std::vector<float> rows16 = run_packed_gemm(c, sm_count(), PackedTokenTile::t16);
+      const std::vector<float> rows16_three = run_packed_gemm(c, 3, PackedTokenTile::t16);
+      EXPECT_EQ(std::memcmp(rows16.data(), rows16_three.data(), rows16.size() * sizeof(float)), 0)
+          << "the 16-row tile on 3 persistent CTAs gives other bits than one per SM";
+    }
+    if (c.precision != Precision::nvfp4) {
+      EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(c.precision, 1, c.n, c.k, 1, 0,
+                                                           PackedTokenTile::t16),
                    Error)
           << to_string(c.precision);
     }

@@ -64,11 +64,11 @@ using Outputs = std::map<std::pair<int, std::int64_t>, std::vector<std::uint16_t
 // Every round of kTokenCounts on every rank of a cluster built with `tune`; each output checked
 // against the reference with the layer's rule. Returns the outputs by (rank, T).
 Outputs run_rounds(const LayerShape& shape, Precision p, ExpertMath math, const Cluster::Tune& tune,
-                   const std::string& what) {
+                   const std::string& what, Combine combine = Combine::staged) {
   const int world = test::gpus_up_to(2);
   LayerOptions options;
   options.expert_math = math;
-  options.combine = Combine::staged;
+  options.combine = combine;
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(shape, 41);
   Cluster cluster(shape, p, options, world, weights, Backend::cuda_nccl, {}, tune);
@@ -163,12 +163,10 @@ TEST_P(GpuKnobsWgmmaTile, BlockN256MatchesTheReferenceAndThe128WideTileBitForBit
   const Knobs wide = knobs_with(shape, p, [](Knobs& k) {
     k.block_m = 128;
     k.block_n = 256;
-    k.stages = 2;
   });
   const Knobs narrow = knobs_with(shape, p, [](Knobs& k) {
     k.block_m = 128;
     k.block_n = 128;
-    k.stages = 2;
   });
   LayerOptions options;
   options.expert_math = ExpertMath::wgmma;
@@ -185,21 +183,54 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuKnobsWgmmaTile,
                            return std::string(to_string(param_info.param));
                          });
 
-// mxfp8 and mxfp4 pick their packed GEMM per bucket: block_m 64 where an expert gets at most 16
-// rows (core::wgmma_e4m3_tokens; kShape's decode bucket: 8 at world 1, 16 at world 2) runs the
-// E4M3 tile (16 token rows; gather copies the wire rows, FC1's epilogue writes h as MXFP8; mxfp4's
-// E2M1 codes converted to E4M3 in shared memory); 64 elsewhere (small, medium: 64 and 512 rows),
-// 128 and 256 decode the weights to bf16 (gather decodes the wire rows). Each, in every bucket
-// (T = 0, 1, 64, 1000), matches the reference; mixing them between rounds (the default table) too.
-TEST(GpuKnobs, MxPrecisionsRunE4m3OnFewRowsAndBf16ElsewhereEachMatchingTheReference) {
+// mxfp8, mxfp4 and nvfp4 pick their packed GEMM per bucket: block_m 64 where an expert gets at
+// most 16 rows (core::wgmma_16_row_tile; kShape's decode bucket: 8 at world 1, 16 at world 2) runs
+// a 16-row tile, for mxfp8 and mxfp4 the E4M3 one (gather copies the wire rows, FC1's epilogue
+// writes h as MXFP8; mxfp4's E2M1 codes converted to E4M3 in shared memory), for nvfp4 the decoding
+// one with K split over two pairs of math warpgroups; 64 elsewhere (small, medium: 64 and 512
+// rows), 128 and 256 decode the weights to bf16 (gather decodes MXFP8 wire rows). Each, in every
+// bucket (T = 0, 1, 64, 1000), matches the reference; mixing them between rounds (the default
+// table) too.
+TEST(GpuKnobs, PackedPrecisionsRun16RowTilesOnFewRowsEachMatchingTheReference) {
   if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
-  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4, Precision::nvfp4}) {
     for (const std::int32_t rows : {64, 128, 256}) {
       const Knobs k = knobs_with(kShape, p, [rows](Knobs& kn) { kn.block_m = rows; });
       run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k),
                  std::string(to_string(p)) + " block_m=" + std::to_string(rows));
     }
     run_rounds(kShape, p, ExpertMath::wgmma, {}, std::string(to_string(p)) + " default knobs");
+  }
+}
+
+// token_back in the E4M3 tile's buckets (mxfp8 and mxfp4, block_m 64; kShape's decode bucket):
+// epilogue_warps, FC2's epilogue sends each row home (no home kernel), and dispatch_warps, FC2
+// stores fp32 rows that the home kernel ships. Both match the reference under both combines and,
+// staged, give the same bits (each result is bf16(sum + b2) of the same fp32 sum: mxfp8's and
+// mxfp4's weights have no per-expert factor, so the home kernel's unscaling multiplies by 1; the
+// in-kernel reduce's atomic adds have no fixed order).
+TEST(GpuKnobs, E4m3TileSendsHomeFromFc2OrFromTheHomeKernelWithTheSameBits) {
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
+  for (const Precision p : {Precision::mxfp8, Precision::mxfp4}) {
+    LayerOptions options;
+    options.expert_math = ExpertMath::wgmma;
+    const LayerConfig base = make_config(kShape, p, 0, 1, options);
+    ASSERT_TRUE(has_persistent_round(base, TokenBucket::decode)) << "decode runs the E4M3 tile";
+    Outputs out[2];
+    for (const TokenBack mode : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+      const Knobs k = knobs_with(kShape, p, [mode](Knobs& kn) {
+        kn.block_m = 64;
+        kn.token_back = mode;
+      });
+      const LayerConfig tuned = with_knobs(base, k);
+      EXPECT_EQ(tuned.knobs(TokenBucket::decode).token_back, mode);
+      const std::string what = std::string(to_string(p)) + " token_back=" + to_string(mode);
+      out[static_cast<int>(mode)] = run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k), what);
+      run_rounds(kShape, p, ExpertMath::wgmma, every_bucket(k), what + " in_kernel_reduce",
+                 Combine::in_kernel_reduce);
+    }
+    expect_same_bits(out[0], out[1],
+                     std::string(to_string(p)) + ": FC2 sending home against the home kernel");
   }
 }
 

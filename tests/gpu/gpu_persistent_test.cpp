@@ -1,7 +1,8 @@
 // The persistent round (Knobs::megakernel, docs/design.md §4.3): one cooperative launch per
 // forward, against the emulating reference with the tensor-core rule, on 1 and 2 GPUs; mixed with
 // the chain round by round; under CUDA-graph replay; its faults named and recovered by reset();
-// refused at creation where the backend has no persistent round.
+// refused at creation where the backend has no persistent round; the wgmma backend's E4M3 tile
+// (mxfp8, mxfp4) in one launch.
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -251,8 +252,72 @@ TEST(GpuPersistent, StalledRankIsNamedAndResetRecovers) {
   for (int r = 0; r < world; ++r) EXPECT_TRUE(cluster.layer(r).health().ok);
 }
 
-// exact (the float64 tile) and wgmma (CUTLASS's GEMM kernels) have no persistent round: a bucket
-// asking for one is refused at creation, naming the knob and the way out.
+// The wgmma backend's persistent round: mxfp8's and mxfp4's E4M3 tile (decode, block_m 64) in one
+// launch, FC2 sending home from its epilogue (token_back=epilogue_warps) or staging its rows for
+// every CTA's warps to send after a grid barrier (dispatch_warps), against the reference with the
+// E4M3 rule; the other
+// buckets chained in between (T = 64, 1000), so the two paths alternate; uniform routing and one
+// expert taking every slot (several token tiles of one group); gpt-oss's activation with b13 and
+// b2 (H = 192: FC2's partial weight block and an odd number of k tiles for the split-K pairs).
+TEST(GpuPersistent, WgmmaE4m3TileInOneLaunchMatchesTheReference) {
+  const int world = test::gpus_up_to(2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const auto decode_e4m3 = [](TokenBack token_back) {
+    return [token_back](const LayerConfig& c) {
+      Knobs k = c.knobs(TokenBucket::decode);
+      k.megakernel = true;
+      k.block_m = 64;
+      k.token_back = token_back;
+      const LayerConfig out = with_knobs(c, k, TokenBucket::decode);
+      EXPECT_EQ(out.knobs(TokenBucket::decode).token_back, token_back);
+      return out;
+    };
+  };
+  const LayerShape oai_shape{
+      .hidden = 192, .intermediate = 192, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 96};
+  for (const bool oai : {false, true}) {
+    const LayerShape& shape = oai ? oai_shape : kShape;
+    auto weights = harness::make_random_weights(shape, oai ? 61 : 60);
+    if (oai) harness::add_random_biases(weights, shape, 62);
+    for (const Precision precision : {Precision::mxfp8, Precision::mxfp4})
+      for (const Combine combine : {Combine::staged, Combine::in_kernel_reduce})
+        for (const TokenBack token_back : {TokenBack::epilogue_warps, TokenBack::dispatch_warps}) {
+          LayerOptions options;
+          options.expert_math = ExpertMath::wgmma;
+          options.combine = combine;
+          options.timeout_ms = 20'000;
+          if (oai) {
+            options.activation = Activation::swiglu_oai;
+            options.swiglu_limit = 0.75f;
+          }
+          const std::string what = std::string(to_string(precision)) + " " + to_string(combine) +
+                                   " " + to_string(token_back) + (oai ? " swiglu_oai+biases" : "");
+          Cluster cluster(shape, precision, options, world, weights, Backend::cuda_nccl, {},
+                          decode_e4m3(token_back));
+          const std::string hang = "wgmma persistent " + what;
+          within_seconds(300, hang.c_str(), [&] {
+            run_on_rank_threads(world, [&](int rank) {
+              const std::vector<std::int64_t> token_counts{0, 1, 7, 16, 64, 16, 1, 0};
+              for (std::size_t i = 0; i < token_counts.size(); ++i)
+                for (const Routing routing : {Routing::uniform, Routing::one_expert}) {
+                  const std::int64_t t = std::min(token_counts[i], shape.max_tokens_per_rank);
+                  const Batch b = harness::make_random_batch(
+                      shape, world, t, routing, 1, 1000 * i + static_cast<std::uint64_t>(rank));
+                  expect_matches(
+                      cluster.forward(rank, b), b, cluster,
+                      what + " rank " + std::to_string(rank) + " T=" + std::to_string(t));
+                }
+            });
+          });
+          for (int r = 0; r < world; ++r)
+            EXPECT_TRUE(cluster.layer(r).health().ok)
+                << what << ": " << cluster.layer(r).health().what;
+        }
+  }
+}
+
+// exact (the float64 tile) has no persistent round, nor wgmma outside the E4M3 tile (bf16's
+// CUTLASS GEMMs): a bucket asking for one is refused at creation, naming the knob and the way out.
 TEST(GpuPersistent, RefusedWhereTheBackendHasNoPersistentRound) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 1);

@@ -70,7 +70,8 @@ for m in tensor_core wgmma; do
     echo "qwen3-30b-a3b $p staged $m: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_$m.log" | cut -c1-4)"
   done
 done
-# The persistent round (--megakernel: one launch per forward, tensor_core only).
+# The persistent round (--megakernel: one launch per forward): tensor_core's in every bucket, and
+# wgmma's E4M3 tile (mxfp8, mxfp4) in the decode bucket (T = 8).
 for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 mxfp4}; do
   [ "$p" = fp8_block128 ] && continue
   for c in staged in_kernel_reduce; do
@@ -80,6 +81,19 @@ for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 mxfp4}; do
     echo "qwen3-30b-a3b $p $c tensor_core persistent: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}_persistent.log" | cut -c1-4)"
   done
 done
+for p in mxfp8 mxfp4; do
+  for c in staged in_kernel_reduce; do
+    log="$out/run_${p}_${c}_wgmma_persistent.log"
+    build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 8 --rounds 3 \
+      --precision $p --combine $c --math wgmma --megakernel >"$log" 2>&1 || run_rc=1
+    echo "qwen3-30b-a3b $p $c wgmma persistent (T = 8): $(grep -E '^(PASS|FAIL)' "$log" | cut -c1-4)"
+  done
+done
+# The chain in plain stream order (EPMOE_PDL=0: no programmatic dependent launch), wgmma mxfp8.
+log="$out/run_mxfp8_wgmma_no_pdl.log"
+EPMOE_PDL=0 build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
+  --precision mxfp8 --math wgmma >"$log" 2>&1 || run_rc=1
+echo "qwen3-30b-a3b mxfp8 wgmma, EPMOE_PDL=0: $(grep -E '^(PASS|FAIL)' "$log" | cut -c1-4)"
 cat "$out/run_bf16_staged.log"
 grep -A4 '^rank' "$out/run_nvfp4_tensor_core.log"
 # deepseek-v3 with all 256 experts (issue 11), every precision in exact, tensor_core and wgmma math:
@@ -115,6 +129,22 @@ build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --roun
   --check-every 3 --min-zero-fraction 0.3 --seed 8 --math tensor_core --megakernel \
   >"$out/stress_tiny_persistent.log" 2>&1 || stress_rc=1
 echo "persistent round: $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_persistent.log" | head -1)"
+# wgmma's E4M3 tile on the tiny shape (16 experts, top 4): in decode up to 4 ranks (4 W rows per
+# expert at T = 16; more ranks give no bucket the tile, and --megakernel is refused)
+e4m3_ranks=$((gpus < 4 ? gpus : 4))
+build/gpu/tools/epmoe stress --executor cuda --ranks "$e4m3_ranks" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 9 --math wgmma --precision mxfp8 --megakernel \
+  >"$out/stress_tiny_wgmma_persistent.log" 2>&1 || stress_rc=1
+echo "wgmma persistent round (mxfp8): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_persistent.log" | head -1)"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$e4m3_ranks" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 10 --math wgmma --precision mxfp4 --megakernel \
+  --token-back dispatch_warps >"$out/stress_tiny_wgmma_persistent_staged_home.log" 2>&1 ||
+  stress_rc=1
+echo "wgmma persistent round (mxfp4, token_back=dispatch_warps): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_persistent_staged_home.log" | head -1)"
+build/gpu/tools/epmoe stress --executor cuda --ranks "$e4m3_ranks" --shape tiny --rounds 3000 \
+  --check-every 3 --min-zero-fraction 0.3 --seed 11 --math wgmma --precision mxfp8 \
+  --token-back dispatch_warps >"$out/stress_tiny_wgmma_home_kernel.log" 2>&1 || stress_rc=1
+echo "wgmma chain (mxfp8, token_back=dispatch_warps): $(grep -E '^(PASS|FAIL)' "$out/stress_tiny_wgmma_home_kernel.log" | head -1)"
 
 echo "== epmoe stress --fault on the GPUs (every survivor names the faulty rank, then reset())"
 fault_rc=0
@@ -128,6 +158,11 @@ if [ "$gpus" -ge 2 ]; then
       --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 --math tensor_core \
       --megakernel >"$out/stress_fault_${f%%:*}_persistent.log" 2>&1 || fault_rc=1
     echo "$f, persistent round: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}_persistent.log" | head -1)"
+    build/gpu/tools/epmoe stress --executor cuda --ranks 2 --shape tiny --rounds 400 --seed 3 \
+      --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 --math wgmma \
+      --precision mxfp8 --megakernel >"$out/stress_fault_${f%%:*}_wgmma_persistent.log" 2>&1 ||
+      fault_rc=1
+    echo "$f, wgmma persistent round: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}_wgmma_persistent.log" | head -1)"
   done
 else
   echo "skipped: needs 2 GPUs"

@@ -59,8 +59,12 @@ void add_layer_options(CLI::App& cmd, Options& o) {
                  "computes exactly); picks the rule outputs are checked with")
       ->capture_default_str();
   cmd.add_flag("--megakernel", o.megakernel,
-               "every round as the persistent round, one launch per forward (CUDA executor, "
-               "--math tensor_core; docs/design.md 4.3)");
+               "every round of a bucket that has one as the persistent round, one launch per "
+               "forward (CUDA executor; --math tensor_core, or wgmma's mxfp8 / mxfp4 E4M3 tile; "
+               "docs/design.md 4.3)");
+  cmd.add_option("--token-back", o.token_back,
+                 "epilogue_warps | dispatch_warps: asked of every bucket (kept where the bucket "
+                 "runs either mode, wgmma's E4M3 tile; docs/tuning.md#knobs); empty: the table's");
 }
 
 // The load: routing, idle runs, pacing, and how much of it is checked.
@@ -186,6 +190,7 @@ Setup resolve(const Options& o) {
   s.backend = choose_stress_backend(o);
   check_megakernel_backend(o.megakernel, s.backend);
   s.megakernel = o.megakernel;
+  if (!o.token_back.empty()) s.token_back = parse_token_back(o.token_back, "--token-back");
   check_host_memory(s);
   return s;
 }

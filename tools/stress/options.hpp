@@ -45,6 +45,7 @@ struct Options {
   bool corrupt_check = false;
   bool processes = false;   // ranks as processes (CPU: POSIX shared memory; CUDA: one GPU each)
   bool megakernel = false;  // every round as the persistent round (CUDA executor)
+  std::string token_back;   // empty: each bucket's table value
 };
 
 // Registers the options and the --help footer on the `stress` subcommand.
@@ -64,6 +65,7 @@ struct Setup {
   // With --processes: cuda_nccl only for an explicit --executor=cuda (rank r on GPU r).
   Backend backend = Backend::cpu_threads;
   bool megakernel = false;  // --megakernel: with_megakernel_everywhere on every rank's config
+  std::optional<TokenBack> token_back;  // --token-back: with_token_back_everywhere, first
 };
 Setup resolve(const Options& o);
 

@@ -78,9 +78,8 @@ void RankLayer::build(const UniqueId& id) {
   comm_ = cuda_ ? make_nccl_communicator(id, rank_, o_.ranks, rank_)
                 : make_host_communicator(group_, rank_);
   const LayerConfig config = make_config(s_.shape, s_.precision, rank_, o_.ranks, s_.layer_options);
-  layer_ =
-      std::make_unique<Layer>(*comm_, s_.megakernel ? with_megakernel_everywhere(config) : config,
-                              local_weight_views(weights_, s_.shape, rank_, o_.ranks));
+  layer_ = std::make_unique<Layer>(*comm_, with_tool_knobs(config, s_.token_back, s_.megakernel),
+                                   local_weight_views(weights_, s_.shape, rank_, o_.ranks));
 #if defined(EPMOE_HAS_CUDA)
   if (cuda_) device_ = std::make_unique<harness::DeviceBatch>(rank_, s_.shape);
 #endif

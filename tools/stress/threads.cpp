@@ -259,8 +259,9 @@ int summarize(ThreadRun& run, double wall_s) {
 
 int run_threads(const Options& o, const Setup& s) {
   const reference::LayerWeights weights = harness::make_random_weights(s.shape, o.seed);
-  Cluster cluster(s.shape, s.precision, s.layer_options, o.ranks, weights, s.backend, {},
-                  s.megakernel ? Cluster::Tune(with_megakernel_everywhere) : Cluster::Tune());
+  Cluster cluster(
+      s.shape, s.precision, s.layer_options, o.ranks, weights, s.backend, {},
+      [&s](const LayerConfig& c) { return with_tool_knobs(c, s.token_back, s.megakernel); });
   ThreadRun run(o, s, cluster);
   const auto start = Clock::now();
   {

@@ -48,7 +48,7 @@ class ExactBackend final : public ExpertBackend {
   std::size_t scratch_bytes_ = 0;
   DeviceBiases biases_;
   float* h_ = nullptr;
-  // Fixed tiles (block_m / block_n / stages are not read); grids per bucket from num_sms.
+  // Fixed tiles and pipeline (block_m / block_n are not read); grids per bucket from num_sms.
   struct Shapes {
     KernelShape fc1, quantize_h, fc2;
   };

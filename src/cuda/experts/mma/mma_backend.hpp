@@ -56,7 +56,7 @@ class MmaBackend final : public ExpertBackend {
   float* split_sums_ = nullptr;
   unsigned long long* split_arrivals_ = nullptr;
   std::uint32_t split_slots_ = 0;
-  // Fixed tiles (block_m / block_n / stages are not read); grids per bucket from num_sms.
+  // Fixed tiles and pipeline (block_m / block_n are not read); grids per bucket from num_sms.
   struct Shapes {
     KernelShape fc1, quantize_h, fc2;
   };

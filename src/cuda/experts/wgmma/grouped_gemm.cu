@@ -147,7 +147,7 @@ Bf16GroupedGemm::~Bf16GroupedGemm() {
 void Bf16GroupedGemm::run(cudaStream_t stream) const {
   std::visit(
       [&](auto& gemm) {
-        parts::check(gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+        parts::check(gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
       },
       kernel_->gemm);
 }

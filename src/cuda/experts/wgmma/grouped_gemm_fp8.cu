@@ -6,6 +6,7 @@
 // expert's M from device memory. The scale layouts depend on M, so a small kernel derives them
 // from the round's problems before the GEMM.
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
+#include "cuda/kernels.hpp"  // launch_chained, KernelShape, kThreads
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -49,9 +50,12 @@ using StrideD = GemmKernel::InternalStrideD;
 
 constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
-// Each group's scale layouts from its problem (they fold M, N and K in).
-__global__ void scale_layouts_kernel(const GemmProblem* problems, int groups, LayoutSFA* sfa,
-                                     LayoutSFB* sfb) {
+// Each group's scale layouts from its problem (they fold M, N and K in). A kernel of the chain
+// (launch_chained, PDL): it reads the problems the previous kernel (plan_and_gather, activate)
+// wrote only after that kernel has completed.
+__global__ void __launch_bounds__(kThreads)
+    scale_layouts_kernel(const GemmProblem* problems, int groups, LayoutSFA* sfa, LayoutSFB* sfb) {
+  wait_for_previous_kernel();
   for (int g = static_cast<int>(threadIdx.x); g < groups; g += blockDim.x) {
     const GemmProblem p = problems[g];
     sfa[g] = ScaleConfig::tile_atom_to_shape_SFA(make_shape(p.m, p.n, p.k, 1));
@@ -133,10 +137,9 @@ Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
 }
 
 void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
-  scale_layouts_kernel<<<1, 256, 0, stream>>>(arrays_.problems, groups_, kernel_->sfa_layouts,
-                                              kernel_->sfb_layouts);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-  parts::check(kernel_->gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+  launch_chained(scale_layouts_kernel, KernelShape{1}, stream, arrays_.problems, groups_,
+                 kernel_->sfa_layouts, kernel_->sfb_layouts);
+  parts::check(kernel_->gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -169,7 +169,7 @@ Bf16GluGroupedGemm::~Bf16GluGroupedGemm() {
 void Bf16GluGroupedGemm::run(cudaStream_t stream) const {
   std::visit(
       [&](auto& gemm) {
-        parts::check(gemm.run(stream, nullptr, parts::kLaunchWithPdl), kName, "run");
+        parts::check(gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
       },
       kernel_->gemm);
 }

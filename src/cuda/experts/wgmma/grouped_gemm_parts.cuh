@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
+#include "cuda/kernels.hpp"  // programmatic_launch
 #include "cuda/pdl.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -31,7 +32,7 @@ namespace epmoe::cuda::experts::wgmma::parts {
 // with that wait first: every thread waits until the previous kernel has completed and its memory
 // is visible, before any global access; what PDL buys is the launch and CTA rasterization
 // overlapping the previous kernel's tail. The adapter launches it with the PDL attribute
-// (run(stream, nullptr, kLaunchWithPdl)).
+// (run(stream, nullptr, programmatic_launch()): kernels.hpp).
 template <class Kernel>
 struct WaitsForPreviousKernel : Kernel {
   CUTLASS_DEVICE void operator()(typename Kernel::Params const& params, char* smem) {
@@ -41,7 +42,6 @@ struct WaitsForPreviousKernel : Kernel {
 };
 template <class Kernel>
 using PdlGemm = cutlass::gemm::device::GemmUniversalAdapter<WaitsForPreviousKernel<Kernel>>;
-inline constexpr bool kLaunchWithPdl = true;
 
 // (M, N, K) per group, M read on the device each round.
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;

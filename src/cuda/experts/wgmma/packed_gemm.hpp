@@ -24,9 +24,11 @@
 #include <cstdint>
 #include <optional>
 
+#include "cuda/experts/inputs.hpp"  // ExpertStep
 #include "cuda/experts/packed_weights.hpp"
 #include "cuda/experts/wgmma/grouped_gemm.hpp"  // GemmProblem
 #include "epmoe/config.hpp"                     // Activation, ScaleRounding
+#include "protocol/token_back.hpp"              // HomeSlot
 
 namespace epmoe::cuda::experts::wgmma {
 
@@ -58,6 +60,28 @@ struct PackedFc1Epilogue {
   ScaleRounding rounding = ScaleRounding::rceil;
 };
 
+// FC2 on the E4M3 tile may send its rows home itself, in place of D and the wgmma backend's home
+// kernel: each result plus its b2 to its pair's home slot (staged: bf16 into the home rank's
+// combine row; in_kernel_reduce: weight x result added to the home rank's accumulator), the round
+// joined and its done published to every rank (finish_expert_step) as that kernel does, so the
+// results are the same bits. For mxfp8 and mxfp4 only, whose sums are the values (no row or weight
+// scale to divide by).
+struct PackedFc2Home {
+  ExpertStep step;
+  const float* b2;                  // [groups, N], or nullptr
+  const protocol::HomeSlot* homes;  // [pairs] each pair's home slot, in pair order
+};
+
+// What a kernel of the GEMM reads (PackedGroupedGemm::args): its arrays, the weights, the shape and
+// the epilogues'.
+struct PackedGemmArgs {
+  PackedGemmArrays arrays;
+  PackedMatrices w;
+  int groups, n, k;
+  PackedFc1Epilogue epilogue;
+  PackedFc2Home home;  // read by the E4M3 tile's FC2 that sends home only
+};
+
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
 // to decode each weight once per 128 or 256 rows (prefill). Knobs::block_m picks it
 // (wgmma_backend.hpp). t16_e4m3 (mxfp8, mxfp4) is a 16-row tile that multiplies E4M3 codes: its
@@ -67,7 +91,10 @@ struct PackedFc1Epilogue {
 // and k32 block, which beats decoding the weights at a few rows per expert and loses from a few
 // tens (core::wgmma_e4m3_tokens picks it per bucket); the other tiles decode the weights to bf16
 // and take bf16 rows.
-enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256 };
+// t16 (nvfp4 only) is the decoding tile at 16 token rows, whose CTA splits K over two pairs of
+// math warpgroups as t16_e4m3's does: NVFP4's 16-wide E4M3 block scales cannot ride an FP8 WGMMA's
+// k32 block, so its few-row tile decodes.
+enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256, t16 };
 
 class PackedGroupedGemm {
  public:
@@ -90,8 +117,17 @@ class PackedGroupedGemm {
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`
-  // (programmatic dependent launch).
-  void run(const PackedMatrices& weights, cudaStream_t stream) const;
+  // (programmatic dependent launch). With `home` (t16_e4m3 without an epilogue only: Error
+  // internal otherwise), the results go home (PackedFc2Home) and D is not written.
+  void run(const PackedMatrices& weights, cudaStream_t stream,
+           const PackedFc2Home* home = nullptr) const;
+
+  // What run() hands its kernel, for a kernel of another launch that runs the same tile (the
+  // persistent round runs the E4M3 tile's two GEMMs: packed_gemm.cuh, e4m3::gemm). The same
+  // refusal as run()'s for `home`.
+  PackedGemmArgs args(const PackedMatrices& weights, const PackedFc2Home* home = nullptr) const;
+  // t16_e4m3: the TMA descriptor of `weights`' codes (encoded on the host when they change).
+  const CUtensorMap& codes_map(const PackedMatrices& weights) const;
 
   // Empty, or why the kernel cannot take these (K a multiple of its 64-wide k tile, ...).
   static const char* cannot_take(Precision precision, int groups, int n, int k);
@@ -110,7 +146,7 @@ class PackedGroupedGemm {
   mutable const std::uint8_t* codes_map_of_ = nullptr;
   std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's
   int groups_, n_, k_, sm_count_;
-  std::size_t smem_ = 0;
+  std::size_t smem_[2] = {0, 0};  // dynamic shared memory: D's kernel, the one sending home
   PackedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
   std::size_t device_bytes_ = 0;

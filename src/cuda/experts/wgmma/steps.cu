@@ -1,177 +1,23 @@
-// The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan, gather,
+// The wgmma backend's kernels around its grouped GEMMs (wgmma_backend.hpp): plan and gather,
 // activate (nvfp4 and fp8_block128: bf16's, mxfp8's and mxfp4's FC1 epilogues activate) and home.
 // Each joins the round like every kernel of the chain (nothing at all when this rank's round
 // already failed); home closes the expert step (fc2_round).
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/fc2_input.cuh"
-#include "cuda/experts/packed_weights.cuh"  // e4m3x2_scaled_to_bf16x2
+#include "cuda/experts/wgmma/steps.cuh"  // plan_gemms, gather_rows
 #include "cuda/experts/wgmma/steps.hpp"
-#include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/activation.hpp"
-#include "math/expert_row.hpp"  // math::biased, math::unscaled
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
-__global__ void __launch_bounds__(kThreads) plan_kernel(Params p) {
+// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
+__global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
-  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
-  const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
-  constexpr std::int64_t kBlock = formats::kFp8Block128;
-  for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
-    const std::uint32_t first = start.skip ? 0u : p.step.in.pair_offset[e];
-    const int m = start.skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
-    if (p.fp8()) {
-      const Fp8BlockWeights& w = p.fp8_weights;
-      p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
-      p.fp8_fc1.sfa[e] = p.scratch.a8_scale + first * (hidden / kBlock);
-      p.fp8_fc1.b[e] = w.w13.codes + e * 2 * inter * hidden;
-      p.fp8_fc1.sfb[e] = w.w13.scales + formats::fp8_block128_tile(2 * inter, hidden, e, 0);
-      p.fp8_fc1.d[e] = p.scratch.d + first * 2 * inter;
-      p.fp8_fc2.problems[e] = GemmProblem{m, h, i};
-      p.fp8_fc2.a[e] = p.scratch.h8 + first * inter;
-      p.fp8_fc2.sfa[e] = p.scratch.h8_scale + first * (inter / kBlock);
-      p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
-      p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
-      p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
-      continue;
-    }
-    if (p.packed()) {
-      p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-      p.packed_fc2.problems[e] = GemmProblem{m, h, i};
-      p.packed_fc2.b13[e] = nullptr;
-      p.packed_fc2.d[e] = p.scratch.d + first * hidden;
-      if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
-        constexpr std::int64_t kMx = formats::kMxfp8Block;
-        p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
-        p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
-        p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
-        p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
-        p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
-        p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
-      } else {
-        p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
-        p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
-        p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
-        p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
-      }
-      continue;
-    }
-    if (p.glu()) {
-      p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
-      p.glu_fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
-      p.glu_fc1.h[e] = p.scratch.h16 + first * inter;
-      p.glu_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-    } else {
-      p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.fc1.a[e] = p.scratch.a1 + first * hidden;
-      p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
-      p.fc1.d[e] = p.scratch.d + first * 2 * inter;
-    }
-    p.fc2.problems[e] = GemmProblem{m, h, i};
-    p.fc2.a[e] = p.scratch.h16 + first * inter;
-    p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
-    p.fc2.d[e] = p.scratch.d + first * hidden;
-  }
-}
-
-// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
-// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
-// the values; fp8's GEMM applied its block scales.
-struct WeightFactors {
-  float divisor = 1.0f, multiplier = 1.0f;
-};
-__device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
-  if (p.packed()) {
-    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
-    return WeightFactors{m.divisor[e], m.multiplier[e]};
-  }
-  return WeightFactors{};
-}
-// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
-__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
-  const float v = math::unscaled(sum, row_scale, w.divisor);
-  return w.multiplier != 1.0f ? v * w.multiplier : v;
-}
-
-// 8 E4M3 codes (two words, low byte first) of one MX block times its scale value, as bf16 codes:
-// the wire codec's decode (mxfp8_decode_value) rounded by float_to_bf16, as route stages rows
-// for the other precisions, bit for bit (e4m3x2_scaled_to_bf16x2).
-__device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, float scale) {
-  const std::uint32_t words[2] = {lo, hi};
-  std::uint32_t out[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    out[j] =
-        e4m3x2_scaled_to_bf16x2(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))), scale);
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// One warp per pair, 16-byte copies (H is a multiple of 64): the staged bf16 row, or (E4M3
-// operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
-// values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or
-// (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload decoded to bf16 codes, exact (an
-// E4M3 value times a power of two). Route checked the rows and staged nothing for them.
-__global__ void __launch_bounds__(kThreads) gather_kernel(Params p) {
-  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
-  const PhaseEnd phase_end{start};
+  if (blockIdx.x == 0) plan_gemms(p, start.skip);
   if (start.skip) return;
-  const ExpertInputs& in = p.step.in;
-  const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-  const std::int64_t hidden = p.problem.hidden;
-  const std::int64_t vectors = hidden / 8;
-  const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (const int block = e4m3_scale_block(p.problem); block != 0) {
-    const TokenBackTarget& t = p.step.home;
-    const std::int64_t blocks = hidden / block;
-    const auto wire_payload = [&](std::uint32_t pair) {  // the pair's received row
-      const std::uint32_t packed = in.pairs[pair];
-      return t.peer_windows[t.rank] +
-             t.layout.recv_row(start.round, pair_src(packed), pair_row(packed)) +
-             protocol::wire_payload_offset(t.top_k);
-    };
-    if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
-      for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
-           pair += gridDim.x * warps) {
-        const std::uint8_t* payload = wire_payload(pair);
-        auto* dst =
-            reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-        for (std::int64_t v = lane; v < hidden / 16; v += 32) {  // 16 codes of one MX block
-          const uint4 codes = *reinterpret_cast<const uint4*>(payload + 16 * v);
-          const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
-          dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
-          dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
-        }
-      }
-      return;
-    }
-    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      const std::uint8_t* payload = wire_payload(pair);
-      const auto* codes = reinterpret_cast<const uint4*>(payload);
-      auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
-      for (std::int64_t v = lane; v < hidden / 16; v += 32) dst[v] = codes[v];
-      float* scale = p.scratch.a8_scale + static_cast<std::size_t>(pair) * blocks;
-      if (p.fp8()) {
-        const auto* scales = reinterpret_cast<const float*>(payload + hidden);
-        for (std::int64_t b = lane; b < blocks; b += 32) scale[b] = scales[b];
-      } else {
-        const std::uint8_t* codes8 = payload + hidden;  // (MXFP8: H / 32 E8M0 codes)
-        for (std::int64_t b = lane; b < blocks; b += 32)
-          scale[b] = formats::e8m0_to_float(codes8[b]);
-      }
-    }
-    return;
-  }
-  for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-    const auto* src = reinterpret_cast<const uint4*>(
-        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
-    auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-    for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = src[v];
-  }
+  gather_rows<kThreads>(p, start.round);
 }
 
 // Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.
@@ -184,7 +30,6 @@ EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
 // A warp per row keeps 8 rows' loads in flight per CTA where one CTA per row had one, and its
 // barriers are __syncwarp (qwen3 at T = 8192: 65536 rows of 768, the kernel was at 1/6 of HBM).
 constexpr std::size_t kActivateSmem = 48 * 1024;
-constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
 int activate_group_size(const ExpertProblem& problem) {
   int size = 32;
   while (size < kThreads && (kThreads / size) * activate_row_smem(problem) > kActivateSmem)
@@ -259,51 +104,11 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
-// One warp per pair (eight pairs in flight per CTA, no CTA barrier between them): FC2's sums over
-// both scales, b2, the result home (send_home_n), four columns per lane per step; the last CTA
-// publishes done to every rank (fc2_round).
+// FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
+// rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  fc2_round<Stamps::end_only>(p.step, [&](std::uint32_t round) {
-    const ExpertInputs& in = p.step.in;
-    const std::int64_t hidden = p.problem.hidden;
-    const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-    const std::uint32_t warps = kThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      HomeSlot home{};
-      int e = 0;
-      if (lane == 0) {
-        home = home_slot(p.step.home, round, in.pairs[pair]);
-        e = expert_of_pair(in, p.problem.local_experts, pair);
-      }
-      home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
-      home.token = __shfl_sync(0xffffffffu, home.token, 0);
-      home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
-      home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
-      e = __shfl_sync(0xffffffffu, e, 0);
-      const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
-      const WeightFactors w = weight_factors(p, false, e);
-      const auto* d =
-          reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
-      const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-      for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
-        float4 v[kLoads];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l)
-          if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l) {
-          const std::int64_t c4 = first + 32 * l;
-          if (c4 >= hidden / 4) break;
-          const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
-          float out[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
-          send_home_n<4>(p.step.home, home, c4, out);
-        }
-      }
-    }
-  });
+  fc2_round<Stamps::end_only>(p.step,
+                              [&](std::uint32_t round) { send_rows_home<kThreads>(p, round); });
 }
 
 }  // namespace
@@ -313,19 +118,15 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
   const int group = activate_group_size(problem);
   const std::int64_t warp_ctas = ctas_for(max_pairs, kThreads / 32);
   return StepShapes{
-      at_most(occupancy_shape(gather_kernel, 0, device, num_sms), warp_ctas),
+      at_most(occupancy_shape(plan_and_gather_kernel, 0, device, num_sms), warp_ctas),
       at_most(occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
                               device, num_sms),
               ctas_for(max_pairs, kThreads / group)),
       at_most(occupancy_shape(home_kernel, 0, device, num_sms), warp_ctas), group};
 }
 
-void launch_plan(const Params& p, cudaStream_t stream) {
-  launch_chained(plan_kernel, KernelShape{1, 0}, stream, p);
-  EPMOE_CUDA_CHECK(cudaGetLastError());
-}
-void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  launch_chained(gather_kernel, s.gather, stream, p);
+void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
+  launch_chained(plan_and_gather_kernel, s.gather, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {

@@ -35,6 +35,9 @@ struct Scratch {
   float* a8_scale;   // [max_pairs, H / block]
   std::uint8_t* h8;  // [max_pairs, I] FC2's operand: h at its quantization point
   float* h8_scale;   // [max_pairs, I / block]
+  // mxfp8, mxfp4: each pair's home slot, for the E4M3 tile's FC2, which sends the results home
+  // itself (PackedFc2Home; plan_and_gather writes them in the buckets that run it)
+  protocol::HomeSlot* homes;  // [max_pairs]
 };
 
 // fp8_block128 runs E4M3 operands and GEMMs with the format's block scales; every other precision
@@ -76,7 +79,8 @@ struct Params {
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
   // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4): FC1
-  // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8)
+  // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8),
+  // and FC2 sends the results home (scratch.homes; no home kernel)
   bool packed_e4m3 = false;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool packed() const { return runs_packed(problem); }
@@ -95,9 +99,8 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
                        std::int64_t max_pairs);
 
 // Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
-// round already failed: the GEMMs then do nothing).
-void launch_plan(const Params& p, cudaStream_t stream);
-void launch_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
+// round already failed: the GEMMs then do nothing), and each pair's row into FC1's operand.
+void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream);
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream);
 

@@ -25,6 +25,8 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
   }
+  if (block != 0 && !runs_e4m3(e))
+    s.homes = cursor.take<protocol::HomeSlot>(pairs);  // mxfp8, mxfp4
   if (block != 0 && !runs_e4m3(e) && base != nullptr) {
     // mxfp8, mxfp4: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2
     // n bytes; the rows' scales 16-byte aligned, as the kernels read them)
@@ -100,10 +102,10 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   runs_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
     const std::int64_t max_tokens =
         std::min(bucket_max_tokens(bucket), config.shape().max_tokens_per_rank);
-    const bool e4m3 =
-        core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket, k);
+    const bool rows16 =
+        core::wgmma_16_row_tile(config.precision(), config.world(), config.shape(), bucket, k);
     return make_bucket_run(k, device,
-                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), e4m3);
+                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), rows16);
   });
   slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
@@ -113,7 +115,7 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
 WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
-                                                      std::int64_t max_pairs, bool e4m3_tokens) {
+                                                      std::int64_t max_pairs, bool rows16) {
   const int experts = static_cast<int>(problem_.local_experts);
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
@@ -129,7 +131,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
   } else if (packed()) {
-    const PackedTokenTile tile = e4m3_tokens        ? PackedTokenTile::t16_e4m3
+    const PackedTokenTile rows16_tile =
+        problem_.precision == Precision::nvfp4 ? PackedTokenTile::t16 : PackedTokenTile::t16_e4m3;
+    const PackedTokenTile tile = rows16             ? rows16_tile
                                  : k.block_m == 64  ? PackedTokenTile::t64
                                  : k.block_m == 256 ? PackedTokenTile::t256
                                                     : PackedTokenTile::t128;
@@ -147,6 +151,8 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();
+    run.fc2_sends_home =
+        tile == PackedTokenTile::t16_e4m3 && k.token_back == TokenBack::epilogue_warps;
   } else {
     const Bf16Tile tile = bf16_tile(k);
     const auto gemm = [&](int n, int kk) {
@@ -187,6 +193,26 @@ int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   if (run.fc2 != nullptr) return run.fc2->sm_count();
   return run.packed_fc2 != nullptr ? run.packed_fc2->sm_count() : run.fp8_fc1->sm_count();
+}
+
+bool WgmmaBackend::runs_e4m3_tile(TokenBucket bucket) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  return run.packed_fc1 != nullptr && run.packed_fc1->e4m3_tokens();
+}
+
+WgmmaBackend::E4m3Round WgmmaBackend::e4m3_round(const ExpertStep& step, TokenBucket bucket) const {
+  const BucketRun& run = runs_[bucket_index(bucket)];
+  if (!runs_e4m3_tile(bucket))
+    throw Error(ErrorCode::internal, std::string("wgmma backend: bucket ") + to_string(bucket) +
+                                         " does not run the E4M3 tile");
+  const Params p = params(step, run);
+  const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
+  return E4m3Round{p,
+                   run.packed_fc1->args(p.packed_weights.w13),
+                   run.packed_fc2->args(p.packed_weights.w2, run.fc2_sends_home ? &home : nullptr),
+                   run.packed_fc1->codes_map(p.packed_weights.w13),
+                   run.packed_fc2->codes_map(p.packed_weights.w2),
+                   run.fc2_sends_home};
 }
 
 WgmmaBackend::~WgmmaBackend() {
@@ -245,14 +271,13 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
   return p;
 }
 
-// plan writes this bucket's GEMMs' arrays, which its GEMMs then read (a graph captured now keeps
-// these GEMMs and grids).
+// plan_and_gather writes this bucket's GEMMs' arrays, which its GEMMs then read (a graph captured
+// now keeps these GEMMs and grids).
 void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   const Params p = params(step, run);
-  launch_plan(p, stream);
-  launch_gather(p, run.shapes, stream);
+  launch_plan_and_gather(p, run.shapes, stream);
   if (run.glu_fc1 != nullptr) {
     run.glu_fc1->run(stream);  // its epilogue activates: no activate kernel
     return;
@@ -270,6 +295,11 @@ void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
                               cudaStream_t stream) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
   const Params p = params(step, run);
+  if (run.fc2_sends_home) {  // the E4M3 tile's FC2 sends the results home itself
+    const PackedFc2Home home{step, p.biases.b2, p.scratch.homes};
+    run.packed_fc2->run(p.packed_weights.w2, stream, &home);
+    return;
+  }
   if (fp8())
     run.fp8_fc2->run(stream);
   else if (packed())

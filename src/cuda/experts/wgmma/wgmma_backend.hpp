@@ -5,29 +5,33 @@
 // reference::outlier_fraction). bf16 and fp8_block128 run CUTLASS's (grouped_gemm.hpp: TMA);
 // MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
 // packed in their format into shared memory, exactly, for each k tile.
-// A round is six launches on the caller's stream (steps.cu), five where FC1's epilogue applies the
-// activation (bf16: fc1_epilogue_activates):
-//   plan      each expert's M, and the operand pointers, into the GEMMs' device arrays
-//   gather    each pair's staged row into the expert-contiguous FC1 operand
+// A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
+// activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates), three where FC2
+// also sends home (mxfp8's and mxfp4's E4M3 tile with token_back=epilogue_warps, PackedFc2Home:
+// no home kernel):
+//   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
+//             arrays; every CTA: each pair's staged row into the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
 //   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
 //             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
-//   FC2       grouped GEMM: [pairs, H] fp32
+//   FC2       grouped GEMM: [pairs, H] fp32; or (the E4M3 tile) b2 and every result sent home,
+//             done published as home does
 //   home      scales, b2, every result sent home; the last CTA publishes done (fc2_round)
 // Weights: bf16 as bf16 codes (bf16_code_weights.hpp; w13's gate and up rows interleaved for the
 // activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
 // layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
 // the rows' codes straight from the wire). Each takes the format's bytes.
-// Knobs, per token bucket: block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on
-// 128 x 128 (E4M3: always 128 x 128; the packed GEMM: always 128 weight rows); block_m picks
-// bf16's activating FC1's tile (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the
-// packed GEMM's token rows (PackedTokenTile: 64, 128 or 256; mxfp8's and mxfp4's 64 runs the E4M3
-// tile of 16
-// rows where an expert gets a few rows, core::wgmma_e4m3_tokens); num_sms sizes the GEMMs'
-// persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids.
-// with_knobs already moved the knobs onto a tile this backend has (core::wgmma_tile); stages is not
-// read (CUTLASS's automatic carveout picks the depth). Buckets with the same tile and SM count
+// Knobs, per token bucket: token_back picks, in the E4M3 tile's buckets, whether its FC2 sends the
+// rows home (epilogue_warps) or leaves them to the home kernel (dispatch_warps); block_n = 256 runs
+// bf16's FC2 GEMM on 128 x 256 tiles, anything else on 128 x 128 (E4M3: always 128 x 128; the
+// packed GEMM: always 128 weight rows); block_m picks bf16's activating FC1's tile (GluTile: 64 x
+// 128 ping-pong or 128 x 128 cooperative) and the packed GEMM's token rows (PackedTokenTile: 64,
+// 128 or 256; 64 runs a tile of 16 rows where an expert gets a few rows, core::wgmma_16_row_tile:
+// mxfp8's and mxfp4's the E4M3 tile, nvfp4's the decoding one); num_sms sizes the GEMMs' persistent
+// grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs
+// already moved the knobs onto a tile this backend has (core::wgmma_has_tile); no knob sets a
+// pipeline depth (CUTLASS's automatic carveout picks it). Buckets with the same tile and SM count
 // share their GEMMs.
 #pragma once
 
@@ -69,6 +73,24 @@ class WgmmaBackend final : public ExpertBackend {
   Bf16Tile tile(TokenBucket bucket) const;
   int gemm_sms(TokenBucket bucket) const;
 
+  // The persistent round (docs/design.md §4.3) runs a bucket's E4M3 tile (mxfp8 and mxfp4 where
+  // core::wgmma_e4m3_tokens holds: runs_e4m3_tile) in its own kernel, with plan_gemms and
+  // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home, or
+  // (token_back=dispatch_warps) stages its rows for send_rows_home.
+  struct E4m3Round {
+    Params params;
+    PackedGemmArgs fc1, fc2;
+    CUtensorMap w13_codes, w2_codes;  // the weights' TMA descriptors
+    bool fc2_sends_home;
+  };
+  bool runs_e4m3_tile(TokenBucket bucket) const;
+  // and its FC2 sends home (token_back=epilogue_warps), as the persistent round's does
+  bool fc2_sends_home(TokenBucket bucket) const {
+    return runs_[bucket_index(bucket)].fc2_sends_home;
+  }
+  E4m3Round e4m3_round(const ExpertStep& step, TokenBucket bucket) const;
+  const ExpertProblem& problem() const { return problem_; }
+
  private:
   // One bucket's GEMMs (owned below, shared between buckets of the same tile and SM count) and
   // step grids.
@@ -80,13 +102,14 @@ class WgmmaBackend final : public ExpertBackend {
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
     const PackedGroupedGemm* packed_fc1 = nullptr;
     const PackedGroupedGemm* packed_fc2 = nullptr;
+    // the E4M3 tile's FC2 sends its rows home (token_back=epilogue_warps): no home kernel
+    bool fc2_sends_home = false;
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
-  // `e4m3_tokens`: mxfp8's and mxfp4's block_m 64 runs the E4M3 tile (t16_e4m3,
-  // core::wgmma_e4m3_tokens).
-  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs,
-                            bool e4m3_tokens);
+  // `rows16`: block_m 64 runs the 16-row tile (core::wgmma_16_row_tile: mxfp8's and mxfp4's
+  // t16_e4m3, nvfp4's t16).
+  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs, bool rows16);
   Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
   bool packed() const { return runs_packed(problem_); }

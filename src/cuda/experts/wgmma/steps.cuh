@@ -1,0 +1,227 @@
+// The wgmma backend's steps around its GEMMs as device functions of the whole grid: plan (each
+// expert's M and operand pointers), gather (each pair's row into FC1's operand) and, after FC2,
+// sending its staged rows home. Run by the chain's kernels (steps.cu) and by the persistent round
+// (docs/design.md §4.3).
+#pragma once
+
+#include "cuda/experts/common.cuh"
+#include "cuda/experts/packed_weights.cuh"  // e4m3x2_scaled_to_bf16x2
+#include "cuda/experts/wgmma/steps.hpp"
+#include "formats/quantized_weights.hpp"  // fp8_block128_tile
+#include "math/expert_row.hpp"            // math::biased, math::unscaled
+
+namespace epmoe::cuda::experts::wgmma {
+
+// Each expert's M and operand pointers into both GEMMs' device arrays (M = 0 for every expert when
+// this rank's round already failed, `skip`: the GEMMs then do nothing), by one CTA's threads. Run
+// by CTA 0 of plan_and_gather, the GEMMs' previous kernel (its own launch cost a kernel boundary
+// per round: 3.7 us at T = 1, ncu), or in the persistent round.
+__device__ inline void plan_gemms(const Params& p, bool skip) {
+  const std::int64_t hidden = p.problem.hidden, inter = p.problem.intermediate;
+  const int h = static_cast<int>(hidden), i = static_cast<int>(inter);
+  constexpr std::int64_t kBlock = formats::kFp8Block128;
+  for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
+    const std::uint32_t first = skip ? 0u : p.step.in.pair_offset[e];
+    const int m = skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
+    if (p.fp8()) {
+      const Fp8BlockWeights& w = p.fp8_weights;
+      p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
+      p.fp8_fc1.sfa[e] = p.scratch.a8_scale + first * (hidden / kBlock);
+      p.fp8_fc1.b[e] = w.w13.codes + e * 2 * inter * hidden;
+      p.fp8_fc1.sfb[e] = w.w13.scales + formats::fp8_block128_tile(2 * inter, hidden, e, 0);
+      p.fp8_fc1.d[e] = p.scratch.d + first * 2 * inter;
+      p.fp8_fc2.problems[e] = GemmProblem{m, h, i};
+      p.fp8_fc2.a[e] = p.scratch.h8 + first * inter;
+      p.fp8_fc2.sfa[e] = p.scratch.h8_scale + first * (inter / kBlock);
+      p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
+      p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
+      p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
+      continue;
+    }
+    if (p.packed()) {
+      p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+      p.packed_fc2.problems[e] = GemmProblem{m, h, i};
+      p.packed_fc2.b13[e] = nullptr;
+      p.packed_fc2.d[e] = p.scratch.d + first * hidden;
+      if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
+        constexpr std::int64_t kMx = formats::kMxfp8Block;
+        p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
+        p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
+        p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
+        p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+        p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
+        p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+      } else {
+        p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
+        p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;
+        p.packed_fc1.h[e] = p.scratch.h16 + first * inter;  // these two read when FC1 activates
+        p.packed_fc2.a[e] = p.scratch.h16 + first * inter;
+      }
+      continue;
+    }
+    if (p.glu()) {
+      p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
+      p.glu_fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+      p.glu_fc1.h[e] = p.scratch.h16 + first * inter;
+      p.glu_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    } else {
+      p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
+      p.fc1.a[e] = p.scratch.a1 + first * hidden;
+      p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+      p.fc1.d[e] = p.scratch.d + first * 2 * inter;
+    }
+    p.fc2.problems[e] = GemmProblem{m, h, i};
+    p.fc2.a[e] = p.scratch.h16 + first * inter;
+    p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
+    p.fc2.d[e] = p.scratch.d + first * hidden;
+  }
+}
+
+// 8 E4M3 codes (two words, low byte first) of one MX block times its scale value, as bf16 codes:
+// the wire codec's decode (mxfp8_decode_value) rounded by float_to_bf16, as route stages rows
+// for the other precisions, bit for bit (e4m3x2_scaled_to_bf16x2).
+__device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, float scale) {
+  const std::uint32_t words[2] = {lo, hi};
+  std::uint32_t out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    out[j] =
+        e4m3x2_scaled_to_bf16x2(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))), scale);
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// One warp per pair, 16-byte copies (H is a multiple of 64), grid-stride over the round's pairs
+// (`round`: whose receive rows): the staged bf16 row, or (E4M3 operands) the received row's wire
+// payload itself, its E4M3 codes and its block scales as fp32 values (fp8_block128's 1 x 128 fp32
+// scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4, which also write the pair's home slot
+// for FC2), or (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload decoded to bf16
+// codes, exact (an E4M3 value times a power of two). Route checked the rows and staged nothing for
+// them. kCtaThreads: the CTA's threads (blockDim.x).
+template <int kCtaThreads>
+__device__ inline void gather_rows(const Params& p, std::uint32_t round) {
+  const ExpertInputs& in = p.step.in;
+  const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
+  const std::int64_t hidden = p.problem.hidden;
+  const std::int64_t vectors = hidden / 8;
+  const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (const int block = e4m3_scale_block(p.problem); block != 0) {
+    const TokenBackTarget& t = p.step.home;
+    const std::int64_t blocks = hidden / block;
+    const auto wire_payload = [&](std::uint32_t pair) {  // the pair's received row
+      const std::uint32_t packed = in.pairs[pair];
+      return t.peer_windows[t.rank] + t.layout.recv_row(round, pair_src(packed), pair_row(packed)) +
+             protocol::wire_payload_offset(t.top_k);
+    };
+    if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
+      for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
+           pair += gridDim.x * warps) {
+        const std::uint8_t* payload = wire_payload(pair);
+        auto* dst =
+            reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
+        for (std::int64_t v = lane; v < hidden / 16; v += 32) {  // 16 codes of one MX block
+          const uint4 codes = *reinterpret_cast<const uint4*>(payload + 16 * v);
+          const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
+          dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
+          dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
+        }
+      }
+      return;
+    }
+    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+      if (p.packed() && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
+        p.scratch.homes[pair] = home_slot(t, round, in.pairs[pair]);
+      const std::uint8_t* payload = wire_payload(pair);
+      const auto* codes = reinterpret_cast<const uint4*>(payload);
+      auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
+      for (std::int64_t v = lane; v < hidden / 16; v += 32) dst[v] = codes[v];
+      float* scale = p.scratch.a8_scale + static_cast<std::size_t>(pair) * blocks;
+      if (p.fp8()) {
+        const auto* scales = reinterpret_cast<const float*>(payload + hidden);
+        for (std::int64_t b = lane; b < blocks; b += 32) scale[b] = scales[b];
+      } else {
+        const std::uint8_t* codes8 = payload + hidden;  // (MXFP8: H / 32 E8M0 codes)
+        for (std::int64_t b = lane; b < blocks; b += 32)
+          scale[b] = formats::e8m0_to_float(codes8[b]);
+      }
+    }
+    return;
+  }
+  for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+    const auto* src = reinterpret_cast<const uint4*>(
+        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
+    auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
+    for (std::int64_t v = lane; v < vectors; v += 32) dst[v] = src[v];
+  }
+}
+
+// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
+// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
+// the values; fp8's GEMM applied its block scales.
+struct WeightFactors {
+  float divisor = 1.0f, multiplier = 1.0f;
+};
+__device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
+  if (p.packed()) {
+    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
+    return WeightFactors{m.divisor[e], m.multiplier[e]};
+  }
+  return WeightFactors{};
+}
+// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
+__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
+  const float v = math::unscaled(sum, row_scale, w.divisor);
+  return w.multiplier != 1.0f ? v * w.multiplier : v;
+}
+
+// One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the
+// round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
+// (send_home_n), four columns per lane per step. The chain's home kernel runs it, and the
+// persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads.
+constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
+template <int kCtaThreads>
+__device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
+  const ExpertInputs& in = p.step.in;
+  const std::int64_t hidden = p.problem.hidden;
+  const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
+  const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
+    HomeSlot home{};
+    int e = 0;
+    if (lane == 0) {
+      home = home_slot(p.step.home, round, in.pairs[pair]);
+      e = expert_of_pair(in, p.problem.local_experts, pair);
+    }
+    home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
+    home.token = __shfl_sync(0xffffffffu, home.token, 0);
+    home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
+    home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
+    e = __shfl_sync(0xffffffffu, e, 0);
+    const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
+    const WeightFactors w = weight_factors(p, false, e);
+    const auto* d =
+        reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
+    const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
+    for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l)
+        if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t c4 = first + 32 * l;
+        if (c4 >= hidden / 4) break;
+        const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
+        float out[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
+        send_home_n<4>(p.step.home, home, c4, out);
+      }
+    }
+  }
+}
+
+}  // namespace epmoe::cuda::experts::wgmma
