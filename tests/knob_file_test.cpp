@@ -145,7 +145,7 @@ TEST(KnobFile, MalformedLinesAreRejectedNamingTheLineAndTheField) {
   EXPECT_EQ(reject(key + "decode block_m=6x4\n"), "f:2: block_m=6x4: not an integer");
   EXPECT_EQ(reject(key + "decode megakernel=yes\n"), "f:2: megakernel=yes: must be true or false");
   EXPECT_EQ(reject(key + "decode token_back=warps\n"),
-            "f:2: token_back=warps: must be epilogue_warps or dispatch_warps");
+            "f:2: token_back=warps: must be one of epilogue_warps, dispatch_warps");
   EXPECT_EQ(reject(key + "huge num_sms=8\n"),
             "f:2: unknown bucket 'huge' (decode, small, medium, prefill)");
   EXPECT_EQ(reject("decode num_sms=8\n" + key), "f:1: a bucket line before the key line");

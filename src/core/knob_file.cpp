@@ -67,12 +67,11 @@ Knobs knobs_of(const Knobs& base, const std::vector<std::pair<std::string, std::
   Knobs k = base;
   for (const auto& [name, value] : fields) {
     if (name == "token_back") {
-      if (value == to_string(TokenBack::epilogue_warps))
-        k.token_back = TokenBack::epilogue_warps;
-      else if (value == to_string(TokenBack::dispatch_warps))
-        k.token_back = TokenBack::dispatch_warps;
-      else
-        fail(source, line, "token_back=" + value + ": must be epilogue_warps or dispatch_warps");
+      try {
+        k.token_back = parse_token_back(value);
+      } catch (const Error& e) {
+        fail(source, line, e.what());
+      }
     } else if (name == "block_m") {
       k.block_m = int_field(name, value, source, line);
     } else if (name == "block_n") {
