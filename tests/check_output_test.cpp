@@ -147,6 +147,26 @@ TEST(CheckOutput, WgmmaOnE4m3BoundsOnlyRelL2) {
   EXPECT_GT(c.stats.rel_l2, reference::kFp8GemmMaxRelL2);
 }
 
+// The E4M3 bound scales with I: two steps of an E4M3 code of h (2^-3 of its value each) over
+// sqrt(I), never below the flat 1e-2, which models' shapes keep (qwen3's I = 768).
+TEST(CheckOutput, WgmmaOnE4m3BoundScalesWithTheIntermediateWidth) {
+  EXPECT_EQ(reference::fp8_gemm_max_rel_l2(0), reference::kFp8GemmMaxRelL2);
+  EXPECT_EQ(reference::fp8_gemm_max_rel_l2(768), reference::kFp8GemmMaxRelL2);
+  EXPECT_DOUBLE_EQ(reference::fp8_gemm_max_rel_l2(64), 0.03125);
+  // Every element off by 2 ulps (rel_l2 ~ 1.1e-2): over the flat bound, inside I = 64's.
+  const auto ref = reference_output();
+  auto y = ref;
+  for (std::size_t i = 0; i < y.size(); ++i) bump(y, i, 2);
+  const OutputCheck flat =
+      reference::check_output(y, ref, Combine::staged, ExpertMath::wgmma, Precision::mxfp8, 768);
+  const OutputCheck tiny =
+      reference::check_output(y, ref, Combine::staged, ExpertMath::wgmma, Precision::mxfp8, 64);
+  EXPECT_FALSE(flat.pass) << " rel_l2=" << flat.stats.rel_l2;
+  EXPECT_TRUE(tiny.pass) << " rel_l2=" << tiny.stats.rel_l2;
+  EXPECT_EQ(tiny.rule, "wgmma on E4M3 (mxfp8): rel_l2 <= 0.0312");
+  EXPECT_EQ(flat.rule, "wgmma on E4M3 (mxfp8): rel_l2 <= 1e-2");
+}
+
 // mxfp8's and mxfp4's wgmma GEMMs multiply E4M3 codes too (mxfp4's E2M1 weights as E4M3 codes):
 // the same rule, naming the precision; their tensor_core and exact paths, and nvfp4's wgmma, keep
 // theirs.

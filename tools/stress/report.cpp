@@ -82,10 +82,10 @@ void corrupt_once(std::vector<std::uint16_t>& y, bool& pending) {
 
 reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16_t>& y,
                                     const std::vector<std::uint16_t>& ref, Precision precision,
-                                    const LayerOptions& options, int rank, std::int64_t round,
-                                    const RoundDraw& draw) {
-  reference::OutputCheck check =
-      reference::check_output(y, ref, options.combine, options.expert_math, precision);
+                                    std::int64_t intermediate, const LayerOptions& options,
+                                    int rank, std::int64_t round, const RoundDraw& draw) {
+  reference::OutputCheck check = reference::check_output(
+      y, ref, options.combine, options.expert_math, precision, intermediate);
   ++st.checked;
   st.mismatches += check.stats.mismatches;
   if (check.pass) return check;

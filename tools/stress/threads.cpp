@@ -199,8 +199,9 @@ void RankThread::check(Attempt& a, const reference::Batch& batch, const RoundDra
   if (!check_due(o_, round)) return;
   me_.set(Doing::checking, round);
   corrupt_once(a.y, corrupt_pending_);
-  const auto checked = record_check(st_, a.y, run_.cluster.reference(rank_).forward(batch),
-                                    run_.s.precision, run_.s.layer_options, rank_, round, draw);
+  const auto checked =
+      record_check(st_, a.y, run_.cluster.reference(rank_).forward(batch), run_.s.precision,
+                   run_.s.shape.intermediate, run_.s.layer_options, rank_, round, draw);
   if (!checked.pass) run_.failed_total.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -219,11 +220,11 @@ int summarize(ThreadRun& run, double wall_s) {
   const Options& o = run.o;
   const FaultPlan& plan = run.s.fault;
   std::int64_t rounds_seen = 0;
-  const RankStats all =
-      print_load_summary(run.stats, o,
-                         reference::output_rule(run.s.layer_options.combine,
-                                                run.s.layer_options.expert_math, run.s.precision),
-                         wall_s, rounds_seen);
+  const RankStats all = print_load_summary(
+      run.stats, o,
+      reference::output_rule(run.s.layer_options.combine, run.s.layer_options.expert_math,
+                             run.s.precision, run.s.shape.intermediate),
+      wall_s, rounds_seen);
   const EpisodeTally tally = print_episodes(run.recovery.episodes(), plan, o.ranks, o.timeout_ms);
   bool fault_ok = !tally.problems;
   if (plan.fault != Fault::none && tally.fault_episodes != o.fault_times) {
