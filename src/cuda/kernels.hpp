@@ -105,9 +105,9 @@ void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(Params...)
 
 // Whether the chain's kernels are launched with programmatic dependent launch (launch_chained and
 // the wgmma backend's CUTLASS GEMMs): yes, unless $EPMOE_PDL is 0, which launches them in plain
-// stream order (their griddepcontrol waits then do nothing) — to tell a PDL fault
-// from another, and to time what PDL buys within one build. Read once per process; CudaLayer's
-// creation reads it first, so a bad value fails there.
+// stream order (their griddepcontrol waits then do nothing) — to tell a PDL fault from another,
+// and to time what PDL buys within one build. Read once per process; CudaLayer's creation reads
+// it first, so a bad value fails there.
 inline bool programmatic_launch() {
   static const bool on = [] {
     const char* v = std::getenv("EPMOE_PDL");

@@ -5,7 +5,7 @@
 // (griddepcontrol.launch_dependents): the trigger is implicit at each kernel's end, so the next
 // launch is already queued when a kernel completes. Early triggers first thing in every chain
 // kernel were measured on an H200 (session 29, bench/RESULTS.md) and lost: the idle round
-// 3.5 us slower, nvfp4 at T = 16 12 us slower, nothing faster.
+// 3-4 us slower, nvfp4 at T >= 4 13-20 us slower, nothing faster.
 #pragma once
 
 #include <cuda_runtime.h>
