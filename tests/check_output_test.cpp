@@ -206,6 +206,35 @@ TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
   EXPECT_FALSE(check(y, ref, kTensorStaged).pass);
 }
 
+// The bf16 GEMMs' per-element floor scales with I: a flipped bf16 step of h moves its token's row by
+// about 2^-7 |h| / sqrt(I) of rms(ref), so max(1e-3, 2^-5 / sqrt(I)); 1e-3 from I = 977 on.
+TEST(CheckOutput, TensorCoreFloorScalesWithTheIntermediateWidth) {
+  EXPECT_EQ(reference::bf16_gemm_rms_floor(0), reference::kTensorCoreRmsFloor);
+  EXPECT_EQ(reference::bf16_gemm_rms_floor(2048), reference::kTensorCoreRmsFloor);
+  EXPECT_DOUBLE_EQ(reference::bf16_gemm_rms_floor(64), 0.00390625);
+  // 50 outputs (more than wgmma's 1 % of 4096) near zero off by ~2.6e-3 x rms(ref): beyond the flat floor, inside I = 64's.
+  auto ref = reference_output();
+  for (std::size_t i = 0; i < 50; ++i) ref[i] = formats::float_to_bf16(1e-4f);
+  auto y = ref;
+  for (std::size_t i = 0; i < 50; ++i) y[i] = formats::float_to_bf16(2e-3f);
+  for (const ExpertMath math : {ExpertMath::tensor_core, ExpertMath::wgmma}) {
+    const OutputCheck tiny =
+        reference::check_output(y, ref, Combine::staged, math, Precision::bf16, 64);
+    const OutputCheck wide =
+        reference::check_output(y, ref, Combine::staged, math, Precision::bf16, 2048);
+    EXPECT_TRUE(tiny.pass) << to_string(math) << " mismatches=" << tiny.stats.mismatches;
+    EXPECT_EQ(tiny.stats.mismatches, 0) << to_string(math);
+    EXPECT_EQ(wide.stats.mismatches, 50) << to_string(math);
+    EXPECT_FALSE(wide.pass) << to_string(math);
+  }
+  EXPECT_EQ(reference::output_rule(Combine::staged, ExpertMath::tensor_core, Precision::bf16, 64),
+            "tensor_core: rel_l2 <= 4e-3 and at most max(1, 0.1%) of the elements beyond 2 bf16 "
+            "ulps + max(1e-6, 0.00391 x rms(ref))");
+  EXPECT_EQ(reference::output_rule(Combine::staged, ExpertMath::wgmma, Precision::nvfp4, 2048),
+            "wgmma: rel_l2 <= 4e-3 and at most max(1, 1%) of the elements beyond 2 bf16 ulps + "
+            "max(1e-6, 1e-3 x rms(ref))");
+}
+
 TEST(CheckOutput, TensorCoreAllowsOneOutlierInASmallOutput) {
   // Fewer than 1000 elements: max(1, 0.1%) = 1.
   auto ref = reference_output();

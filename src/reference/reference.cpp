@@ -195,6 +195,11 @@ double fp8_gemm_max_rel_l2(std::int64_t intermediate) {
   return std::max(kFp8GemmMaxRelL2, 2.0 * 0.125 / std::sqrt(static_cast<double>(intermediate)));
 }
 
+double bf16_gemm_rms_floor(std::int64_t intermediate) {
+  if (intermediate <= 0) return kTensorCoreRmsFloor;
+  return std::max(kTensorCoreRmsFloor, 0.03125 / std::sqrt(static_cast<double>(intermediate)));
+}
+
 std::string output_rule(Combine combine, ExpertMath math, Precision precision,
                         std::int64_t intermediate) {
   static_assert(kTensorCoreMaxRelL2 == 4e-3 && kTensorCoreOutlierFraction == 1e-3 &&
@@ -208,10 +213,12 @@ std::string output_rule(Combine combine, ExpertMath math, Precision precision,
     return std::string("wgmma on E4M3 (") + to_string(precision) + "): rel_l2 <= " + text;
   }
   if (math != ExpertMath::exact) {
+    const double floor = bf16_gemm_rms_floor(intermediate);
+    char text[32] = "1e-3";
+    if (floor != kTensorCoreRmsFloor) std::snprintf(text, sizeof text, "%.3g", floor);
     return std::string(to_string(math)) + ": rel_l2 <= 4e-3 and at most max(1, " +
            (math == ExpertMath::wgmma ? "1%" : "0.1%") +
-           ") of the elements beyond 2 bf16 "
-           "ulps + max(1e-6, 1e-3 x rms(ref))";
+           ") of the elements beyond 2 bf16 ulps + max(1e-6, " + text + " x rms(ref))";
   }
   return combine == Combine::staged ? "staged: bit-exact"
                                     : "in_kernel_reduce: within 1 bf16 ulp + 1e-6";
@@ -235,7 +242,7 @@ OutputCheck check_output(const std::vector<std::uint16_t>& y, const std::vector<
       }
     const double rms = finite > 0 ? std::sqrt(sum_sq / static_cast<double>(finite)) : 0.0;
     c.stats = compare_bf16_tolerant(y, ref, kTensorCoreUlps,
-                                    std::max(kAbsFloor, kTensorCoreRmsFloor * rms));
+                                    std::max(kAbsFloor, bf16_gemm_rms_floor(intermediate) * rms));
     const auto outliers_allowed = std::max<std::int64_t>(
         1, static_cast<std::int64_t>(static_cast<double>(ref.size()) * outlier_fraction(math)));
     c.pass = y.size() == ref.size() && c.stats.rel_l2 <= kTensorCoreMaxRelL2 &&
