@@ -206,13 +206,14 @@ TEST(CheckOutput, TensorCoreJudgesNearlyCancellingOutputsAgainstTheRms) {
   EXPECT_FALSE(check(y, ref, kTensorStaged).pass);
 }
 
-// The bf16 GEMMs' per-element floor scales with I: a flipped bf16 step of h moves its token's row by
-// about 2^-7 |h| / sqrt(I) of rms(ref), so max(1e-3, 2^-5 / sqrt(I)); 1e-3 from I = 977 on.
+// The bf16 GEMMs' per-element floor scales with I: a flipped bf16 step of h moves its token's row
+// by about 2^-7 |h| / sqrt(I) of rms(ref), so max(1e-3, 2^-5 / sqrt(I)); 1e-3 from I = 977 on.
 TEST(CheckOutput, TensorCoreFloorScalesWithTheIntermediateWidth) {
   EXPECT_EQ(reference::bf16_gemm_rms_floor(0), reference::kTensorCoreRmsFloor);
   EXPECT_EQ(reference::bf16_gemm_rms_floor(2048), reference::kTensorCoreRmsFloor);
   EXPECT_DOUBLE_EQ(reference::bf16_gemm_rms_floor(64), 0.00390625);
-  // 50 outputs (more than wgmma's 1 % of 4096) near zero off by ~2.6e-3 x rms(ref): beyond the flat floor, inside I = 64's.
+  // 50 outputs (more than wgmma's 1 % of 4096) near zero off by ~2.6e-3 x rms(ref): beyond the flat
+  // floor, inside I = 64's.
   auto ref = reference_output();
   for (std::size_t i = 0; i < 50; ++i) ref[i] = formats::float_to_bf16(1e-4f);
   auto y = ref;
