@@ -24,6 +24,14 @@ using ::testing::Not;
 
 constexpr LayerShape kQwen{2048, 768, 128, 8, 4096};
 
+// Options with exact math, whose knob adjustments (token_back only) these tests were written for;
+// the default math is wgmma.
+LayerOptions exact_math() {
+  LayerOptions o;
+  o.expert_math = ExpertMath::exact;
+  return o;
+}
+
 // Runs `f`, expects Error(invalid_argument), returns its message ("" and a failure otherwise).
 std::string rejection(const std::function<void()>& f) {
   try {
@@ -121,9 +129,11 @@ TEST(MakeConfig, KeepsEveryCallerFieldAsGiven) {
   EXPECT_EQ(c.expert_owner(127), 7);
 }
 
-TEST(MakeConfig, KnobsAreTheDefaultTableEntryOfEachBucketUnderDefaultOptions) {
+// The table's entries are conflict-free under exact math (default_knobs); wgmma, the default,
+// moves some (MakeConfig.TokenBackIsTheModeEachBucketRuns).
+TEST(MakeConfig, KnobsAreTheDefaultTableEntryOfEachBucketUnderExactMath) {
   for (Precision p : kAllPrecisions) {
-    const LayerConfig c = make_config(kQwen, p, 0, 8);
+    const LayerConfig c = make_config(kQwen, p, 0, 8, exact_math());
     for (int b = 0; b < kNumTokenBuckets; ++b) {
       const auto bucket = static_cast<TokenBucket>(b);
       EXPECT_EQ(c.knobs(bucket), default_knobs(p, 8, kQwen, bucket)) << to_string(bucket);
@@ -413,7 +423,8 @@ TEST(WithKnobs, LeavesAFittingTileUntouched) {
   Knobs k;
   k.block_m = 128;
   k.block_n = 256;
-  EXPECT_EQ(with_knobs(make_config(kQwen, Precision::bf16, 0, 4), k).knobs(TokenBucket::prefill),
+  EXPECT_EQ(with_knobs(make_config(kQwen, Precision::bf16, 0, 4, exact_math()), k)
+                .knobs(TokenBucket::prefill),
             k);
 }
 
@@ -427,7 +438,7 @@ TEST(WithKnobs, BlockNWiderThanTwiceIntermediateIsHalved) {
 }
 
 TEST(WithKnobs, KeepsMegakernelWithDeterministicAndNumSmsAboveTheDevice) {
-  LayerOptions o;
+  LayerOptions o = exact_math();
   o.deterministic = true;
   const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, o);
   Knobs k;
@@ -438,7 +449,7 @@ TEST(WithKnobs, KeepsMegakernelWithDeterministicAndNumSmsAboveTheDevice) {
 }
 
 TEST(WithKnobs, OneBucketChangesOnlyThatBucket) {
-  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, exact_math());
   Knobs k;
   k.num_sms = 77;
   const LayerConfig t = with_knobs(c, k, TokenBucket::small);
@@ -449,7 +460,7 @@ TEST(WithKnobs, OneBucketChangesOnlyThatBucket) {
 }
 
 TEST(WithKnobs, NoBucketAppliesToEveryBucketAndLeavesTheInputUntouched) {
-  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4);
+  const LayerConfig c = make_config(kQwen, Precision::bf16, 0, 4, exact_math());
   const std::string before = c.describe();
   Knobs k;
   k.num_sms = 77;
@@ -606,7 +617,7 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
 }
 
 TEST(AdjustKnobs, ReportsOneNotePerAdjustedKnobAndNoneWhenNothingConflicts) {
-  LayerOptions o;
+  LayerOptions o = exact_math();
   o.combine = Combine::in_kernel_reduce;
   Knobs k{TokenBack::dispatch_warps, 128, 256, 4, 0, false};
   std::vector<std::string> notes;
@@ -725,15 +736,18 @@ TEST(ConfigNames, ParseRejectsUnknownNamesNamingTheArgument) {
             "--token-back=epilogue: must be one of epilogue_warps, dispatch_warps");
 }
 
-TEST(ConfigOptions, ExpertMathDefaultsToExact) {
-  EXPECT_EQ(LayerOptions{}.expert_math, ExpertMath::exact);
-  EXPECT_EQ(make_config(kQwen, Precision::bf16, 0, 4).options().expert_math, ExpertMath::exact);
+// wgmma is the fastest math at most points (docs/tuning.md#expert-math); exact stays selectable.
+TEST(ConfigOptions, ExpertMathDefaultsToWgmma) {
+  EXPECT_EQ(LayerOptions{}.expert_math, ExpertMath::wgmma);
+  EXPECT_EQ(make_config(kQwen, Precision::bf16, 0, 4).options().expert_math, ExpertMath::wgmma);
+  EXPECT_EQ(make_config(kQwen, Precision::bf16, 0, 4, exact_math()).options().expert_math,
+            ExpertMath::exact);
 }
 
 // ---- describe ----------------------------------------------------------------------------------
 
 TEST(ConfigDescribe, IsOneLineNamingEveryField) {
-  const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4).describe();
+  const std::string d = make_config(kQwen, Precision::mxfp8, 1, 4, exact_math()).describe();
   EXPECT_EQ(d.find('\n'), std::string::npos);
   for (const char* field : {"hidden=2048",
                             "intermediate=768",
@@ -872,7 +886,7 @@ TEST(ConfigDescribe, DiffersWhenAnyOtherFieldDiffers) {
 }
 
 TEST(ConfigDescribe, HasAStableFormat) {
-  LayerOptions o;
+  LayerOptions o = exact_math();
   o.swiglu_limit = 7.5f;
   Knobs k;  // explicit knobs so the text does not depend on the default table
   k.block_m = 128;

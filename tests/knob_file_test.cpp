@@ -122,6 +122,7 @@ TEST(KnobFile, AKeyForAnotherLayerIsRejectedNamingTheField) {
   EXPECT_EQ(rejection([&] { with_knob_text(wgmma_config(Precision::bf16, 4), bf16, "t.knobs"); }),
             "t.knobs:2: tuned for world=2, this layer has world=4");
   LayerOptions exact;
+  exact.expert_math = ExpertMath::exact;
   EXPECT_EQ(rejection([&] {
               with_knob_text(make_config(kQwen, Precision::bf16, 0, 2, exact), bf16, "t.knobs");
             }),

@@ -50,7 +50,7 @@ struct BenchOptions : SweepOptions {
   BenchOptions() {
     models = "qwen3-30b-a3b,deepseek-v3";
     precisions = "bf16,mxfp8,nvfp4";
-    maths = "exact,tensor_core";
+    maths = "wgmma,tensor_core";
   }
 };
 

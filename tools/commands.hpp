@@ -13,7 +13,7 @@ struct RunOptions {
   std::int64_t experts = 0;  // 0 = the model's; fewer experts fit the CPU executor's memory
   std::string precision = "bf16";
   std::string combine = "staged";
-  std::string math = "exact";     // exact | tensor_core | wgmma (LayerOptions::expert_math)
+  std::string math = "wgmma";     // exact | tensor_core | wgmma (LayerOptions::expert_math)
   std::string executor = "auto";  // auto | cpu | cuda
   int rounds = 2;
   std::int64_t check_tokens = -1;  // per rank per round; -1 = auto (kAutoCheckMacs)

@@ -79,13 +79,14 @@ struct LayerOptions {
   // Every E8M0 scale the layer makes: MXFP8 weights and activations, MXFP4 weights (and an mxfp4
   // layer's MXFP8 activations).
   ScaleRounding mxfp8_scale_rounding = ScaleRounding::rceil;
-  // exact: float64 sums of exact products (bit-exact vs the emulating reference with staged
-  // combine); tensor_core: bf16 mma.sync tiles with fp32 accumulation on the CUDA executor,
-  // agreeing with the reference to accumulation-order noise (reference::check_output); wgmma: the
-  // same operands on Hopper's TMA + WGMMA grouped GEMMs (CUTLASS), with a looser check rule, and
-  // E4M3 GEMMs with the block scales for fp8_block128 (tensor_core refuses that precision). The
-  // CPU executor always computes exactly.
-  ExpertMath expert_math = ExpertMath::exact;
+  // wgmma (the default: the fastest at most points, docs/tuning.md#expert-math): Hopper's TMA +
+  // WGMMA grouped GEMMs (CUTLASS) on bf16 operands with fp32 accumulation, E4M3 GEMMs with the
+  // block scales for fp8_block128 (H and I multiples of 128) and for mxfp8 / mxfp4 where an
+  // expert gets a few rows; agreeing with the reference to accumulation-order noise
+  // (reference::check_output). tensor_core: bf16 mma.sync tiles with fp32 accumulation (no
+  // fp8_block128). exact: float64 sums of exact products, bit-exact vs the emulating reference
+  // with staged combine, and runs every layer. The CPU executor always computes exactly.
+  ExpertMath expert_math = ExpertMath::wgmma;
 };
 
 // Token buckets: a launch's knob set is chosen from its T (knobs_for), so decode and prefill steps

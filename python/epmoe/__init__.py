@@ -131,12 +131,12 @@ class Combine(_Named):
 
 
 class ExpertMath(_Named):
-    """How the expert GEMMs sum: ``exact`` (float64 sums of exact products: bit-exact against the
-    emulating reference with staged combine) or ``tensor_core`` (bf16 tensor cores with fp32
-    accumulation on the CUDA executor: agrees with the reference to accumulation-order noise,
-    docs/tuning.md gives the rule) or ``wgmma`` (the same operands on Hopper's TMA + WGMMA grouped
-    GEMMs, a looser rule; E4M3 GEMMs for fp8_block128, which tensor_core refuses). The CPU executor
-    always computes exactly."""
+    """How the expert GEMMs sum: ``wgmma`` (the default: Hopper's TMA + WGMMA grouped GEMMs, bf16
+    operands with fp32 accumulation or E4M3 GEMMs with the block scales, agreeing with the
+    emulating reference to accumulation-order noise, docs/tuning.md gives the rule), ``tensor_core``
+    (bf16 ``mma.sync`` tensor cores with fp32 accumulation; no fp8_block128) or ``exact`` (float64
+    sums of exact products: bit-exact against the emulating reference with staged combine, and runs
+    every layer). The CPU executor always computes exactly."""
 
     exact = "exact"
     tensor_core = "tensor_core"
@@ -194,7 +194,7 @@ def make_config(
     timeout_ms: int = 10_000,
     swiglu_limit: Optional[float] = None,
     mxfp8_scale_rounding: NameOr = "rceil",
-    expert_math: NameOr = "exact",
+    expert_math: NameOr = "wgmma",
     activation: NameOr = "swiglu",
 ) -> LayerConfig:
     """A validated :class:`LayerConfig`; raises :class:`Error` naming the field, value and rule.
@@ -203,7 +203,8 @@ def make_config(
     :class:`Activation` (``"swiglu_oai"`` for gpt-oss); ``swiglu_limit`` is its clamp, None for the
     activation's default (``swiglu``: 0 = no clamp; ``swiglu_oai``: 7, and it must be > 0);
     ``deterministic`` requires ``combine="staged"``; ``expert_math`` is an :class:`ExpertMath`
-    (``"tensor_core"`` is faster on the CUDA executor and not bit-exact).
+    (the default ``"wgmma"`` is the fastest on the CUDA executor; ``"exact"`` is bit-exact against
+    the emulating reference and runs every layer).
     """
     return _ext.make_config(
         shape,
@@ -422,11 +423,9 @@ class Layer(_ext._Layer):
     FC1's output before the activation and to FC2's output, never quantized; they count in
     :attr:`resident_weight_bytes`. The layer quantizes the weights to ``precision`` and keeps
     its own copy, whose size in bytes is :attr:`resident_weight_bytes`: the CUDA executor holds
-    the precision's own codes and scales with ``expert_math="exact"`` and ``"tensor_core"``
-    (MXFP8 1 + 1/32 bytes per weight, NVFP4 0.5 + 1/16, MXFP4 0.5 + 1/32, bf16 2, fp8_block128 1
-    plus an fp32 per 128 x 128 tile), and bf16 codes plus one fp32 scale per matrix with
-    ``"wgmma"`` (E4M3 codes and tile scales for ``fp8_block128``); the CPU executor fp32 values
-    and one scale per matrix.
+    the precision's own codes and scales under every ``expert_math`` (MXFP8 1 + 1/32 bytes per
+    weight, NVFP4 0.5 + 1/16, MXFP4 0.5 + 1/32, bf16 2, fp8_block128 1 plus an fp32 per
+    128 x 128 tile); the CPU executor fp32 values and one scale per matrix.
 
     Teardown: :meth:`close` (or ``with epmoe.Layer(...) as layer:``, or dropping the last
     reference) destroys the layer. On the CUDA executor that is collective (NCCL window
@@ -449,7 +448,7 @@ class Layer(_ext._Layer):
         timeout_ms: int = 10_000,
         swiglu_limit: Optional[float] = None,
         mxfp8_scale_rounding: NameOr = "rceil",
-        expert_math: NameOr = "exact",
+        expert_math: NameOr = "wgmma",
         activation: NameOr = "swiglu",
     ) -> None:
         config = make_config(

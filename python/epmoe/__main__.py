@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--combine", default="staged", help="staged | in_kernel_reduce")
     run.add_argument(
         "--math",
-        default="exact",
+        default="wgmma",
         help="expert math: exact | tensor_core | wgmma (tensor_core: bf16 mma.sync, fp32 "
         "accumulation; wgmma: Hopper TMA + WGMMA grouped GEMMs, bf16 operands or E4M3 for "
         "fp8_block128; CUDA executor only, the CPU executor always computes exactly)",

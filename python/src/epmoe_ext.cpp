@@ -865,7 +865,7 @@ NB_MODULE(_epmoe, m) {
   m.def("make_config", &make_config_py, "shape"_a, "precision"_a = "bf16", "rank"_a = 0,
         "world"_a = 1, nb::kw_only(), "combine"_a = "staged", "deterministic"_a = false,
         "timeout_ms"_a = 10'000, "swiglu_limit"_a = nb::none(), "mxfp8_scale_rounding"_a = "rceil",
-        "expert_math"_a = "exact", "activation"_a = "swiglu",
+        "expert_math"_a = "wgmma", "activation"_a = "swiglu",
         "Validates everything (raises epmoe.Error naming the field, its value and the rule).");
 
   nb::class_<ModelShape>(m, "ModelShape", "The MoE layer shape of a real model.")

@@ -321,9 +321,12 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
     if (o.bucket && *o.bucket != bucket) continue;
     if (o.block_n) k.block_n = *o.block_n;
   }
-  // Entries fit the hardware for any precision, and are conflict-free for the default options
-  // (exact math); make_config adjusts them for the layer's options (wgmma's tiles, token_back).
-  return core::adjust_knobs(k, precision, world, shape, bucket, LayerOptions{});
+  // Entries fit the hardware for any precision, and are conflict-free under exact math (which
+  // moves only token_back); make_config adjusts them for the layer's options (wgmma, the default
+  // math: its tiles and token_back).
+  LayerOptions exact;
+  exact.expert_math = ExpertMath::exact;
+  return core::adjust_knobs(k, precision, world, shape, bucket, exact);
 }
 
 bool has_persistent_round(const LayerConfig& config, TokenBucket bucket) {

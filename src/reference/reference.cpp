@@ -229,20 +229,21 @@ OutputCheck check_output(const std::vector<std::uint16_t>& y, const std::vector<
                          std::int64_t intermediate) {
   OutputCheck c;
   c.rule = output_rule(combine, math, precision, intermediate);
+  double sum_sq = 0.0;
+  std::int64_t finite = 0;
+  for (const std::uint16_t r : ref)
+    if (const double v = formats::bf16_to_float(r); std::isfinite(v)) {
+      sum_sq += v * v;
+      ++finite;
+    }
+  c.ref_rms = finite > 0 ? std::sqrt(sum_sq / static_cast<double>(finite)) : 0.0;
   if (fp8_gemm(math, precision)) {
     c.stats = compare_bf16_tolerant(y, ref, kTensorCoreUlps, kAbsFloor);
     c.pass = y.size() == ref.size() && c.stats.rel_l2 <= fp8_gemm_max_rel_l2(intermediate);
   } else if (math != ExpertMath::exact) {  // fp32 accumulation on tensor cores, in any order
-    double sum_sq = 0.0;
-    std::int64_t finite = 0;
-    for (const std::uint16_t r : ref)
-      if (const double v = formats::bf16_to_float(r); std::isfinite(v)) {
-        sum_sq += v * v;
-        ++finite;
-      }
-    const double rms = finite > 0 ? std::sqrt(sum_sq / static_cast<double>(finite)) : 0.0;
-    c.stats = compare_bf16_tolerant(y, ref, kTensorCoreUlps,
-                                    std::max(kAbsFloor, bf16_gemm_rms_floor(intermediate) * rms));
+    c.stats =
+        compare_bf16_tolerant(y, ref, kTensorCoreUlps,
+                              std::max(kAbsFloor, bf16_gemm_rms_floor(intermediate) * c.ref_rms));
     const auto outliers_allowed = std::max<std::int64_t>(
         1, static_cast<std::int64_t>(static_cast<double>(ref.size()) * outlier_fraction(math)));
     c.pass = y.size() == ref.size() && c.stats.rel_l2 <= kTensorCoreMaxRelL2 &&

@@ -127,7 +127,8 @@ inline constexpr bool fp8_gemm(ExpertMath math, Precision precision) {
 struct OutputCheck {
   ErrorStats stats;  // mismatches: elements outside the rule's per-element tolerance
   bool pass = false;
-  std::string rule;  // output_rule(combine, math, precision)
+  double ref_rms = 0.0;  // rms of ref's finite elements: the scale of the bf16 GEMMs' floor
+  std::string rule;      // output_rule(combine, math, precision)
 };
 // `intermediate`: the layer's I, which the E4M3 GEMMs' bound and the bf16 GEMMs' per-element floor
 // scale with (0: the flat ones).

@@ -51,6 +51,7 @@ constexpr double kSlackSeconds = 2.0;  // beyond a timeout: thread start-up, NCC
 
 LayerOptions options(std::uint32_t timeout_ms = kLayerTimeoutMs) {
   LayerOptions o;
+  o.expert_math = ExpertMath::exact;  // bit-exact against the reference
   o.timeout_ms = timeout_ms;
   return o;
 }

@@ -113,6 +113,7 @@ TEST(GpuPhaseTimesSwitch, OffByDefaultOnWhenAskedAndOffAgain) {
   const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   LayerOptions options;
+  options.expert_math = ExpertMath::exact;
   options.timeout_ms = 20'000;
   Cluster cluster(kShape, Precision::bf16, options, world, harness::make_random_weights(kShape, 6),
                   Backend::cuda_nccl);
@@ -147,6 +148,7 @@ TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t t = 16;
   LayerOptions options;
+  options.expert_math = ExpertMath::exact;
   options.timeout_ms = 20'000;
   Cluster cluster(kShape, Precision::mxfp8, options, world, harness::make_random_weights(kShape, 7),
                   Backend::cuda_nccl);

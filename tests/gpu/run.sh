@@ -56,12 +56,12 @@ run_rc=0
 for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
   for c in ${EPMOE_GPU_RUN_COMBINES:-staged in_kernel_reduce}; do
     build/gpu/tools/epmoe run --model qwen3-30b-a3b --ranks "$gpus" --tokens 64 --rounds 3 \
-      --precision $p --combine $c >"$out/run_${p}_${c}.log" 2>&1 || run_rc=1
-    echo "qwen3-30b-a3b $p $c: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
+      --precision $p --combine $c --math exact >"$out/run_${p}_${c}.log" 2>&1 || run_rc=1
+    echo "qwen3-30b-a3b $p $c exact: $(grep -E '^(PASS|FAIL)' "$out/run_${p}_${c}.log" | cut -c1-4)"
   done
 done
-# The tensor-core expert maths (mma.sync has no fp8_block128: its block scales need per-128
-# promotion, which the wgmma backend's E4M3 GEMM does).
+# The tensor-core expert maths (wgmma is the default; mma.sync has no fp8_block128: its block
+# scales need per-128 promotion, which the wgmma backend's E4M3 GEMM does).
 for m in tensor_core wgmma; do
   for p in ${EPMOE_GPU_RUN_PRECISIONS:-bf16 mxfp8 nvfp4 fp8_block128 mxfp4}; do
     [ "$m/$p" = tensor_core/fp8_block128 ] && continue
@@ -117,10 +117,12 @@ fi
 echo "== epmoe stress on the GPUs (no barrier, idle runs, mixed routing)"
 stress_rc=0
 build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --shape tiny --rounds 3000 \
-  --check-every 3 --min-zero-fraction 0.3 --seed 5 >"$out/stress_tiny.log" 2>&1 || stress_rc=1
+  --check-every 3 --min-zero-fraction 0.3 --seed 5 --math exact >"$out/stress_tiny.log" 2>&1 ||
+  stress_rc=1
 tail -14 "$out/stress_tiny.log"
 # The reference check of a qwen3 round takes seconds on the host while the peer waits in its
-# kernel, so this run gets a longer bounded-wait timeout than the default 10 s.
+# kernel, so this run gets a longer bounded-wait timeout than the default 10 s. The default math
+# (wgmma).
 build/gpu/tools/epmoe stress --executor cuda --ranks "$gpus" --model qwen3-30b-a3b \
   --max-tokens 64 --rounds 2000 --check-every 250 --min-zero-fraction 0.3 --seed 6 \
   --precision mxfp8 --timeout-ms 60000 >"$out/stress_qwen3.log" 2>&1 || stress_rc=1
@@ -151,7 +153,7 @@ fault_rc=0
 if [ "$gpus" -ge 2 ]; then
   for f in skip_launch_when_idle:1 stall:1:1500 round_jump:1; do
     build/gpu/tools/epmoe stress --executor cuda --ranks 2 --shape tiny --rounds 400 --seed 3 \
-      --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 \
+      --fault "$f" --fault-times 3 --timeout-ms 500 --watchdog-s 120 --math exact \
       >"$out/stress_fault_${f%%:*}.log" 2>&1 || fault_rc=1
     echo "$f: $(grep -E '^(PASS|FAIL)' "$out/stress_fault_${f%%:*}.log" | head -1)"
     build/gpu/tools/epmoe stress --executor cuda --ranks 2 --shape tiny --rounds 400 --seed 3 \
@@ -172,7 +174,7 @@ echo "== a killed rank process on the GPUs (issue 4: detection, then a rebuild f
 kill_rc=0
 if [ "$gpus" -ge 2 ]; then
   build/gpu/tools/epmoe stress --processes --executor cuda --ranks 2 --shape tiny --rounds 600 \
-    --check-every 1 --seed 9 --fault kill:1 --fault-times 2 --timeout-ms 500 --watchdog-s 240 \
+    --check-every 1 --seed 9 --fault kill:1 --fault-times 2 --timeout-ms 500 --watchdog-s 240 --math exact \
     >"$out/stress_processes_kill.log" 2>&1 || kill_rc=1
   grep -E 'fault episode|rank [0-9]:|detected|survivors|PROBLEM|PASS|FAIL' \
     "$out/stress_processes_kill.log" | head -24

@@ -10,7 +10,7 @@ from epmoe_ref import make_problem
 
 SHAPE = dict(hidden=64, intermediate=64, num_experts=4, top_k=2, max_tokens_per_rank=8)
 KEY = ("key precision=bf16 world=1 hidden=64 intermediate=64 num_experts=4 top_k=2 "
-       "expert_math=exact\n")
+       "expert_math=wgmma\n")  # the default math
 
 
 def create(group):

@@ -216,7 +216,8 @@ def test_torch_tensors_are_read_directly():
 def test_config_and_options_round_trip():
     config = epmoe.make_config(shape(), epmoe.Precision.mxfp8, 1, 4,
                                combine=epmoe.Combine.in_kernel_reduce, timeout_ms=1234,
-                               swiglu_limit=7.0, mxfp8_scale_rounding="ocp_floor")
+                               swiglu_limit=7.0, mxfp8_scale_rounding="ocp_floor",
+                               expert_math="exact")
     assert (config.precision, config.rank, config.world, config.local_experts) == ("mxfp8", 1, 4, 2)
     assert (config.combine, config.timeout_ms, config.swiglu_limit) == ("in_kernel_reduce", 1234, 7.0)
     assert config.mxfp8_scale_rounding == "ocp_floor" and config.shape == shape()
@@ -238,8 +239,8 @@ def test_config_and_options_round_trip():
 
 
 def test_expert_math_round_trips_through_the_config_and_the_layer():
-    assert epmoe.make_config(shape()).expert_math == "exact"
-    exact = epmoe.make_config(shape(), "bf16", 0, 1)
+    assert epmoe.make_config(shape()).expert_math == "wgmma"  # the default
+    exact = epmoe.make_config(shape(), "bf16", 0, 1, expert_math="exact")
     tc = epmoe.make_config(shape(), "bf16", 0, 1, expert_math=epmoe.ExpertMath.tensor_core)
     assert tc.expert_math == "tensor_core"
     assert "expert_math=tensor_core" in tc.describe() and "expert_math=exact" in exact.describe()

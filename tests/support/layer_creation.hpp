@@ -32,6 +32,7 @@ inline Creation create_layer(Communicator& comm, const LayerShape& shape,
   Creation c;
   const int rank = comm.rank(), world = comm.world();
   LayerOptions options;
+  options.expert_math = ExpertMath::exact;
   options.timeout_ms = timeout_ms;
   const auto start = CreationClock::now();
   try {

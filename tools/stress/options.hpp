@@ -30,7 +30,7 @@ struct Options {
   std::int64_t rounds = 2000;
   std::string precision = "bf16";
   std::string combine = "staged";
-  std::string math = "exact";  // exact | tensor_core | wgmma (LayerOptions::expert_math)
+  std::string math = "wgmma";  // exact | tensor_core | wgmma (LayerOptions::expert_math)
   std::string routing = "mixed";
   std::uint64_t seed = 1;
   double idle_fraction = 0.4;

@@ -10,10 +10,15 @@ namespace {
 
 template <class Backend>
 std::unique_ptr<ExpertBackend> make_if_implementable(const LayerConfig& config, int device) {
-  if (const std::string why = Backend::can_implement(config); !why.empty())
+  if (const std::string why = Backend::can_implement(config); !why.empty()) {
+    // wgmma is the default: a caller who never picked a math learns which one runs the layer.
+    const char* instead = config.options().expert_math == ExpertMath::wgmma
+                              ? " (expert_math=exact runs every layer)"
+                              : "";
     throw Error(ErrorCode::unsupported, std::string("Layer: expert_math=") +
                                             to_string(config.options().expert_math) +
-                                            " cannot run this layer: " + why);
+                                            " cannot run this layer: " + why + instead);
+  }
   return std::make_unique<Backend>(config, device);
 }
 

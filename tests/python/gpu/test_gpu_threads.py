@@ -54,7 +54,8 @@ def test_nccl_communicators_from_unique_id_on_two_threads_run_and_close_a_layer(
         comm = epmoe.NcclCommunicator(uid, rank, WORLD, rank)
         assert (comm.rank, comm.world, comm.device) == (rank, WORLD, f"cuda:{rank}")
         w13, w2 = weights.local(rank, WORLD)
-        layer = epmoe.Layer(comm, shape, "bf16", w13.cuda(rank), w2.cuda(rank))
+        layer = epmoe.Layer(comm, shape, "bf16", w13.cuda(rank), w2.cuda(rank),
+                            expert_math="exact")
         failures = rounds(layer, rank, shape, weights, [(4, 0), (0, 0), (17, 64)], seed=1)
         layer.close()  # collective
         comm.close()  # collective
@@ -76,7 +77,7 @@ def test_layers_dropped_by_their_threads_are_destroyed_without_deadlock():
     def rank_main(rank):
         torch.cuda.set_device(rank)
         w13, w2 = weights.local(rank, WORLD)
-        layer = epmoe.Layer(comms[rank], shape, "bf16", w13, w2)  # host weights
+        layer = epmoe.Layer(comms[rank], shape, "bf16", w13, w2, expert_math="exact")  # host
         failures = rounds(layer, rank, shape, weights, [(0, 3), (64, 0)], seed=2)
         try:
             comms[rank].close()

@@ -55,6 +55,7 @@ class Ep:
             # w13 as a parameter that requires grad: read directly (DLPack would refuse it)
             w13 = torch.nn.Parameter(w13.to(self.device).float(), requires_grad=True)
             w2 = w2.to(self.device)
+        options.setdefault("expert_math", "exact")  # compared within bf16 ulps
         return epmoe.Layer(self.comm, shape, precision, w13, w2, **options)
 
 
