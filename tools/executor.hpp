@@ -26,6 +26,17 @@ inline Backend choose_backend(const std::string& executor, int ranks) {
   return on_gpus ? Backend::cuda_nccl : Backend::cpu_threads;
 }
 
+// The expert math a tool checks outputs under (reference::check_output): the CPU executor computes
+// exactly whatever `expert_math` asks (docs/tuning.md#expert-math), so its outputs are held to
+// exact's rule (bit-exact with staged combine), not to the looser one of the math they name.
+inline ExpertMath checked_math(Backend backend, ExpertMath asked) {
+  return backend == Backend::cpu_threads ? ExpertMath::exact : asked;
+}
+inline LayerOptions checked_options(Backend backend, LayerOptions options) {
+  options.expert_math = checked_math(backend, options.expert_math);
+  return options;
+}
+
 // `--megakernel` (run, stress, bench): the rounds of every token bucket that has a persistent round
 // (has_persistent_round: each one under --math tensor_core, the E4M3 tile's under wgmma) in one
 // launch per forward (docs/design.md §4.3); a layer with no such bucket is refused (unsupported).

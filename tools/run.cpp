@@ -179,8 +179,9 @@ int run_command(const RunOptions& o) {
             out.begin(), out.begin() + static_cast<std::ptrdiff_t>(checked.x.size()));
         const harness::ReferenceOutputs ref = harness::reference_outputs(
             cluster.reference(rank), checked, shape, true, check_threads);
-        const auto check = reference::check_output(
-            y, ref.emulated, options.combine, options.expert_math, precision, shape.intermediate);
+        const auto check = reference::check_output(y, ref.emulated, options.combine,
+                                                   checked_math(backend, options.expert_math),
+                                                   precision, shape.intermediate);
         const auto exact = reference::compare_exact(y, ref.exact);
         reference::ErrorStats& worst = rep.vs_reference;
         if (r == 0 || !(check.stats.max_abs <= worst.max_abs)) worst.max_abs = check.stats.max_abs;
@@ -221,7 +222,8 @@ int run_command(const RunOptions& o) {
       "\n%s: %s (mismatch = elements outside the rule's per-element tolerance, over all rounds; "
       "failed = rounds that broke the rule: %s; float64 rel_l2 bound %.2f)\n",
       ok ? "PASS" : "FAIL", o.model.c_str(),
-      reference::output_rule(options.combine, options.expert_math, precision, shape.intermediate)
+      reference::output_rule(options.combine, checked_math(backend, options.expert_math), precision,
+                             shape.intermediate)
           .c_str(),
       exact_error_bound(precision));
   return ok ? 0 : 1;

@@ -666,9 +666,9 @@ std::string check_config(Cluster& cluster, const LayerShape& s, Precision precis
         harness::make_random_batch(s, world, tokens, harness::Routing::uniform, 0,
                                    seed * 104729 + static_cast<std::uint64_t>(rank));
     const auto y = cluster.forward(rank, batch);
-    const auto check =
-        reference::check_output(y, cluster.reference(rank).forward(batch), options.combine,
-                                options.expert_math, precision, s.intermediate);
+    const auto check = reference::check_output(
+        y, cluster.reference(rank).forward(batch), options.combine,
+        checked_math(cluster.backend(), options.expert_math), precision, s.intermediate);
     char rel_l2[32];
     std::snprintf(rel_l2, sizeof rel_l2, "%.3g", check.stats.rel_l2);
     result[static_cast<std::size_t>(rank)] =

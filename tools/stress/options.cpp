@@ -188,6 +188,7 @@ Setup resolve(const Options& o) {
   (void)make_config(s.shape, s.precision, 0, o.ranks,
                     s.layer_options);  // validates before allocating
   s.backend = choose_stress_backend(o);
+  s.checked_options = checked_options(s.backend, s.layer_options);
   check_megakernel_backend(o.megakernel, s.backend);
   s.megakernel = o.megakernel;
   if (!o.token_back.empty()) s.token_back = parse_token_back(o.token_back, "--token-back");
