@@ -665,6 +665,26 @@ TEST(GpuWeights, TensorCoreRejectsFp8Block128NamingThePrecisionAndWgmmaTakesIt) 
   }
 }
 
+// wgmma is the default math (docs/tuning.md#expert-math). Where it cannot run a layer (fp8_block128
+// with I = 64, not whole 128-blocks) its refusal names the math that runs every layer.
+TEST(GpuWeights, TheDefaultMathIsWgmmaAndItsRefusalNamesExact) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const LayerConfig fp8 = make_config(kWeightShape, Precision::fp8_block128, 0, 1);
+  ASSERT_EQ(fp8.options().expert_math, ExpertMath::wgmma);
+  try {
+    cuda::experts::make_expert_backend(fp8, 0);
+    ADD_FAILURE() << "wgmma accepted fp8_block128 with intermediate=64";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_THAT(e.what(), HasSubstr("Layer: expert_math=wgmma cannot run this layer: hidden=128, "
+                                    "intermediate=64"));
+    EXPECT_THAT(e.what(), HasSubstr("(expert_math=exact runs every layer)"));
+  }
+  EXPECT_NE(cuda::experts::make_expert_backend(make_config(kShape, Precision::bf16, 0, 1), 0),
+            nullptr);  // the default runs a layer it can
+}
+
 // Biases on the device in bf16 (widened by a kernel) give the same bits as host f32 biases (copied
 // up), and count in resident_weight_bytes.
 TEST(GpuWeights, DeviceBf16BiasesGiveTheSameBitsAsHostF32Biases) {
