@@ -1,7 +1,9 @@
 // The expert step (docs/design.md §3 steps 4-6) as a chain of kernels on the caller's stream, each
 // launched after the previous one with programmatic dependent launch (launch_chained; the CUTLASS
-// GEMMs plainly); the boundaries between them are the grid barriers between its phases. Dispatch
-// zeroes the per-expert counters route and bucket count into, so a forward has no memset node:
+// GEMMs through their adapter, each waiting for the previous kernel first:
+// experts/wgmma/grouped_gemm_parts.cuh); the boundaries between them are the grid barriers between
+// its phases. Dispatch zeroes the per-expert counters route and bucket count into, so a forward has
+// no memset node:
 //
 //   route    wait for every count; check, decode and count every received row, staged as the
 //            backend asked (StagedRows); offsets
