@@ -200,6 +200,18 @@ double bf16_gemm_rms_floor(std::int64_t intermediate) {
   return std::max(kTensorCoreRmsFloor, 0.03125 / std::sqrt(static_cast<double>(intermediate)));
 }
 
+namespace {
+
+// A bound that scales with I as a rule's text: `flat_text` while it is the flat one.
+std::string bound_text(double bound, double flat, const char* flat_text) {
+  if (bound == flat) return flat_text;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", bound);
+  return text;
+}
+
+}  // namespace
+
 std::string output_rule(Combine combine, ExpertMath math, Precision precision,
                         std::int64_t intermediate) {
   static_assert(kTensorCoreMaxRelL2 == 4e-3 && kTensorCoreOutlierFraction == 1e-3 &&
@@ -207,18 +219,15 @@ std::string output_rule(Combine combine, ExpertMath math, Precision precision,
                 kTensorCoreRmsFloor == 1e-3 && kInKernelReduceUlps == 1 && kAbsFloor == 1e-6 &&
                 kFp8GemmMaxRelL2 == 1e-2);
   if (fp8_gemm(math, precision)) {
-    const double bound = fp8_gemm_max_rel_l2(intermediate);
-    char text[32] = "1e-2";
-    if (bound != kFp8GemmMaxRelL2) std::snprintf(text, sizeof text, "%.3g", bound);
-    return std::string("wgmma on E4M3 (") + to_string(precision) + "): rel_l2 <= " + text;
+    return std::string("wgmma on E4M3 (") + to_string(precision) + "): rel_l2 <= " +
+           bound_text(fp8_gemm_max_rel_l2(intermediate), kFp8GemmMaxRelL2, "1e-2");
   }
   if (math != ExpertMath::exact) {
-    const double floor = bf16_gemm_rms_floor(intermediate);
-    char text[32] = "1e-3";
-    if (floor != kTensorCoreRmsFloor) std::snprintf(text, sizeof text, "%.3g", floor);
     return std::string(to_string(math)) + ": rel_l2 <= 4e-3 and at most max(1, " +
            (math == ExpertMath::wgmma ? "1%" : "0.1%") +
-           ") of the elements beyond 2 bf16 ulps + max(1e-6, " + text + " x rms(ref))";
+           ") of the elements beyond 2 bf16 ulps + max(1e-6, " +
+           bound_text(bf16_gemm_rms_floor(intermediate), kTensorCoreRmsFloor, "1e-3") +
+           " x rms(ref))";
   }
   return combine == Combine::staged ? "staged: bit-exact"
                                     : "in_kernel_reduce: within 1 bf16 ulp + 1e-6";

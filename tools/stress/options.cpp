@@ -171,6 +171,10 @@ void add_options(CLI::App& cmd, Options& o) {
   throw Error(ErrorCode::invalid_argument, message);
 }
 
+LayerOptions Setup::checked_options() const {
+  return tools::checked_options(backend, layer_options);
+}
+
 Setup resolve(const Options& o) {
   Setup s;
   resolve_shape(o, s);
@@ -188,7 +192,6 @@ Setup resolve(const Options& o) {
   (void)make_config(s.shape, s.precision, 0, o.ranks,
                     s.layer_options);  // validates before allocating
   s.backend = choose_stress_backend(o);
-  s.checked_options = checked_options(s.backend, s.layer_options);
   check_megakernel_backend(o.megakernel, s.backend);
   s.megakernel = o.megakernel;
   if (!o.token_back.empty()) s.token_back = parse_token_back(o.token_back, "--token-back");

@@ -64,10 +64,12 @@ struct Setup {
   FaultPlan fault;
   // With --processes: cuda_nccl only for an explicit --executor=cuda (rank r on GPU r).
   Backend backend = Backend::cpu_threads;
-  // layer_options under the math outputs are checked with (checked_options: exact on the CPU).
-  LayerOptions checked_options;
   bool megakernel = false;  // --megakernel: with_megakernel_everywhere on every rank's config
   std::optional<TokenBack> token_back;  // --token-back: with_token_back_everywhere, first
+
+  // layer_options under the math outputs are checked with (tools' checked_options: exact on the
+  // CPU executor).
+  LayerOptions checked_options() const;
 };
 Setup resolve(const Options& o);
 

@@ -306,7 +306,7 @@ void RankProcess::check(std::vector<std::uint16_t>& y, const reference::Batch& b
   if (!check_due(o_, round)) return;
   corrupt_once(y, corrupt_pending_);
   record_check(st_, y, reference_.forward(batch), s_.precision, s_.shape.intermediate,
-               s_.checked_options, rank_, round, draw);
+               s_.checked_options(), rank_, round, draw);
 }
 
 }  // namespace

@@ -35,8 +35,9 @@ bool check_due(const Options& o, std::int64_t round);
 // --corrupt-check: flips a bit of the first checked output, to prove the checker can fail.
 void corrupt_once(std::vector<std::uint16_t>& y, bool& pending);
 // Checks one round's output against the reference with reference::check_output (the rule of the
-// layer's combine and expert math; `intermediate`: the layer's I, which the E4M3 GEMMs' bound
-// scales with) and records it in `st`.
+// layer's combine and the expert math it is checked under: Setup::checked_options; `intermediate`:
+// the layer's I, which the E4M3 GEMMs' bound and the bf16 GEMMs' floor scale with) and records it
+// in `st`.
 reference::OutputCheck record_check(RankStats& st, const std::vector<std::uint16_t>& y,
                                     const std::vector<std::uint16_t>& ref, Precision precision,
                                     std::int64_t intermediate, const LayerOptions& options,

@@ -352,7 +352,7 @@ int Supervisor::report(double wall_s) {
   std::int64_t rounds_seen = 0;
   const RankStats all = print_load_summary(
       stats_, o_,
-      reference::output_rule(s_.checked_options.combine, s_.checked_options.expert_math,
+      reference::output_rule(s_.layer_options.combine, s_.checked_options().expert_math,
                              s_.precision, s_.shape.intermediate),
       wall_s, rounds_seen);
   bool fault_ok = problems_.empty();

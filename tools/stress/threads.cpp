@@ -201,7 +201,7 @@ void RankThread::check(Attempt& a, const reference::Batch& batch, const RoundDra
   corrupt_once(a.y, corrupt_pending_);
   const auto checked =
       record_check(st_, a.y, run_.cluster.reference(rank_).forward(batch), run_.s.precision,
-                   run_.s.shape.intermediate, run_.s.checked_options, rank_, round, draw);
+                   run_.s.shape.intermediate, run_.s.checked_options(), rank_, round, draw);
   if (!checked.pass) run_.failed_total.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -222,7 +222,7 @@ int summarize(ThreadRun& run, double wall_s) {
   std::int64_t rounds_seen = 0;
   const RankStats all = print_load_summary(
       run.stats, o,
-      reference::output_rule(run.s.checked_options.combine, run.s.checked_options.expert_math,
+      reference::output_rule(run.s.layer_options.combine, run.s.checked_options().expert_math,
                              run.s.precision, run.s.shape.intermediate),
       wall_s, rounds_seen);
   const EpisodeTally tally = print_episodes(run.recovery.episodes(), plan, o.ranks, o.timeout_ms);
