@@ -5,6 +5,7 @@
 
 #include "core/knob_table.hpp"
 #include "epmoe/models.hpp"
+#include "support/exact_math.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,18 +20,12 @@
 namespace epmoe {
 namespace {
 
+using test::exact_math;
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 
 constexpr LayerShape kQwen{2048, 768, 128, 8, 4096};
-
-// Options with exact math, whose knob adjustments (token_back only) these tests were written for;
-// the default math is wgmma.
-LayerOptions exact_math() {
-  LayerOptions o;
-  o.expert_math = ExpertMath::exact;
-  return o;
-}
 
 // Runs `f`, expects Error(invalid_argument), returns its message ("" and a failure otherwise).
 std::string rejection(const std::function<void()>& f) {

@@ -6,6 +6,7 @@
 
 #include "core/knob_table.hpp"
 #include "epmoe/models.hpp"
+#include "support/exact_math.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,17 +21,12 @@
 namespace epmoe {
 namespace {
 
+using test::exact_math;
+
 constexpr Precision kPrecisions[] = {Precision::bf16, Precision::mxfp8, Precision::nvfp4,
                                      Precision::fp8_block128, Precision::mxfp4};
 constexpr int kWorlds[] = {1, 2, 4, 8};
 
-// The table's entries are conflict-free under exact math (default_knobs); wgmma, the default math,
-// moves token_back and some tiles.
-LayerOptions exact_math() {
-  LayerOptions o;
-  o.expert_math = ExpertMath::exact;
-  return o;
-}
 constexpr TokenBucket kBuckets[] = {TokenBucket::decode, TokenBucket::small, TokenBucket::medium,
                                     TokenBucket::prefill};
 

@@ -28,6 +28,7 @@
 #include "harness/device_batch.hpp"
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
+#include "support/exact_math.hpp"
 #include "support/layer_creation.hpp"
 #include "support/process_exit.hpp"
 #include "support/watchdog.hpp"
@@ -50,8 +51,7 @@ constexpr std::uint32_t kCommTimeoutMs = 5'000;
 constexpr double kSlackSeconds = 2.0;  // beyond a timeout: thread start-up, NCCL's own threads
 
 LayerOptions options(std::uint32_t timeout_ms = kLayerTimeoutMs) {
-  LayerOptions o;
-  o.expert_math = ExpertMath::exact;  // bit-exact against the reference
+  LayerOptions o = test::exact_math();  // bit-exact against the reference
   o.timeout_ms = timeout_ms;
   return o;
 }

@@ -27,6 +27,7 @@
 #include "math/quantize.hpp"
 #include "support/captured_forward.hpp"
 #include "support/device_vectors.hpp"
+#include "support/exact_math.hpp"
 #include "support/format_size.hpp"
 #include "support/matches_reference.hpp"
 #include "support/random_pace.hpp"
@@ -52,13 +53,6 @@ using test::expect_matches;
 
 // Every expert backend: exact, mma.sync tensor cores, Hopper WGMMA grouped GEMMs.
 constexpr ExpertMath kEveryMath[] = {ExpertMath::exact, ExpertMath::tensor_core, ExpertMath::wgmma};
-
-// The options of the tests that compare bit for bit (or within 1 ulp): exact math, not the default.
-LayerOptions exact_options() {
-  LayerOptions o;
-  o.expert_math = ExpertMath::exact;
-  return o;
-}
 
 struct Scenario {
   Precision precision;
@@ -177,8 +171,7 @@ TEST(Gpu, FiveHundredRoundsRandomPaceManyIdleRanksNoBarrier) {
   const int world = test::gpus_up_to(8);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
   const LayerShape shape{256, 128, 8, 4, 64};
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(shape, 9);
   Cluster cluster(shape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
@@ -196,7 +189,7 @@ TEST(Gpu, AllTokensToOneRanksExpertsAtMaxTokens) {
   const int world = test::gpus_up_to(8);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 5);
-  Cluster cluster(kShape, Precision::nvfp4, exact_options(), world, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, Precision::nvfp4, test::exact_math(), world, weights, Backend::cuda_nccl);
   within_seconds(300, "one-rank routing", [&] {
     run_on_rank_threads(world, [&](int rank) {
       const Batch b = harness::make_random_batch(kShape, world, kShape.max_tokens_per_rank,
@@ -272,8 +265,7 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
 TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   const int world = test::gpus_up_to(2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 500;
   const LayerShape shape{256, 128, 8, 4, 16};
   const auto weights = harness::make_random_weights(shape, 6);
@@ -319,8 +311,7 @@ TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
 TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
   const int world = test::gpus_up_to(2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 300;
   const LayerShape shape{256, 128, 8, 4, 16};
   const auto weights = harness::make_random_weights(shape, 6);
@@ -343,7 +334,7 @@ TEST(Gpu, StalledRankIsNamedInTheDonePhase) {
 TEST(Gpu, BadDeviceIdIsReportedByTheNextForwardAndTheLayerStaysUsable) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   const auto weights = harness::make_random_weights(kShape, 8);
-  Cluster cluster(kShape, Precision::bf16, exact_options(), 1, weights, Backend::cuda_nccl);
+  Cluster cluster(kShape, Precision::bf16, test::exact_math(), 1, weights, Backend::cuda_nccl);
   Batch b = harness::make_random_batch(kShape, 1, 4, Routing::uniform, 0, 2);
   b.topk_ids[5] = 99;
   cluster.forward(0, b);
@@ -362,8 +353,7 @@ TEST(Gpu, GraphCapturedOnceReplaysHundredRoundsWithFreshRouting) {
   const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t t = 64;
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 20'000;
   const auto weights = harness::make_random_weights(kShape, 12);
   Cluster cluster(kShape, Precision::mxfp8, options, world, weights, Backend::cuda_nccl);
@@ -402,8 +392,7 @@ TEST(GpuCreation, DifferentConfigsOnDifferentRanksFailOnEveryRank) {
   std::vector<std::string> errors(2);
   within_seconds(60, "mismatched creation", [&] {
     run_on_rank_threads(2, [&](int rank) {
-      LayerOptions options;
-      options.expert_math = ExpertMath::exact;
+      LayerOptions options = test::exact_math();
       options.combine = rank == 0 ? Combine::staged : Combine::in_kernel_reduce;
       try {
         Layer layer(*comms[static_cast<std::size_t>(rank)],
@@ -424,12 +413,12 @@ TEST(GpuCreation, CommunicatorsFromOneUniqueIdRunALayer) {
   const UniqueId id = get_unique_id();  // what rank 0 broadcasts in a serving engine
   const LayerShape shape{256, 128, 8, 4, 32};
   const auto weights = harness::make_random_weights(shape, 2);
-  reference::ReferenceModel ref(shape, Precision::bf16, exact_options(), weights);
+  reference::ReferenceModel ref(shape, Precision::bf16, test::exact_math(), weights);
   within_seconds(120, "unique-id communicators", [&] {
     run_on_rank_threads(world, [&](int rank) {  // one thread standing in for one process per GPU
       auto comm = make_nccl_communicator(id, rank, world, rank);
       {
-        Layer layer(*comm, make_config(shape, Precision::bf16, rank, world, exact_options()),
+        Layer layer(*comm, make_config(shape, Precision::bf16, rank, world, test::exact_math()),
                     local_weight_views(weights, shape, rank, world));
         harness::DeviceBatch buffers(rank, shape);
         const Batch b = harness::make_random_batch(shape, world, 9, Routing::uniform, 0, rank);
@@ -450,7 +439,7 @@ TEST(GpuCreation, AbortedCommunicatorRefusesTheLayerAndTearsDownLocally) {
   const std::vector<int> devices{0};
   auto comms = make_nccl_communicators(devices);
   within_seconds(60, "abort", [&] {
-    Layer layer(*comms[0], make_config(shape, Precision::bf16, 0, 1, exact_options()),
+    Layer layer(*comms[0], make_config(shape, Precision::bf16, 0, 1, test::exact_math()),
                 local_weight_views(weights, shape, 0, 1));
     harness::DeviceBatch buffers(0, shape);
     const Batch b = harness::make_random_batch(shape, 1, 9, Routing::uniform, 0, 1);

@@ -15,6 +15,7 @@
 #include "harness/problem.hpp"
 #include "harness/rank_threads.hpp"
 #include "support/captured_forward.hpp"
+#include "support/exact_math.hpp"
 #include "support/watchdog.hpp"
 
 namespace epmoe {
@@ -112,8 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuPhaseTimes,
 TEST(GpuPhaseTimesSwitch, OffByDefaultOnWhenAskedAndOffAgain) {
   const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 20'000;
   Cluster cluster(kShape, Precision::bf16, options, world, harness::make_random_weights(kShape, 6),
                   Backend::cuda_nccl);
@@ -147,8 +147,7 @@ TEST(GpuPhaseTimesSwitch, GraphCapturedWithTimingOffStampsReplaysOnceItIsOn) {
   const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
   const std::int64_t t = 16;
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = test::exact_math();
   options.timeout_ms = 20'000;
   Cluster cluster(kShape, Precision::mxfp8, options, world, harness::make_random_weights(kShape, 7),
                   Backend::cuda_nccl);

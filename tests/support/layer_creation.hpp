@@ -10,6 +10,7 @@
 #include "epmoe/epmoe.hpp"
 #include "harness/cluster.hpp"
 #include "reference/reference.hpp"
+#include "support/exact_math.hpp"
 
 namespace epmoe::test {
 
@@ -31,8 +32,7 @@ inline Creation create_layer(Communicator& comm, const LayerShape& shape,
                              const reference::LayerWeights& weights, std::uint32_t timeout_ms) {
   Creation c;
   const int rank = comm.rank(), world = comm.world();
-  LayerOptions options;
-  options.expert_math = ExpertMath::exact;
+  LayerOptions options = exact_math();
   options.timeout_ms = timeout_ms;
   const auto start = CreationClock::now();
   try {
