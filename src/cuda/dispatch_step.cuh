@@ -41,6 +41,42 @@ __device__ inline void report_bad_id(const RoundParams& p, std::int64_t t, std::
   publish_health(p.health);
 }
 
+// A token's top-k slots, one per lane of warp 0 (kMaxTopK <= 32), loaded together at the top of
+// the token's turn so that their latency overlaps x's loads. (Thread 0 once walked them in a
+// loop: one dependent global load per slot, two for a kept one, every token.)
+struct TokenSlots {
+  std::int64_t id = -1;  // the lane's expert id as given; -1 past top_k
+  float weight = 0.0f;
+  bool bad = false;  // id outside [-1, E): dropped, and reported
+};
+static_assert(kMaxTopK <= 32, "a token's slots are one warp's lanes");
+
+// Called by the lanes of warp 0.
+__device__ inline TokenSlots load_slots(const RoundParams& p, std::int64_t t) {
+  const int k = static_cast<int>(threadIdx.x);
+  TokenSlots s;
+  if (k < p.top_k) {
+    s.id = expert_id(p, t, k);
+    s.weight = p.topk_weights[t * p.top_k + k];
+    s.bad = s.id < -1 || s.id >= p.num_experts;
+  }
+  return s;
+}
+
+// The slots of `t` that rank `dest` owns, in slot order, into the wire row's entries (called by
+// the lanes of warp 0); returns how many.
+__device__ inline std::int32_t write_entries(const RoundParams& p, const TokenSlots& s, int dest,
+                                             protocol::WireEntry* entries) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const unsigned owned =
+      __ballot_sync(0xffffffffu, !s.bad && s.id >= 0 && s.id / p.local_experts == dest);
+  if (owned >> lane & 1u)
+    entries[__popc(owned & ((1u << lane) - 1u))] =
+        protocol::WireEntry{static_cast<std::int16_t>(lane),
+                            static_cast<std::int16_t>(s.id - dest * p.local_experts), s.weight};
+  return __popc(owned);
+}
+
 // Called by every thread of every CTA of the grid; dynamic shared memory: dispatch_smem(p).
 __device__ inline void dispatch_step(const RoundParams& p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
@@ -70,31 +106,30 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   auto* header = reinterpret_cast<protocol::WireRowHeader*>(row);
   auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
   std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
+  const bool slot_lane = threadIdx.x < 32;  // warp 0: a lane per top-k slot
   for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+    TokenSlots slots;
+    if (slot_lane) slots = load_slots(p, t);
     for (std::int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
       x[i] = formats::bf16_to_float(p.x[t * p.hidden + i]);
     __syncthreads();
     const float s_enc =
         encode_row_block(RowGroup::cta(), x, p.hidden, p.precision, p.rounding, payload, scratch);
+    if (slot_lane) {  // the first bad slot of the token is the one reported (report_bad_id: once)
+      const unsigned bad = __ballot_sync(0xffffffffu, slots.bad);
+      if (bad != 0 && static_cast<int>(threadIdx.x) == __ffs(static_cast<int>(bad)) - 1)
+        report_bad_id(p, t, threadIdx.x, slots.id);
+    }
     for (int dest = 0; dest < p.world; ++dest) {
-      if (threadIdx.x == 0) {
-        std::int32_t n = 0;
-        for (std::int64_t k = 0; k < p.top_k; ++k) {
-          const std::int64_t id = expert_id(p, t, k);
-          if (id < -1 || id >= p.num_experts) {
-            if (dest == 0) report_bad_id(p, t, k, id);
-            continue;
+      if (slot_lane) {
+        const std::int32_t n = write_entries(p, slots, dest, entries);
+        if (threadIdx.x == 0) {
+          *header = protocol::WireRowHeader{static_cast<std::int32_t>(t), n, s_enc, round};
+          destination = nullptr;
+          if (n > 0) {
+            const std::uint32_t slot = atomicAdd(&p.state->rows_to[dest], 1u);
+            destination = p.peer_windows[dest] + p.layout.recv_row(round, p.rank, slot);
           }
-          if (id < 0 || id / p.local_experts != dest) continue;
-          entries[n++] = protocol::WireEntry{static_cast<std::int16_t>(k),
-                                             static_cast<std::int16_t>(id - dest * p.local_experts),
-                                             p.topk_weights[t * p.top_k + k]};
-        }
-        *header = protocol::WireRowHeader{static_cast<std::int32_t>(t), n, s_enc, round};
-        destination = nullptr;
-        if (n > 0) {
-          const std::uint32_t slot = atomicAdd(&p.state->rows_to[dest], 1u);
-          destination = p.peer_windows[dest] + p.layout.recv_row(round, p.rank, slot);
         }
       }
       __syncthreads();
