@@ -38,7 +38,7 @@ RouteScratch slice(std::uint8_t* base, const RoundParams& p, std::size_t* bytes)
   s.pair_offset = cursor.take<std::uint32_t>(experts + 1);
   s.chunk_offset = cursor.take<std::uint32_t>(experts + 1);
   s.pairs = cursor.take<std::uint32_t>(pairs);
-  if (p.staged != StagedRows::wire)
+  if (p.staged == StagedRows::fp32)
     s.x = cursor.take<float>(rows * static_cast<std::size_t>(p.hidden));
   if (p.staged == StagedRows::bf16_codes) {
     s.x16 = cursor.take<std::uint16_t>(rows * static_cast<std::size_t>(p.hidden));

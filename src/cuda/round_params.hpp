@@ -15,7 +15,7 @@ inline constexpr int kMaxWorld = 64;
 // What route stages per received row for the expert backend's FC1 (ExpertBackend::staged_rows).
 enum class StagedRows : std::uint8_t {
   fp32,        // x: the decoded row in fp32
-  bf16_codes,  // x, and x16 / x_scale: the row as exact bf16 codes and its scale
+  bf16_codes,  // x16 / x_scale: the row as exact bf16 codes and its scale
   wire,        // nothing: the backend reads the checked rows' wire payloads itself
 };
 
@@ -74,7 +74,7 @@ struct RouteScratch {
   std::uint32_t* pair_offset;   // [E_local + 1] first pair of each expert; [E_local] = all pairs
   std::uint32_t* chunk_offset;  // [E_local + 1] first chunk of each expert; [E_local] = all chunks
   std::uint32_t* pairs;         // [max_pairs] (src, entry, row) of each pair, grouped by expert
-  float* x;                     // [world * max_tokens, H] received rows, decoded (not for wire)
+  float* x;                     // [world * max_tokens, H] received rows, decoded (fp32 only)
   // StagedRows::bf16_codes only (nullptr otherwise): each row as bf16 codes, x * x_scale, exact
   // (NVFP4: code = e2m1 * block scale, scale = s_enc; else scale 1).
   std::uint16_t* x16;  // [world * max_tokens, H]

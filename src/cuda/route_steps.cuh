@@ -5,8 +5,8 @@
 //
 //   route:  every CTA waits for every count (bounded; a failure fails the round), then takes
 //           received rows grid-stride: checks the header and entries (a violation is reported and
-//           never computed on), decodes the row into scratch.x (and, for StagedRows::bf16_codes,
-//           its bf16 codes and scale into x16 / x_scale; for StagedRows::wire, nothing: the
+//           never computed on), decodes the row as the backend asked (StagedRows::fp32: into
+//           scratch.x; bf16_codes: its bf16 codes and scale into x16 / x_scale; wire: nothing, the
 //           backend reads the payload itself), counts its pairs per expert. The
 //           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
 //   bucket: one thread per received row writes its pairs into the expert's part of the pair
@@ -130,18 +130,16 @@ __device__ inline void route_step(const RoundParams& p) {
       reject_row(p, round, src, header.round);
       return;
     }
-    if (p.staged != StagedRows::wire) {
-      const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
-      float* x = p.scratch.x + x_row * static_cast<std::size_t>(p.hidden);
-      decode_row_block(RowGroup::cta(), row + protocol::wire_payload_offset(p.top_k), p.hidden,
-                       p.precision, header.row_scale, x);
-      if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand and its row scale
-        const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
-        __syncthreads();  // the row is complete (decode spreads it over the CTA's threads)
-        to_bf16_codes(RowGroup::cta(), x, p.hidden, scale,
-                      p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
-        if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
-      }
+    const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
+    const std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
+    if (p.staged == StagedRows::fp32) {
+      decode_row_block(RowGroup::cta(), payload, p.hidden, p.precision, header.row_scale,
+                       p.scratch.x + x_row * static_cast<std::size_t>(p.hidden));
+    } else if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand, its row scale
+      const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
+      decode_row_to_bf16_codes(RowGroup::cta(), payload, p.hidden, p.precision, header.row_scale,
+                               scale, p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
+      if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
     }
     if (threadIdx.x == 0)
       for (std::int32_t n = 0; n < header.num_entries; ++n)

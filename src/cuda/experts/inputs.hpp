@@ -50,7 +50,7 @@ struct ExpertInputs {
   const std::uint32_t* pairs;         // [max_pairs] packed pairs, grouped by expert
   std::int64_t max_tokens;            // receive rows per source: a pair's row in x below is
                                       // pair_src * max_tokens + pair_row
-  const float* x;                     // [world * max_tokens, H] decoded rows (fp32)
+  const float* x;                     // StagedRows::fp32 only: [world * max_tokens, H] decoded
   const std::uint16_t* x16;           // StagedRows::bf16_codes only: bf16(x * x_scale), exact
   const float* x_scale;               // [world * max_tokens]
 };
