@@ -121,13 +121,35 @@ EPMOE_HD void combined_outputs(const CombineBuffer& own, const float* topk_weigh
       out[i] = formats::float_to_bf16(own.accumulator_row(token)[column + i]);
     return;
   }
+  // The slots' routing, weights and rows read kSlotsAhead at a time, then summed in slot order:
+  // on the GPU those loads are in flight together, where summing each slot as it was read waited
+  // for its loads one slot after another (kSlotsAhead rows: 16 registers a thread). A slot not
+  // routed this round holds a stale row (the buffer has a row per slot), read and never summed.
+  constexpr int kSlotsAhead = 4;
   float sum[n_columns] = {};
-  for (std::int64_t k = 0; k < own.top_k; ++k) {
-    if (!routed(k)) continue;
-    const float weight = topk_weights[token * own.top_k + k];
-    const Codes codes = *reinterpret_cast<const Codes*>(own.staged_row(token, k) + column);
-    for (int i = 0; i < n_columns; ++i)
-      sum[i] = add_rn(sum[i], mul_rn(weight, formats::bf16_to_float(codes.value[i])));
+  for (std::int64_t first = 0; first < own.top_k; first += kSlotsAhead) {
+    bool in[kSlotsAhead];
+    float weight[kSlotsAhead];
+    Codes codes[kSlotsAhead];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kSlotsAhead; ++j) {
+      const std::int64_t k = first + j;
+      in[j] = k < own.top_k && routed(k);
+      if (k < own.top_k) {
+        weight[j] = topk_weights[token * own.top_k + k];
+        codes[j] = *reinterpret_cast<const Codes*>(own.staged_row(token, k) + column);
+      }
+    }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int j = 0; j < kSlotsAhead; ++j) {
+      if (!in[j]) continue;
+      for (int i = 0; i < n_columns; ++i)
+        sum[i] = add_rn(sum[i], mul_rn(weight[j], formats::bf16_to_float(codes[j].value[i])));
+    }
   }
   for (int i = 0; i < n_columns; ++i) out[i] = formats::float_to_bf16(sum[i]);
 }
