@@ -1,6 +1,6 @@
 // The caps on the round's own grids per token bucket (src/cuda/round_grid_caps.hpp, docs/design.md
 // I5): a CTA per token for dispatch and combine, a CTA per row every rank could send for route,
-// a thread per such row for bucket; the prefill bucket's caps saturate instead of overflowing.
+// a warp per such row for bucket; the prefill bucket's caps saturate instead of overflowing.
 #include "cuda/round_grid_caps.hpp"
 
 #include <gtest/gtest.h>
@@ -17,13 +17,13 @@ TEST(RoundGridCaps, DecodeAndSmallBucketsCapEachKernelByTheWorkTheirLargestTCanB
   const RoundGridCaps decode = round_grid_caps(bucket_max_tokens(TokenBucket::decode), 2, 256);
   EXPECT_EQ(decode.per_token, 16);
   EXPECT_EQ(decode.per_row, 32);
-  EXPECT_EQ(decode.per_row_thread, 1);
+  EXPECT_EQ(decode.per_row_warp, 4);  // 32 rows, 8 warps a CTA
   const RoundGridCaps small = round_grid_caps(bucket_max_tokens(TokenBucket::small), 8, 256);
   EXPECT_EQ(small.per_token, 128);
   EXPECT_EQ(small.per_row, 1024);
-  EXPECT_EQ(small.per_row_thread, 4);
-  EXPECT_EQ(round_grid_caps(1024, 3, 256).per_row_thread, 12);  // 3072 rows
-  EXPECT_EQ(round_grid_caps(1000, 1, 256).per_row_thread, 4);   // a partial CTA counts
+  EXPECT_EQ(small.per_row_warp, 128);
+  EXPECT_EQ(round_grid_caps(1024, 3, 256).per_row_warp, 384);  // 3072 rows
+  EXPECT_EQ(round_grid_caps(1001, 1, 256).per_row_warp, 126);  // a partial CTA counts
 }
 
 TEST(RoundGridCaps, PerPairKernelsTakeWorldTimesTheLargestTTimesTopKPairs) {
@@ -45,7 +45,7 @@ TEST(RoundGridCaps, ThePrefillBucketsCapsSaturateAndNeverBind) {
     const RoundGridCaps caps = round_grid_caps(bucket_max_tokens(TokenBucket::prefill), world, 256);
     EXPECT_EQ(caps.per_token, kMax) << world;
     EXPECT_EQ(caps.per_row, kMax) << world;
-    EXPECT_GT(caps.per_row_thread, std::int64_t{1} << 40) << world;  // no wrap to a tiny grid
+    EXPECT_GT(caps.per_row_warp, std::int64_t{1} << 40) << world;  // no wrap to a tiny grid
   }
 }
 

@@ -175,7 +175,7 @@ inline RoundShapes round_shapes(const RoundParams& p, int device, int num_sms, i
   const ExpertShapes experts = experts_shape(p, device, num_sms);
   return RoundShapes{at_most(dispatch_shape(p, device, num_sms, dispatch_warps), caps.per_token),
                      ExpertShapes{at_most(experts.route, caps.per_row),
-                                  at_most(experts.bucket, caps.per_row_thread)},
+                                  at_most(experts.bucket, caps.per_row_warp)},
                      at_most(combine_shape(p, device, num_sms), caps.per_token)};
 }
 

@@ -9,9 +9,10 @@
 //           scratch.x; bf16_codes: its bf16 codes and scale into x16 / x_scale; wire: nothing, the
 //           backend reads the payload itself), counts its pairs per expert. The
 //           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
-//   bucket: one thread per received row writes its pairs into the expert's part of the pair
-//           list (the order inside an expert is arrival order, which changes no result: rows
-//           of a GEMM are independent).
+//   bucket: one warp per received row, a lane per entry, writes its pairs into the expert's part
+//           of the pair list (the order inside an expert is arrival order, which changes no
+//           result: rows of a GEMM are independent). Its lanes' atomics are in flight together,
+//           where a thread per row waited for each entry's in turn.
 // The per-expert counters are zeroed by dispatch (dispatch_step.cuh), every round. Both are device
 // functions of the whole grid, run by the chain's route and bucket kernels (experts_route.cu) and
 // by the persistent round kernel (persistent_round.cu).
@@ -162,19 +163,22 @@ __device__ inline void bucket_step(const RoundParams& p) {
   std::uint32_t total = 0;
   for (int src = 0; src < p.world; ++src) total += rows_from[src] = p.state->rows_from[src];
   const std::uint8_t* window = p.peer_windows[p.rank];
-  for (std::uint32_t item = blockIdx.x * blockDim.x + threadIdx.x; item < total;
-       item += gridDim.x * blockDim.x) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
+  for (std::uint32_t item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; item < total;
+       item += warps) {
     int src;
     std::uint32_t r;
     locate_row(rows_from, item, src, r);
     const std::uint8_t* row = window + p.layout.recv_row(start.round, src, r);
-    const auto header = *reinterpret_cast<const protocol::WireRowHeader*>(row);
-    const auto* entries =
-        reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-    for (std::int32_t n = 0; n < header.num_entries; ++n) {  // checked by route
-      const int e = entries[n].local_expert;
+    const std::int32_t entries_in_row =
+        reinterpret_cast<const protocol::WireRowHeader*>(row)->num_entries;  // checked by route
+    if (lane < entries_in_row) {                                             // top_k <= 32 entries
+      const auto* entries =
+          reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
+      const int e = entries[lane].local_expert;
       const std::uint32_t at = p.scratch.pair_offset[e] + atomicAdd(&p.scratch.expert_fill[e], 1u);
-      p.scratch.pairs[at] = experts::pack_pair(src, n, r);
+      p.scratch.pairs[at] = experts::pack_pair(src, lane, r);
     }
   }
 }
