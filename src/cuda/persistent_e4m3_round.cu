@@ -82,16 +82,18 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
         e4m3::gemm<kTokens, false, kE2m1, true>(fc2, &w2_codes, s, ring);
       });
     } else {
-      // fc2_round's frame around a barrier every CTA meets (as every grid_barrier here), also one
-      // whose round failed: FC2's rows staged, then each home (the chain's home kernel's step),
-      // then done to every rank
-      const RoundStart start = join_round(e.step.state, RoundPhase::fc2);
-      const PhaseEnd phase_end{start};
-      if (!start.skip) e4m3::gemm<kTokens, false, kE2m1, false>(fc2, &w2_codes, s, ring);
-      grid_barrier(p);
-      if (start.skip) return;
-      experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, start.round);
-      experts::finish_expert_step(e.step, start.round);
+      // FC2's rows staged and a barrier every CTA meets (as every grid_barrier here), also one
+      // whose round failed; then each row home (the chain's home kernel's step), done to every
+      // rank
+      experts::fc2_round(
+          e.step,
+          [&](const RoundStart& start) {
+            if (!start.skip) e4m3::gemm<kTokens, false, kE2m1, false>(fc2, &w2_codes, s, ring);
+            grid_barrier(p);
+          },
+          [&](std::uint32_t round) {
+            experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, round);
+          });
     }
   });
 }

@@ -148,18 +148,26 @@ __device__ inline void finish_expert_step(const ExpertStep& step, std::uint32_t 
   }
 }
 
-// The frame of every backend's FC2 kernel, called by every thread: join the round (nothing at all
-// when this rank's round already failed), run `items(round)` (the kernel's work items, each
-// result sent home), then finish_expert_step. A backend's FC2 body goes inside, so it cannot
-// forget the done publication nor return before it. `kStamps`: end_only when the kernel follows
-// FC2 work that cannot stamp the phase's begin (wgmma's home after CUTLASS's GEMM).
-template <Stamps kStamps = Stamps::begin_and_end, class Items>
-__device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
+// The frame of every backend's FC2 kernel, called by every thread: join the round, run
+// `every_cta(start)` (work every CTA does, also one whose round already failed: a grid barrier
+// all must meet), then, unless the round failed, `items(round)` (the kernel's work items, each
+// result sent home) and finish_expert_step. A backend's FC2 body goes inside, so it cannot forget
+// the done publication nor return before it. `kStamps`: end_only when the kernel follows FC2 work
+// that cannot stamp the phase's begin (wgmma's home after CUTLASS's GEMM).
+template <Stamps kStamps = Stamps::begin_and_end, class EveryCta, class Items>
+__device__ __forceinline__ void fc2_round(const ExpertStep& step, EveryCta every_cta, Items items) {
   const RoundStart start = join_round(step.state, RoundPhase::fc2, kStamps);
   const PhaseEnd phase_end{start};
+  every_cta(start);
   if (start.skip) return;
   items(start.round);
   finish_expert_step(step, start.round);
+}
+// The same with nothing before the items (nothing at all when this rank's round already failed).
+template <Stamps kStamps = Stamps::begin_and_end, class Items>
+__device__ __forceinline__ void fc2_round(const ExpertStep& step, Items items) {
+  fc2_round<kStamps>(
+      step, [](const RoundStart&) {}, items);
 }
 
 __device__ inline void cp_async_16(void* smem, const void* global) {
