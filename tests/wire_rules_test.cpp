@@ -2,6 +2,7 @@
 // may be computed on, how a result is sent home, and the staged sum on the home rank.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -128,6 +129,34 @@ TEST(CombinedOutput, StagedSumsRoutedSlotsInSlotOrderRoundingEveryStep) {
   // Slot 2 unrouted (its id is -1): 2^25 + 1 rounds to 2^25, and nothing takes it back.
   const auto not_slot_2 = [](std::int64_t k) { return k != 2; };
   EXPECT_EQ(combined_output(b.combine, weights, 1, 0, not_slot_2),
+            formats::float_to_bf16(33554432.0f));
+}
+
+// combined_outputs reads a token's slots a few at a time (four) before summing them: with top_k 6
+// the sum still runs in slot order across that grouping, eight columns at once as single columns,
+// and an unrouted slot's stale row (NaN here) is read and never summed.
+TEST(CombinedOutput, SlotsBeyondTheFirstFewAreSummedInSlotOrderAndAStaleRowNever) {
+  constexpr std::int64_t kTopK = 6;
+  constexpr std::size_t kRowBytes = 8 * 2;  // 8 bf16 columns
+  std::vector<std::uint8_t> bytes(2 * kTopK * kRowBytes);
+  const CombineBuffer c{bytes.data(), kRowBytes, kTopK, Combine::staged};
+  for (std::int64_t k = 0; k < kTopK; ++k)
+    for (int col = 0; col < 8; ++col) c.staged_row(1, k)[col] = formats::float_to_bf16(1.0f);
+  for (int col = 0; col < 8; ++col) c.staged_row(1, 4)[col] = 0x7FC0u;  // NaN
+  // slots 3 and 5 straddle the first group of four: 2^25, then - 2^25 (slot 4 unrouted between)
+  const float weights[2 * kTopK] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 33554432.0f, 1.0f, -33554432.0f};
+  const auto routed_but_4 = [](std::int64_t k) { return k != 4; };
+  std::uint16_t out[8];
+  combined_outputs<8>(c, weights, 1, 0, routed_but_4, out);
+  for (int col = 0; col < 8; ++col) {
+    EXPECT_EQ(out[col], formats::float_to_bf16(0.0f)) << col;
+    EXPECT_EQ(combined_output(c, weights, 1, col, routed_but_4), out[col]) << col;
+  }
+  // with slot 4 routed its row is summed: NaN
+  EXPECT_TRUE(std::isnan(formats::bf16_to_float(
+      combined_output(c, weights, 1, 0, [](std::int64_t) { return true; }))));
+  // the first group alone: 2^25, which slot 5 in the second group took back above
+  EXPECT_EQ(combined_output(c, weights, 1, 0, [](std::int64_t k) { return k < 4; }),
             formats::float_to_bf16(33554432.0f));
 }
 
