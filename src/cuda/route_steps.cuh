@@ -48,13 +48,11 @@ __device__ inline void locate_row(const std::uint32_t* rows_from, std::uint32_t 
 }
 
 // The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
-// per-thread sums over the CTA's first kThreads threads, Hillis-Steele in shared memory; a wider
-// CTA's other threads, as the wgmma persistent round's, only meet its barriers). [E_local] holds
-// the totals.
+// per-thread sums over the CTA's first kThreads threads; a wider CTA's other threads, as the wgmma
+// persistent round's, only meet its barriers and shuffles). [E_local] holds the totals.
 __device__ inline void write_offsets(const RoundParams& p) {
   constexpr int kMaxPerThread = static_cast<int>(kMaxExperts / kThreads);
   static_assert(kMaxExperts % kThreads == 0);
-  __shared__ std::uint32_t scan_pairs[kThreads], scan_chunks[kThreads];
   const int tid = static_cast<int>(threadIdx.x);
   const bool scans = tid < kThreads;
   const int experts = static_cast<int>(p.local_experts);
@@ -68,25 +66,47 @@ __device__ inline void write_offsets(const RoundParams& p) {
     pairs += count[i];
     chunks += (count[i] + kChunkRows - 1) / kChunkRows;
   }
-  if (scans) {
-    scan_pairs[tid] = pairs;
-    scan_chunks[tid] = chunks;
+  // The per-thread sums' inclusive scan: within each warp by shuffles, then over the warps'
+  // totals by warp 0; two CTA barriers where a Hillis-Steele scan over shared memory took sixteen
+  // (this runs on every round's critical path).
+  constexpr int kWarps = kThreads / 32;
+  static_assert(kWarps <= 32, "warp 0 scans the warps' totals");
+  __shared__ std::uint32_t warp_pairs[kWarps], warp_chunks[kWarps];
+  const int lane = tid % 32, warp = tid / 32;
+  std::uint32_t scan_pairs = pairs, scan_chunks = chunks;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const std::uint32_t up_pairs = __shfl_up_sync(0xffffffffu, scan_pairs, offset);
+    const std::uint32_t up_chunks = __shfl_up_sync(0xffffffffu, scan_chunks, offset);
+    if (lane >= offset) {
+      scan_pairs += up_pairs;
+      scan_chunks += up_chunks;
+    }
+  }
+  if (scans && lane == 31) {
+    warp_pairs[warp] = scan_pairs;
+    warp_chunks[warp] = scan_chunks;
   }
   __syncthreads();
-  for (int offset = 1; offset < kThreads; offset *= 2) {
-    const bool adds = scans && tid >= offset;
-    const std::uint32_t add_pairs = adds ? scan_pairs[tid - offset] : 0;
-    const std::uint32_t add_chunks = adds ? scan_chunks[tid - offset] : 0;
-    __syncthreads();
-    if (scans) {
-      scan_pairs[tid] += add_pairs;
-      scan_chunks[tid] += add_chunks;
+  if (warp == 0) {
+    std::uint32_t total_pairs = lane < kWarps ? warp_pairs[lane] : 0u;
+    std::uint32_t total_chunks = lane < kWarps ? warp_chunks[lane] : 0u;
+    for (int offset = 1; offset < kWarps; offset *= 2) {
+      const std::uint32_t up_pairs = __shfl_up_sync(0xffffffffu, total_pairs, offset);
+      const std::uint32_t up_chunks = __shfl_up_sync(0xffffffffu, total_chunks, offset);
+      if (lane >= offset) {
+        total_pairs += up_pairs;
+        total_chunks += up_chunks;
+      }
     }
-    __syncthreads();
+    if (lane < kWarps) {
+      warp_pairs[lane] = total_pairs;  // inclusive over the warps
+      warp_chunks[lane] = total_chunks;
+    }
   }
+  __syncthreads();
   if (!scans) return;
-  std::uint32_t pair_at = scan_pairs[tid] - pairs;
-  std::uint32_t chunk_at = scan_chunks[tid] - chunks;
+  std::uint32_t pair_at = (warp > 0 ? warp_pairs[warp - 1] : 0u) + scan_pairs - pairs;
+  std::uint32_t chunk_at = (warp > 0 ? warp_chunks[warp - 1] : 0u) + scan_chunks - chunks;
   for (int i = 0; i < per_thread && first + i < experts; ++i) {
     p.scratch.pair_offset[first + i] = pair_at;
     p.scratch.chunk_offset[first + i] = chunk_at;
@@ -94,8 +114,8 @@ __device__ inline void write_offsets(const RoundParams& p) {
     chunk_at += (count[i] + kChunkRows - 1) / kChunkRows;
   }
   if (threadIdx.x == kThreads - 1) {
-    p.scratch.pair_offset[experts] = scan_pairs[kThreads - 1];
-    p.scratch.chunk_offset[experts] = scan_chunks[kThreads - 1];
+    p.scratch.pair_offset[experts] = warp_pairs[kWarps - 1];
+    p.scratch.chunk_offset[experts] = warp_chunks[kWarps - 1];
   }
 }
 
