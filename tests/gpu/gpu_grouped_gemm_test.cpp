@@ -27,6 +27,7 @@ using cuda::experts::wgmma::Bf16GluGroupedGemm;
 using cuda::experts::wgmma::Bf16GroupedGemm;
 using cuda::experts::wgmma::Bf16Tile;
 using cuda::experts::wgmma::Fp8BlockwiseGroupedGemm;
+using cuda::experts::wgmma::GemmOutput;
 using cuda::experts::wgmma::GemmProblem;
 using cuda::experts::wgmma::GluTile;
 
@@ -93,15 +94,61 @@ double worst_relative_error(const Groups& g, int n, int k, const std::vector<flo
   return worst;
 }
 
+// GemmOutput::bf16_rows' bias rows for `groups` groups of N: random, but for group 1, which takes
+// the GEMM's zero row (a layer without b2); and where each group's row is.
+struct BiasRows {
+  std::vector<float> values;
+  DeviceCopy<float> device;
+  BiasRows(int groups, int n, unsigned seed)
+      : values(random(static_cast<std::size_t>(groups) * n, seed)), device(values) {}
+  static std::vector<float> random(std::size_t count, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> v(count);
+    for (auto& x : v) x = normal(rng);
+    return v;
+  }
+  // Uploads each group's row pointer into `bias` (group 1: `zero_bias`).
+  void upload_to(const float** bias, const float* zero_bias, int groups, int n) const {
+    std::vector<const float*> rows;
+    for (int group = 0; group < groups; ++group)
+      rows.push_back(group == 1 ? zero_bias : device.ptr + static_cast<std::size_t>(group) * n);
+    upload(bias, rows);
+  }
+  float at(int group, int n, int col) const {
+    return group == 1 ? 0.0f : values[static_cast<std::size_t>(group) * n + col];
+  }
+};
+
+// How many of `rows` (GemmOutput::bf16_rows) differ from bf16(sums + the group's bias row), the
+// rounding home applies to the fp32 sums.
+std::size_t rows_differing(const Groups& g, int n, const std::vector<float>& sums,
+                           const std::vector<std::uint16_t>& rows, const BiasRows& bias) {
+  EXPECT_EQ(rows.size(), sums.size());
+  std::size_t differ = 0;
+  for (int group = 0; group < g.count(); ++group)
+    for (int r = g.first[group]; r < g.first[group] + g.rows[group]; ++r)
+      for (int c = 0; c < n; ++c) {
+        const std::size_t i = static_cast<std::size_t>(r) * n + c;
+        differ += rows[i] != formats::float_to_bf16(sums[i] + bias.at(group, n, c)) ? 1 : 0;
+      }
+  return differ;
+}
+
 // The bf16 GEMM of `tile` on `sms` persistent CTAs over groups of 0, 5, 300, 128, 0 and 1 rows
-// (N = 384: one whole 256-wide tile and a half one); D, and its worst error against float64.
+// (N = 384: one whole 256-wide tile and a half one); D, and its worst error against float64. With
+// `bias`, the GEMM stores bf16 rows (GemmOutput::bf16_rows) with those bias rows instead.
 struct Bf16Run {
   std::vector<float> d;
+  std::vector<std::uint16_t> rows;  // bf16_rows
   double worst = 0.0;
 };
-Bf16Run run_bf16_gemm(cuda::experts::wgmma::Bf16Tile tile, int sms) {
-  const int n = 384, k = 2048;
-  const Groups g({0, 5, 300, 128, 0, 1});
+constexpr int kBf16N = 384;
+const Groups kBf16Groups({0, 5, 300, 128, 0, 1});
+Bf16Run run_bf16_gemm(cuda::experts::wgmma::Bf16Tile tile, int sms,
+                      const BiasRows* bias = nullptr) {
+  const int n = kBf16N, k = 2048;
+  const Groups& g = kBf16Groups;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * k);
@@ -110,16 +157,21 @@ Bf16Run run_bf16_gemm(cuda::experts::wgmma::Bf16Tile tile, int sms) {
   for (auto& v : b) v = formats::float_to_bf16(normal(rng) * 0.05f);
   const DeviceCopy<std::uint16_t> a_dev(a), b_dev(b);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
+  const DeviceCopy<std::uint16_t> rows_dev(static_cast<std::size_t>(g.total) * n);
 
-  Bf16GroupedGemm gemm(g.count(), n, k, sms, 0, tile);
+  const GemmOutput output = bias != nullptr ? GemmOutput::bf16_rows : GemmOutput::fp32_sums;
+  Bf16GroupedGemm gemm(g.count(), n, k, sms, 0, tile, output);
   EXPECT_EQ(gemm.tile(), tile);
+  EXPECT_EQ(gemm.output(), output);
   EXPECT_EQ(gemm.sm_count(), sms);
   std::vector<const std::uint16_t*> a_ptr, b_ptr;
   std::vector<float*> d_ptr;
+  std::vector<std::uint16_t*> rows_ptr;
   for (int group = 0; group < g.count(); ++group) {
     a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
     b_ptr.push_back(b_dev.ptr + static_cast<std::size_t>(group) * n * k);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
+    rows_ptr.push_back(rows_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
   }
   const auto& arrays = gemm.arrays();
   const std::vector<GemmProblem> problems = g.problems(n, k);
@@ -127,8 +179,14 @@ Bf16Run run_bf16_gemm(cuda::experts::wgmma::Bf16Tile tile, int sms) {
   upload(arrays.a, a_ptr);
   upload(arrays.b, b_ptr);
   upload(arrays.d, d_ptr);
+  upload(arrays.d16, rows_ptr);
+  if (bias != nullptr) bias->upload_to(arrays.bias, arrays.zero_bias, g.count(), n);
   gemm.run(nullptr);
   Bf16Run run;
+  if (bias != nullptr) {
+    run.rows = from_device(rows_dev.ptr, static_cast<std::size_t>(g.total) * n);
+    return run;
+  }
   run.d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
   run.worst = worst_relative_error(g, n, k, run.d, [&](int r, int group, int c, int i) {
     return static_cast<double>(formats::bf16_to_float(a[static_cast<std::size_t>(r) * k + i])) *
@@ -170,38 +228,69 @@ TEST(GpuGroupedGemm, EightPersistentCtasGiveTheBitsOfOnePerSm) {
   }
 }
 
-// The E4M3 GEMM with 1 x 128 scales on A and 128 x 128 on B (K-major), against float64 of the
-// decoded values: each k128 partial sum goes through WGMMA's FP8 accumulation, then is promoted
-// with its two scales into fp32, so the bound is looser than bf16's.
-TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
+// FC2 of the staged combine (GemmOutput::bf16_rows) stores, on both tiles, the bf16 of the same
+// GEMM's fp32 sums plus the group's bias row (a zero row for group 1), bit for bit: the same
+// mainloop, and one fp32 add and one rounding in the epilogue, as home's.
+TEST(GpuGroupedGemm, Bf16RowsAreTheFp32SumsPlusTheBiasRowRoundedOnce) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
-  const int n = 256, k = 1024, kb = k / 128, nb = n / 128;
-  const Groups g({0, 7, 200, 0, 1});
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> scale(0.01f, 2.0f);
-  std::vector<std::uint8_t> a(static_cast<std::size_t>(g.total) * k);
-  std::vector<std::uint8_t> b(static_cast<std::size_t>(g.count()) * n * k);
-  std::vector<float> sa(static_cast<std::size_t>(g.total) * kb);
-  std::vector<float> sb(static_cast<std::size_t>(g.count()) * nb * kb);
-  for (auto& v : a) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
-  for (auto& v : b) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
-  for (auto& v : sa) v = scale(rng);
-  for (auto& v : sb) v = scale(rng);
+  const BiasRows bias(kBf16Groups.count(), kBf16N, 5);
+  for (Bf16Tile tile : {Bf16Tile::m128_n128_k64, Bf16Tile::m128_n256_k64}) {
+    const Bf16Run sums = run_bf16_gemm(tile, sm_count());
+    const Bf16Run rows = run_bf16_gemm(tile, sm_count(), &bias);
+    EXPECT_EQ(rows_differing(kBf16Groups, kBf16N, sums.d, rows.rows, bias), 0u)
+        << to_string(tile) << ", of " << sums.d.size();
+  }
+}
+
+// The E4M3 GEMM over groups of 0, 7, 200, 0 and 1 rows, random codes and scales: its fp32 sums,
+// or, with `bias`, its bf16 rows (GemmOutput::bf16_rows).
+constexpr int kFp8N = 256, kFp8K = 1024, kFp8Kb = kFp8K / 128, kFp8Nb = kFp8N / 128;
+const Groups kFp8Groups({0, 7, 200, 0, 1});
+struct Fp8Operands {
+  std::vector<std::uint8_t> a, b;  // E4M3 codes, [rows, K] and [groups, N, K]
+  std::vector<float> sa, sb;       // [rows, K / 128] and [groups, N / 128, K / 128]
+  Fp8Operands() {
+    const Groups& g = kFp8Groups;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> scale(0.01f, 2.0f);
+    a.resize(static_cast<std::size_t>(g.total) * kFp8K);
+    b.resize(static_cast<std::size_t>(g.count()) * kFp8N * kFp8K);
+    sa.resize(static_cast<std::size_t>(g.total) * kFp8Kb);
+    sb.resize(static_cast<std::size_t>(g.count()) * kFp8Nb * kFp8Kb);
+    for (auto& v : a) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
+    for (auto& v : b) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
+    for (auto& v : sa) v = scale(rng);
+    for (auto& v : sb) v = scale(rng);
+  }
+};
+struct Fp8Run {
+  std::vector<float> d;
+  std::vector<std::uint16_t> rows;
+};
+Fp8Run run_fp8_gemm(const Fp8Operands& operands, const BiasRows* bias = nullptr) {
+  const int n = kFp8N, k = kFp8K, kb = kFp8Kb, nb = kFp8Nb;
+  const Groups& g = kFp8Groups;
+  const auto& [a, b, sa, sb] = operands;
   const DeviceCopy<std::uint8_t> a_dev(a), b_dev(b);
   const DeviceCopy<float> sa_dev(sa), sb_dev(sb);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
+  const DeviceCopy<std::uint16_t> rows_dev(static_cast<std::size_t>(g.total) * n);
 
-  Fp8BlockwiseGroupedGemm gemm(g.count(), n, k, sm_count(), 0);
+  const GemmOutput output = bias != nullptr ? GemmOutput::bf16_rows : GemmOutput::fp32_sums;
+  Fp8BlockwiseGroupedGemm gemm(g.count(), n, k, sm_count(), 0, output);
+  EXPECT_EQ(gemm.output(), output);
   std::vector<const std::uint8_t*> a_ptr, b_ptr;
   std::vector<const float*> sa_ptr, sb_ptr;
   std::vector<float*> d_ptr;
+  std::vector<std::uint16_t*> rows_ptr;
   for (int group = 0; group < g.count(); ++group) {
     a_ptr.push_back(a_dev.ptr + static_cast<std::size_t>(g.first[group]) * k);
     sa_ptr.push_back(sa_dev.ptr + static_cast<std::size_t>(g.first[group]) * kb);
     b_ptr.push_back(b_dev.ptr + static_cast<std::size_t>(group) * n * k);
     sb_ptr.push_back(sb_dev.ptr + static_cast<std::size_t>(group) * nb * kb);
     d_ptr.push_back(d_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
+    rows_ptr.push_back(rows_dev.ptr + static_cast<std::size_t>(g.first[group]) * n);
   }
   const auto& arrays = gemm.arrays();
   const std::vector<GemmProblem> problems = g.problems(n, k);
@@ -211,8 +300,27 @@ TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
   upload(arrays.sfa, sa_ptr);
   upload(arrays.sfb, sb_ptr);
   upload(arrays.d, d_ptr);
+  upload(arrays.d16, rows_ptr);
+  if (bias != nullptr) bias->upload_to(arrays.bias, arrays.zero_bias, g.count(), n);
   gemm.run(nullptr);
-  const std::vector<float> d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  Fp8Run run;
+  if (bias != nullptr)
+    run.rows = from_device(rows_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  else
+    run.d = from_device(d_dev.ptr, static_cast<std::size_t>(g.total) * n);
+  return run;
+}
+
+// The E4M3 GEMM with 1 x 128 scales on A and 128 x 128 on B (K-major), against float64 of the
+// decoded values: each k128 partial sum goes through WGMMA's FP8 accumulation, then is promoted
+// with its two scales into fp32, so the bound is looser than bf16's.
+TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  const int n = kFp8N, k = kFp8K, kb = kFp8Kb, nb = kFp8Nb;
+  const Groups& g = kFp8Groups;
+  const Fp8Operands operands;
+  const auto& [a, b, sa, sb] = operands;
+  const std::vector<float> d = run_fp8_gemm(operands).d;
 
   const double worst = worst_relative_error(g, n, k, d, [&](int r, int group, int c, int i) {
     const std::size_t row = static_cast<std::size_t>(r),
@@ -224,6 +332,18 @@ TEST(GpuGroupedGemm, Fp8BlockScaledMatchesAFloat64GemmOfTheDecodedValues) {
   });
   std::printf("E4M3 grouped GEMM worst |D - exact| / sum|a b| = %.3g\n", worst);
   EXPECT_LT(worst, 1e-3);  // measured 7.8e-5 on an H200
+}
+
+// The E4M3 GEMM's bf16 rows (FC2 of fp8_block128 with the staged combine): its fp32 sums plus the
+// bias row, rounded once, bit for bit.
+TEST(GpuGroupedGemm, Fp8Bf16RowsAreTheFp32SumsPlusTheBiasRowRoundedOnce) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  const BiasRows bias(kFp8Groups.count(), kFp8N, 6);
+  const Fp8Operands operands;
+  const Fp8Run sums = run_fp8_gemm(operands);
+  const Fp8Run rows = run_fp8_gemm(operands, &bias);
+  EXPECT_EQ(rows_differing(kFp8Groups, kFp8N, sums.d, rows.rows, bias), 0u)
+      << "of " << sums.d.size();
 }
 
 // FC1 with the activation in its epilogue (Bf16GluGroupedGemm) against the host: w13 drawn in the

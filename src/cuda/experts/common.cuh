@@ -137,6 +137,16 @@ __device__ inline void send_home_n(const TokenBackTarget& p, const HomeSlot& hom
       group, out);
 }
 
+// 8 results home at once as their bf16 codes, staged combine only (a result already rounded as
+// send_home rounds it): columns 8 group .. + 7 of the home rank's [token, slot] row, one 16-byte
+// store (a staged row is H bf16, H a multiple of 64, from an aligned base).
+__device__ inline void send_home_bf16x8(const TokenBackTarget& p, const HomeSlot& home,
+                                        std::int64_t group, uint4 codes) {
+  const protocol::CombineBuffer buffer =
+      protocol::combine_buffer(p.peer_windows[home.rank], p.layout, p.top_k, p.combine);
+  reinterpret_cast<uint4*>(buffer.staged_row(home.token, home.slot))[group] = codes;
+}
+
 // 6. The last CTA of a backend's FC2 tells every rank this rank's experts are done: exactly one
 // done message per peer per round, whatever T (a CTA with no item still takes the ticket, I5).
 // Every CTA that joined the round calls it once, after its last send_home.

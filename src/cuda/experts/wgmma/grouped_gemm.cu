@@ -2,10 +2,11 @@
 // pointer-array TMA + WGMMA cooperative kernel (two consumer warpgroups share a 128 x N tile; a
 // producer warp feeds them through a shared-memory pipeline as deep as fits, CUTLASS's automatic
 // carveout; the persistent group scheduler walks (expert, m-block, n-block) reading each expert's
-// M from device memory). The epilogue stores fp32 D with TMA; scales, biases, the activation and
-// the token-back stores run after it (wgmma_backend.cu), so one instantiation per tile serves FC1
-// and FC2. Two tiles ship (Bf16Tile): 128 x 128 x 64 and 128 x 256 x 64, the only instantiations
-// in this file (the second costs CI about 6 s of nvcc: docs/design.md §4.1).
+// M from device memory). The epilogue stores D with TMA: fp32 sums, whose scales, biases and
+// activation run after it, or (FC2 of the staged combine) the bf16 rows with b2 added, which home
+// only copies (GemmOutput). Two tiles ship (Bf16Tile): 128 x 128 x 64 and 128 x 256 x 64, each
+// with both outputs, the only instantiations in this file (the second tile cost CI about 6 s of
+// nvcc: docs/design.md §4.1).
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -26,10 +27,11 @@ using LayoutB = cutlass::layout::ColumnMajor;  // [N, K], K contiguous: the weig
 constexpr int kAlignA = 8, kAlignB = 8;        // 16 bytes: TMA
 using ClusterShape = Shape<_1, _1, _1>;
 
-// One shipped tile's kernel: the cooperative schedule, stages from what the epilogue leaves.
-template <class TileShape>
+// One shipped (tile, output)'s kernel: the cooperative schedule, stages from what the epilogue
+// leaves.
+template <class TileShape, GemmOutput kOutput>
 struct Bf16Kernel {
-  using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
+  using Epilogue = parts::EpilogueOf<kOutput, TileShape, ClusterShape>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignA, ElementB,
       LayoutB*, kAlignB, float, TileShape, ClusterShape,
@@ -40,13 +42,18 @@ struct Bf16Kernel {
   using Gemm = parts::PdlGemm<GemmKernel>;
   static constexpr int kStages = Mainloop::DispatchPolicy::Stages;
 };
-using Tile128x128 = Bf16Kernel<Shape<_128, _128, _64>>;
-using Tile128x256 = Bf16Kernel<Shape<_128, _256, _64>>;
+using Tile128x128 = Bf16Kernel<Shape<_128, _128, _64>, GemmOutput::fp32_sums>;
+using Tile128x256 = Bf16Kernel<Shape<_128, _256, _64>, GemmOutput::fp32_sums>;
+using Tile128x128Rows = Bf16Kernel<Shape<_128, _128, _64>, GemmOutput::bf16_rows>;
+using Tile128x256Rows = Bf16Kernel<Shape<_128, _256, _64>, GemmOutput::bf16_rows>;
 // NOTES: a stage holds (128 + N) x 64 bf16 of A and B (32 / 48 KiB); the fp32 epilogue keeps two
 // 128 x 32 subtiles (32 KiB). A pipeline shallower than 4 could not cover TMA latency for two
-// consumer warpgroups (grouped_gemm.hpp and docs/tuning.md quote these counts).
+// consumer warpgroups (grouped_gemm.hpp and docs/tuning.md quote these counts). The bf16 rows'
+// subtiles are half as large, so their kernels keep at least as many stages.
 static_assert(Tile128x128::kStages == 6, "128 x 128 x 64: 6 stages of 32 KiB + the epilogue's");
 static_assert(Tile128x256::kStages == 4, "128 x 256 x 64: 4 stages of 48 KiB + the epilogue's");
+static_assert(Tile128x128Rows::kStages >= Tile128x128::kStages &&
+              Tile128x256Rows::kStages >= Tile128x256::kStages);
 
 constexpr const char* kName = "wgmma bf16 grouped GEMM";
 
@@ -63,13 +70,14 @@ const char* to_string(Bf16Tile tile) {
 }
 
 struct Bf16GroupedGemm::Kernel {
-  std::variant<Tile128x128::Gemm, Tile128x256::Gemm> gemm;
+  std::variant<Tile128x128::Gemm, Tile128x256::Gemm, Tile128x128Rows::Gemm, Tile128x256Rows::Gemm>
+      gemm;
 };
 
 const char* Bf16GroupedGemm::cannot_take(int n, int k) {
   if (k % kAlignA != 0) return "K must be a multiple of 8 (16-byte rows for TMA)";
-  if (n % parts::kAlignD != 0)
-    return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
+  if (n % parts::kAlignD16 != 0)
+    return "N must be a multiple of 8 (16-byte bf16 output rows for TMA)";
   return nullptr;
 }
 
@@ -82,7 +90,6 @@ std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_co
                   std::uint8_t** memory, GroupedGemmArrays* arrays) {
   using GemmKernel = typename Tile::GemmKernel;
   using Gemm = typename Tile::Gemm;
-  using Epilogue = typename Tile::Epilogue;
   using StrideA = typename GemmKernel::InternalStrideA;
   using StrideB = typename GemmKernel::InternalStrideB;
   using StrideD = typename GemmKernel::InternalStrideD;
@@ -94,6 +101,7 @@ std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_co
   const std::size_t stride_a = carve.take(g * sizeof(StrideA));
   const std::size_t stride_b = carve.take(g * sizeof(StrideB));
   const std::size_t stride_d = carve.take(g * sizeof(StrideD));
+  const parts::OutputSlices output(carve, g, n);
   const cutlass::KernelHardwareInfo hw = parts::hardware(device, sm_count);
   const typename Gemm::Arguments sizing{cutlass::gemm::GemmUniversalMode::kGrouped,
                                         {groups, nullptr, nullptr},
@@ -108,19 +116,16 @@ std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_co
   arrays->a = reinterpret_cast<const std::uint16_t**>(m + a);
   arrays->b = reinterpret_cast<const std::uint16_t**>(m + b);
   arrays->d = reinterpret_cast<float**>(m + d);
+  output.place(m, n, arrays);
   parts::upload_strides<GemmKernel>(m + stride_a, m + stride_b, m + stride_d, g, n, k);
   EPMOE_CUDA_CHECK(cudaMemset(m + problems, 0, g * sizeof(GemmProblem)));
 
-  typename Epilogue::FusionCallbacks::Arguments fusion{};
-  fusion.alpha = 1.0f;
-  fusion.beta = 0.0f;
   const typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGrouped,
       {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays->problems), nullptr},
       {reinterpret_cast<const ElementA**>(arrays->a), reinterpret_cast<StrideA*>(m + stride_a),
        reinterpret_cast<const ElementB**>(arrays->b), reinterpret_cast<StrideB*>(m + stride_b)},
-      {fusion, nullptr, reinterpret_cast<StrideD*>(m + stride_d), arrays->d,
-       reinterpret_cast<StrideD*>(m + stride_d)},
+      parts::epilogue_arguments<typename Tile::Epilogue>(*arrays, m + stride_d),
       hw};
   parts::check(gemm.can_implement(args), kName, "can_implement");
   parts::check(gemm.initialize(args, m + workspace), kName, "initialize");
@@ -129,15 +134,24 @@ std::size_t build(typename Tile::Gemm& gemm, int groups, int n, int k, int sm_co
 
 }  // namespace
 
-Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device, Bf16Tile tile)
-    : kernel_(std::make_unique<Kernel>()), tile_(tile), sm_count_(sm_count), n_(n), k_(k) {
-  if (tile == Bf16Tile::m128_n256_k64) {
-    auto& gemm = kernel_->gemm.emplace<Tile128x256::Gemm>();
-    device_bytes_ = build<Tile128x256>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);
-  } else {
-    auto& gemm = kernel_->gemm.emplace<Tile128x128::Gemm>();
-    device_bytes_ = build<Tile128x128>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);
-  }
+Bf16GroupedGemm::Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device, Bf16Tile tile,
+                                 GemmOutput output)
+    : kernel_(std::make_unique<Kernel>()),
+      tile_(tile),
+      output_(output),
+      sm_count_(sm_count),
+      n_(n),
+      k_(k) {
+  const auto make = [&](auto kernel) {
+    using Tile = decltype(kernel);
+    auto& gemm = kernel_->gemm.emplace<typename Tile::Gemm>();
+    device_bytes_ = build<Tile>(gemm, groups, n, k, sm_count, device, &memory_, &arrays_);
+  };
+  const bool wide = tile == Bf16Tile::m128_n256_k64;
+  if (output == GemmOutput::bf16_rows)
+    wide ? make(Tile128x256Rows{}) : make(Tile128x128Rows{});
+  else
+    wide ? make(Tile128x256{}) : make(Tile128x128{});
 }
 
 Bf16GroupedGemm::~Bf16GroupedGemm() {

@@ -9,8 +9,9 @@
 // and 128 x 128 on B, each k128 partial sum promoted into the fp32 accumulator times its two
 // scales (grouped_gemm_fp8.cu; fp8_block128). The CUTLASS types stay in those two translation
 // units (FC1 and FC2 are the same GEMM with other N and K): bf16 ships two tile shapes (Bf16Tile,
-// picked by the knobs block_m / block_n), E4M3 one; this header is plain C++. Each object's
-// persistent grid is `sm_count` CTAs (Knobs::num_sms), fixed when it is made.
+// picked by the knobs block_m / block_n), E4M3 one, each with both outputs (GemmOutput); this
+// header is plain C++. Each object's persistent grid is `sm_count` CTAs (Knobs::num_sms), fixed
+// when it is made.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,12 +30,25 @@ struct GemmProblem {
   int m, n, k;
 };
 
+// What a grouped GEMM's epilogue stores into D [M, N] (row-major).
+//   fp32_sums  the fp32 accumulators: FC1's sums for `activate`, and FC2's where the combine is
+//              in_kernel_reduce (home adds weight x the fp32 result into the home accumulator).
+//   bf16_rows  bf16(sum + bias[n]), the group's bias row added in fp32 first: FC2's results as the
+//              staged combine stores them (home's send_home rounds the same fp32 sum the same
+//              way), so D is half the bytes and home only copies rows. The bias row is the
+//              expert's b2, or a row of zeros for a layer without biases.
+enum class GemmOutput : std::uint8_t { fp32_sums, bf16_rows };
+
 // The device arrays the kernel reads, [groups] each; a round's kernel fills them before run().
+// One of d (fp32_sums) and d16 with bias (bf16_rows) is read, by the GEMM's output.
 struct GroupedGemmArrays {
   GemmProblem* problems;
   const std::uint16_t** a;  // bf16 codes
   const std::uint16_t** b;  // bf16 codes
   float** d;
+  std::uint16_t** d16;     // bf16 codes
+  const float** bias;      // [N] fp32
+  const float* zero_bias;  // [N] zeros, in the GEMM's own memory: the bias of a layer without b2
 };
 
 // The bf16 kernel's tiles (M x N x K, both cooperative: two consumer warpgroups of 64 rows each,
@@ -50,7 +64,8 @@ class Bf16GroupedGemm {
   // `groups` groups whose N and K are fixed (strides set once here); M per group comes each round
   // through arrays().problems. `sm_count` CTAs at most (the persistent grid).
   Bf16GroupedGemm(int groups, int n, int k, int sm_count, int device,
-                  Bf16Tile tile = Bf16Tile::m128_n128_k64);
+                  Bf16Tile tile = Bf16Tile::m128_n128_k64,
+                  GemmOutput output = GemmOutput::fp32_sums);
   ~Bf16GroupedGemm();
   Bf16GroupedGemm(const Bf16GroupedGemm&) = delete;
   Bf16GroupedGemm& operator=(const Bf16GroupedGemm&) = delete;
@@ -58,6 +73,7 @@ class Bf16GroupedGemm {
   const GroupedGemmArrays& arrays() const { return arrays_; }
   std::size_t device_bytes() const { return device_bytes_; }
   Bf16Tile tile() const { return tile_; }
+  GemmOutput output() const { return output_; }
   int sm_count() const { return sm_count_; }
   int n() const { return n_; }
   int k() const { return k_; }
@@ -69,12 +85,14 @@ class Bf16GroupedGemm {
   static const char* cannot_take(int n, int k);
 
  private:
-  struct Kernel;  // CUTLASS's GemmUniversalAdapter of `tile`, initialized with its arguments
+  struct Kernel;  // CUTLASS's GemmUniversalAdapter of (tile, output), initialized with its
+                  // arguments
   std::unique_ptr<Kernel> kernel_;
   GroupedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
   std::size_t device_bytes_ = 0;
   Bf16Tile tile_;
+  GemmOutput output_;
   int sm_count_;
   int n_, k_;
 };
@@ -138,6 +156,7 @@ class Bf16GluGroupedGemm {
 // The E4M3 GEMM's device arrays. Scales are K-major: sfa[g] holds M_g rows of ceil(K / 128)
 // scales each (a row's scales follow one another, as on the wire), sfb[g] ceil(N / 128) rows of
 // ceil(K / 128) (the checkpoint layout of a weight_scale_inv).
+// d or d16 with bias as GroupedGemmArrays'.
 struct Fp8GroupedGemmArrays {
   GemmProblem* problems;
   const std::uint8_t** a;  // E4M3 codes
@@ -145,11 +164,15 @@ struct Fp8GroupedGemmArrays {
   float** d;
   const float** sfa;
   const float** sfb;
+  std::uint16_t** d16;
+  const float** bias;
+  const float* zero_bias;
 };
 
 class Fp8BlockwiseGroupedGemm {
  public:
-  Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device);
+  Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device,
+                          GemmOutput output = GemmOutput::fp32_sums);
   ~Fp8BlockwiseGroupedGemm();
   Fp8BlockwiseGroupedGemm(const Fp8BlockwiseGroupedGemm&) = delete;
   Fp8BlockwiseGroupedGemm& operator=(const Fp8BlockwiseGroupedGemm&) = delete;
@@ -157,6 +180,7 @@ class Fp8BlockwiseGroupedGemm {
   const Fp8GroupedGemmArrays& arrays() const { return arrays_; }
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
+  GemmOutput output() const { return output_; }
 
   // Queues the scale layouts of this round's M (a small kernel), then the GEMM.
   void run(cudaStream_t stream) const;
@@ -172,6 +196,7 @@ class Fp8BlockwiseGroupedGemm {
   std::size_t device_bytes_ = 0;
   int groups_ = 0;
   int sm_count_;
+  GemmOutput output_;
 };
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -4,13 +4,17 @@
 // multiplied by their row's and block's scales and added into fp32 accumulators (one promotion
 // per k128, as DeepSeek-V3's recipe does), and the persistent group scheduler reading each
 // expert's M from device memory. The scale layouts depend on M, so a small kernel derives them
-// from the round's problems before the GEMM.
+// from the round's problems before the GEMM. Two epilogues ship (GemmOutput): fp32 sums (FC1,
+// and FC2 of the in_kernel_reduce combine) and bf16 rows with b2 added (FC2 of the staged one).
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
 #include "cuda/kernels.hpp"  // launch_chained, KernelShape, kThreads
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include <type_traits>
+#include <variant>
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -32,21 +36,29 @@ using ScaleConfig =
 using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
 
-using Epilogue = parts::Fp32Epilogue<TileShape, ClusterShape>;
-
-using Mainloop = cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-    cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
-    kAlignAB, float, TileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-        sizeof(typename Epilogue::SharedStorage))>,
-    cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-
-using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-using Gemm = parts::PdlGemm<GemmKernel>;
-using StrideA = GemmKernel::InternalStrideA;
-using StrideB = GemmKernel::InternalStrideB;
-using StrideD = GemmKernel::InternalStrideD;
+// One shipped output's kernel.
+template <GemmOutput kOutput>
+struct Fp8Kernel {
+  using Epilogue = parts::EpilogueOf<kOutput, TileShape, ClusterShape>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
+      cute::tuple<LayoutA*, LayoutSFA*>, kAlignAB, ElementB, cute::tuple<LayoutB*, LayoutSFB*>,
+      kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = parts::PdlGemm<GemmKernel>;
+};
+using Sums = Fp8Kernel<GemmOutput::fp32_sums>;
+using Rows = Fp8Kernel<GemmOutput::bf16_rows>;
+using StrideA = Sums::GemmKernel::InternalStrideA;
+using StrideB = Sums::GemmKernel::InternalStrideB;
+using StrideD = Sums::GemmKernel::InternalStrideD;
+static_assert(std::is_same_v<StrideA, Rows::GemmKernel::InternalStrideA> &&
+                  std::is_same_v<StrideB, Rows::GemmKernel::InternalStrideB> &&
+                  std::is_same_v<StrideD, Rows::GemmKernel::InternalStrideD>,
+              "one set of strides serves both outputs");
 
 constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
@@ -66,20 +78,21 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 struct Fp8BlockwiseGroupedGemm::Kernel {
-  Gemm gemm;
+  std::variant<Sums::Gemm, Rows::Gemm> gemm;
   LayoutSFA* sfa_layouts = nullptr;
   LayoutSFB* sfb_layouts = nullptr;
 };
 
 const char* Fp8BlockwiseGroupedGemm::cannot_take(int n, int k) {
   if (k % kScaleBlock != 0) return "K must be a multiple of 128 (whole scale blocks)";
-  if (n % parts::kAlignD != 0)
-    return "N must be a multiple of 4 (16-byte fp32 output rows for TMA)";
+  if (n % parts::kAlignD16 != 0)
+    return "N must be a multiple of 8 (16-byte bf16 output rows for TMA)";
   return nullptr;
 }
 
-Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device)
-    : kernel_(std::make_unique<Kernel>()), groups_(groups), sm_count_(sm_count) {
+Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device,
+                                                 GemmOutput output)
+    : kernel_(std::make_unique<Kernel>()), groups_(groups), sm_count_(sm_count), output_(output) {
   const auto g = static_cast<std::size_t>(groups);
   parts::Carve carve;  // one allocation: problems, pointers, strides, layouts, CUTLASS's workspace
   const std::size_t problems = carve.take(g * sizeof(GemmProblem));
@@ -91,13 +104,20 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   const std::size_t stride_d = carve.take(g * sizeof(StrideD));
   const std::size_t sfa_layouts = carve.take(g * sizeof(LayoutSFA));
   const std::size_t sfb_layouts = carve.take(g * sizeof(LayoutSFB));
+  const parts::OutputSlices output_slices(carve, g, n);
   const cutlass::KernelHardwareInfo hw = parts::hardware(device, sm_count);
-  const typename Gemm::Arguments sizing{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                        {groups, nullptr, nullptr},
-                                        {},
-                                        {{}, nullptr, nullptr, nullptr, nullptr},
-                                        hw};
-  const std::size_t workspace = carve.take(Gemm::get_workspace_size(sizing));
+  std::size_t workspace_bytes = 0;
+  const auto size_workspace = [&](auto kernel) {
+    using Gemm = typename decltype(kernel)::Gemm;
+    workspace_bytes = Gemm::get_workspace_size(
+        typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                 {groups, nullptr, nullptr},
+                                 {},
+                                 {{}, nullptr, nullptr, nullptr, nullptr},
+                                 hw});
+  };
+  output == GemmOutput::bf16_rows ? size_workspace(Rows{}) : size_workspace(Sums{});
+  const std::size_t workspace = carve.take(workspace_bytes);
   device_bytes_ = carve.end;
   EPMOE_CUDA_CHECK(cudaMalloc(&memory_, device_bytes_));
 
@@ -109,27 +129,30 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   arrays_.sfb = reinterpret_cast<const float**>(memory_ + sfb);
   kernel_->sfa_layouts = reinterpret_cast<LayoutSFA*>(memory_ + sfa_layouts);
   kernel_->sfb_layouts = reinterpret_cast<LayoutSFB*>(memory_ + sfb_layouts);
-  parts::upload_strides<GemmKernel>(memory_ + stride_a, memory_ + stride_b, memory_ + stride_d, g,
-                                    n, k);
+  output_slices.place(memory_, n, &arrays_);
+  parts::upload_strides<Sums::GemmKernel>(memory_ + stride_a, memory_ + stride_b,
+                                          memory_ + stride_d, g, n, k);
   EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
   // The scale layouts are written by run(), before each GEMM, from that round's problems.
 
-  typename Epilogue::FusionCallbacks::Arguments fusion{};
-  fusion.alpha = 1.0f;
-  fusion.beta = 0.0f;
-  const typename Gemm::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems), nullptr},
-      {reinterpret_cast<const ElementA**>(arrays_.a),
-       reinterpret_cast<StrideA*>(memory_ + stride_a),
-       reinterpret_cast<const ElementB**>(arrays_.b),
-       reinterpret_cast<StrideB*>(memory_ + stride_b), arrays_.sfa, kernel_->sfa_layouts,
-       arrays_.sfb, kernel_->sfb_layouts},
-      {fusion, nullptr, reinterpret_cast<StrideD*>(memory_ + stride_d), arrays_.d,
-       reinterpret_cast<StrideD*>(memory_ + stride_d)},
-      hw};
-  parts::check(kernel_->gemm.can_implement(args), kName, "can_implement");
-  parts::check(kernel_->gemm.initialize(args, memory_ + workspace), kName, "initialize");
+  const auto initialize = [&](auto kernel) {
+    using K = decltype(kernel);
+    auto& gemm = kernel_->gemm.emplace<typename K::Gemm>();
+    const typename K::Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {groups, reinterpret_cast<ProblemShape::UnderlyingProblemShape*>(arrays_.problems),
+         nullptr},
+        {reinterpret_cast<const ElementA**>(arrays_.a),
+         reinterpret_cast<StrideA*>(memory_ + stride_a),
+         reinterpret_cast<const ElementB**>(arrays_.b),
+         reinterpret_cast<StrideB*>(memory_ + stride_b), arrays_.sfa, kernel_->sfa_layouts,
+         arrays_.sfb, kernel_->sfb_layouts},
+        parts::epilogue_arguments<typename K::Epilogue>(arrays_, memory_ + stride_d),
+        hw};
+    parts::check(gemm.can_implement(args), kName, "can_implement");
+    parts::check(gemm.initialize(args, memory_ + workspace), kName, "initialize");
+  };
+  output == GemmOutput::bf16_rows ? initialize(Rows{}) : initialize(Sums{});
 }
 
 Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
@@ -139,7 +162,11 @@ Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
 void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
   launch_chained(scale_layouts_kernel, KernelShape{1}, stream, arrays_.problems, groups_,
                  kernel_->sfa_layouts, kernel_->sfb_layouts);
-  parts::check(kernel_->gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
+  std::visit(
+      [&](auto& gemm) {
+        parts::check(gemm.run(stream, nullptr, programmatic_launch()), kName, "run");
+      },
+      kernel_->gemm);
 }
 
 }  // namespace epmoe::cuda::experts::wgmma

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
@@ -19,6 +20,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"  // Sm90EVT and its nodes
 #include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
@@ -48,8 +50,9 @@ using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>
 static_assert(sizeof(ProblemShape::UnderlyingProblemShape) == sizeof(GemmProblem),
               "GemmProblem mirrors CUTLASS's Shape<int, int, int>");
 
-// Both kernels' epilogue: D = the fp32 accumulators, row-major [M, N], stored with TMA (16-byte
-// rows); no C operand. The scales, biases and activation run after it (steps.cu).
+// GemmOutput::fp32_sums, both kernels' epilogue: D = the fp32 accumulators, row-major [M, N],
+// stored with TMA (16-byte rows); no C operand. The scales, biases and activation run after it
+// (steps.cu).
 using LayoutD = cutlass::layout::RowMajor;
 inline constexpr int kAlignD = 4;
 template <class TileShape, class ClusterShape>
@@ -58,6 +61,49 @@ using Fp32Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, float,
     LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
     cutlass::epilogue::fusion::LinearCombination<float, float, void>>::CollectiveOp;
+
+// GemmOutput::bf16_rows: D = bf16(acc + bias[n]) with TMA (16-byte rows of bf16), a visitor tree
+// of CUTLASS's nodes: the accumulator plus the group's bias row (Sm90RowBroadcast over an array
+// of per-group pointers reads bias[l], l the group), summed in fp32 and rounded to nearest even
+// once, as steps.cuh's send_rows_home rounds math::biased(sum, b2). No C operand.
+inline constexpr int kAlignD16 = 8;
+template <class TileShape>
+using PlusBiasRow = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, cutlass::bfloat16_t, float,
+                                           cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float*, float,
+                                                cute::Stride<cute::_0, cute::_1, std::int64_t>>>;
+template <class TileShape, class ClusterShape>
+using Bf16RowsEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD16,
+    cutlass::bfloat16_t, LayoutD*, kAlignD16,
+    cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative, PlusBiasRow<TileShape>>::CollectiveOp;
+
+template <GemmOutput kOutput, class TileShape, class ClusterShape>
+using EpilogueOf =
+    std::conditional_t<kOutput == GemmOutput::bf16_rows, Bf16RowsEpilogue<TileShape, ClusterShape>,
+                       Fp32Epilogue<TileShape, ClusterShape>>;
+
+// The epilogue's arguments over a GEMM's arrays (GroupedGemmArrays, Fp8GroupedGemmArrays): D is
+// `d` (fp32_sums), or `d16` with each group's `bias` row (bf16_rows); D's per-group strides at
+// `stride_d`.
+template <class Epilogue, class Arrays>
+typename Epilogue::Arguments epilogue_arguments(const Arrays& arrays, void* stride_d) {
+  using StrideD = typename Epilogue::StrideD;  // a pointer: one stride per group
+  auto* strides = reinterpret_cast<StrideD>(stride_d);
+  typename Epilogue::FusionCallbacks::Arguments fusion{};
+  if constexpr (std::is_same_v<typename Epilogue::ElementD, float>) {
+    fusion.alpha = 1.0f;
+    fusion.beta = 0.0f;
+    return {fusion, nullptr, strides, arrays.d, strides};
+  } else {
+    fusion = {{}, {arrays.bias, 0.0f, {}}, {}};  // the accumulator, the bias row, their sum
+    return {fusion, nullptr, strides, reinterpret_cast<typename Epilogue::ElementD**>(arrays.d16),
+            strides};
+  }
+}
 
 // An epilogue of ours in CUTLASS's SM90 pointer-array kernels (cooperative or ping-pong), where
 // CUTLASS's own map one accumulator to one output element (its visitor trees too): the interface
@@ -157,6 +203,25 @@ struct Carve {
     const std::size_t offset = (end + 255) / 256 * 256;
     end = offset + bytes;
     return offset;
+  }
+};
+
+// GemmOutput's arrays in a GEMM's allocation, taken after its other slices: d16 and bias
+// ([groups] pointers each, written by each round's plan) and the zero bias row ([n] floats).
+struct OutputSlices {
+  std::size_t d16 = 0, bias = 0, zero_bias = 0;
+  OutputSlices(Carve& carve, std::size_t groups, int n)
+      : d16(carve.take(groups * sizeof(void*))),
+        bias(carve.take(groups * sizeof(void*))),
+        zero_bias(carve.take(static_cast<std::size_t>(n) * sizeof(float))) {}
+  // Points `arrays` at the slices of `memory` and zeroes the zero bias row.
+  template <class Arrays>
+  void place(std::uint8_t* memory, int n, Arrays* arrays) const {
+    arrays->d16 = reinterpret_cast<std::uint16_t**>(memory + d16);
+    arrays->bias = reinterpret_cast<const float**>(memory + bias);
+    arrays->zero_bias = reinterpret_cast<const float*>(memory + zero_bias);
+    EPMOE_CUDA_CHECK(
+        cudaMemset(memory + zero_bias, 0, static_cast<std::size_t>(n) * sizeof(float)));
   }
 };
 

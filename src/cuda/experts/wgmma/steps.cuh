@@ -12,6 +12,15 @@
 
 namespace epmoe::cuda::experts::wgmma {
 
+// CUTLASS's FC2 output as bf16 rows (GemmOutput::bf16_rows): [pairs, H] codes in scratch.d.
+__device__ inline std::uint16_t* fc2_rows(const Params& p) {
+  return reinterpret_cast<std::uint16_t*>(p.scratch.d);
+}
+// The bias row that FC2's bf16_rows epilogue adds for expert e: its b2, or the GEMM's zero row.
+__device__ inline const float* fc2_bias(const Params& p, int e, const float* zero_bias) {
+  return p.biases.b2 == nullptr ? zero_bias : p.biases.b2 + e * p.problem.hidden;
+}
+
 // Each expert's M and operand pointers into both GEMMs' device arrays (M = 0 for every expert when
 // this rank's round already failed, `skip`: the GEMMs then do nothing), by one CTA's threads. Run
 // by CTA 0 of plan_and_gather, the GEMMs' previous kernel (its own launch cost a kernel boundary
@@ -37,6 +46,8 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
       p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
+      p.fp8_fc2.d16[e] = fc2_rows(p) + first * hidden;
+      p.fp8_fc2.bias[e] = fc2_bias(p, e, p.fp8_fc2.zero_bias);
       continue;
     }
     if (p.packed()) {
@@ -77,6 +88,8 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
     p.fc2.a[e] = p.scratch.h16 + first * inter;
     p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
     p.fc2.d[e] = p.scratch.d + first * hidden;
+    p.fc2.d16[e] = fc2_rows(p) + first * hidden;
+    p.fc2.bias[e] = fc2_bias(p, e, p.fc2.zero_bias);
   }
 }
 
@@ -178,7 +191,8 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
 
 // One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the
 // round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
-// (send_home_n), four columns per lane per step. The chain's home kernel runs it, and the
+// (send_home_n), four columns per lane per step; or FC2's bf16 rows (fc2_made_rows) copied home,
+// eight columns per lane per step. The chain's home kernel runs it, and the
 // persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads.
 constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
 template <int kCtaThreads>
@@ -192,12 +206,26 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     int e = 0;
     if (lane == 0) {
       home = home_slot(p.step.home, round, in.pairs[pair]);
-      e = expert_of_pair(in, p.problem.local_experts, pair);
+      if (!p.fc2_made_rows()) e = expert_of_pair(in, p.problem.local_experts, pair);
     }
     home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
     home.token = __shfl_sync(0xffffffffu, home.token, 0);
     home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
     home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
+    if (p.fc2_made_rows()) {  // bf16(sum + b2), as below, already: 16-byte copies
+      const auto* rows = reinterpret_cast<const uint4*>(fc2_rows(p) + pair * hidden);
+      for (std::int64_t first = lane; first < hidden / 8; first += kLoads * 32) {
+        uint4 v[kLoads];
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l)
+          if (first + 32 * l < hidden / 8) v[l] = rows[first + 32 * l];
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l)
+          if (first + 32 * l < hidden / 8)
+            send_home_bf16x8(p.step.home, home, first + 32 * l, v[l]);
+      }
+      continue;
+    }
     e = __shfl_sync(0xffffffffu, e, 0);
     const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
     const WeightFactors w = weight_factors(p, false, e);

@@ -82,11 +82,15 @@ struct Params {
   // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8),
   // and FC2 sends the results home (scratch.homes; no home kernel)
   bool packed_e4m3 = false;
+  // what CUTLASS's FC2 (bf16, fp8) stores in scratch.d: fp32 sums, or (staged combine) the bf16
+  // results with b2 added, which home only copies (GemmOutput)
+  GemmOutput fc2_output = GemmOutput::fp32_sums;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool packed() const { return runs_packed(problem); }
   EPMOE_HD bool glu() const { return fc1_epilogue_activates(problem); }
   // FC1's epilogue produced h16 (and h_scale is 1): bf16's activating GEMM or the packed one.
   EPMOE_HD bool fc1_made_h() const { return glu() || packed_fc1_activates(problem); }
+  EPMOE_HD bool fc2_made_rows() const { return fc2_output == GemmOutput::bf16_rows; }
 };
 
 struct StepShapes {

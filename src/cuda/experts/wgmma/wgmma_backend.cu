@@ -91,7 +91,9 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
 }
 
 WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
-    : problem_(expert_problem(config)) {
+    : problem_(expert_problem(config)),
+      fc2_output_(config.options().combine == Combine::staged ? GemmOutput::bf16_rows
+                                                              : GemmOutput::fp32_sums) {
   if (fp8())
     fp8_weights_ = std::make_unique<DeviceFp8BlockWeights>(problem_);
   else if (packed())
@@ -125,8 +127,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
         [&] {
-          return Fp8Gemms{std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, sms, device),
-                          std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, sms, device)};
+          return Fp8Gemms{
+              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, sms, device),
+              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, sms, device, fc2_output_)};
         });
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
@@ -155,14 +158,16 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         tile == PackedTokenTile::t16_e4m3 && k.token_back == TokenBack::epilogue_warps;
   } else {
     const Bf16Tile tile = bf16_tile(k);
-    const auto gemm = [&](int n, int kk) {
+    const auto gemm = [&](int n, int kk, GemmOutput output) {
       return find_or_make(
                  gemms_,
                  [&](const std::unique_ptr<Bf16GroupedGemm>& g) {
-                   return g->sm_count() == sms && g->tile() == tile && g->n() == n && g->k() == kk;
+                   return g->sm_count() == sms && g->tile() == tile && g->n() == n &&
+                          g->k() == kk && g->output() == output;
                  },
                  [&] {
-                   return std::make_unique<Bf16GroupedGemm>(experts, n, kk, sms, device, tile);
+                   return std::make_unique<Bf16GroupedGemm>(experts, n, kk, sms, device, tile,
+                                                            output);
                  })
           .get();
     };
@@ -177,9 +182,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
               [&] { return std::make_unique<Bf16GluGroupedGemm>(problem_, sms, device, glu_tile); })
               .get();
     } else {
-      run.fc1 = gemm(2 * i, h);
+      run.fc1 = gemm(2 * i, h, GemmOutput::fp32_sums);
     }
-    run.fc2 = gemm(h, i);
+    run.fc2 = gemm(h, i, fc2_output_);
   }
   return run;
 }
@@ -255,6 +260,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.fp8_weights = fp8_weights_->weights();
     p.fp8_fc1 = run.fp8_fc1->arrays();
     p.fp8_fc2 = run.fp8_fc2->arrays();
+    p.fc2_output = run.fp8_fc2->output();
   } else if (p.packed()) {
     p.packed_weights = packed_weights_->weights();
     p.packed_fc1 = run.packed_fc1->arrays();
@@ -267,6 +273,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     else
       p.fc1 = run.fc1->arrays();
     p.fc2 = run.fc2->arrays();
+    p.fc2_output = run.fc2->output();
   }
   return p;
 }
