@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda/experts/wgmma/grouped_gemm.hpp"
@@ -493,14 +494,23 @@ const char* tile_name(cuda::experts::wgmma::PackedTokenTile tile) {
 // With `epilogue` (an activating FC1, PackedFc1Epilogue, and its biases b13: [groups, N] on the
 // device, or nullptr), returns nothing and fills *h instead: the values of h's elements (the
 // E4M3 tile: each E4M3 code times its block's scale value; else the bf16 codes' values).
+// FC2's bf16 rows (GemmOutput::bf16_rows) asked of run_packed_gemm: each row's scale, the groups'
+// weight factors and bias rows (host arrays it puts on the device); the rows come back in `out`.
+struct PackedRows {
+  std::vector<float> row_scale;            // [rows]
+  std::vector<float> divisor, multiplier;  // [groups]
+  std::vector<float> bias;                 // [groups, N]
+  std::vector<std::uint16_t> out;          // [rows, N]
+};
+const Groups kPackedGroups({0, 1, 65, 300, 0});
 std::vector<float> run_packed_gemm(
     const PackedCase& c, int sms, cuda::experts::wgmma::PackedTokenTile tile,
     const cuda::experts::wgmma::PackedFc1Epilogue* epilogue = nullptr,
-    std::vector<float>* h = nullptr, const float* b13 = nullptr) {
+    std::vector<float>* h = nullptr, const float* b13 = nullptr, PackedRows* rows = nullptr) {
   using cuda::experts::PackedMatrices;
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
-  const Groups g({0, 1, 65, 300, 0});
+  const Groups& g = kPackedGroups;
   const int bits = c.precision == Precision::mxfp8 ? 8 : 4;
   const int block = c.precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
   const std::size_t weights = static_cast<std::size_t>(g.count()) * n * k;
@@ -554,18 +564,30 @@ std::vector<float> run_packed_gemm(
   const DeviceCopy<std::uint16_t> h_dev(h_size);
   const DeviceCopy<std::uint8_t> h8_dev(h_size);
   const DeviceCopy<float> h8_scale_dev(h_size / 32);
-  PackedMatrices w{codes_dev.ptr, scales_dev.ptr, nullptr, nullptr, n, k};
+  const DeviceCopy<std::uint16_t> rows_dev(static_cast<std::size_t>(g.total) * n);
+  const PackedRows no_rows;
+  const PackedRows& asked = rows != nullptr ? *rows : no_rows;
+  const DeviceCopy<float> row_scale_dev(asked.row_scale), divisor_dev(asked.divisor),
+      multiplier_dev(asked.multiplier), bias_dev(asked.bias);
+  PackedMatrices w{codes_dev.ptr, scales_dev.ptr, divisor_dev.ptr, multiplier_dev.ptr, n, k};
 
-  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue);
+  const GemmOutput output = rows != nullptr ? GemmOutput::bf16_rows : GemmOutput::fp32_sums;
+  PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue, output);
   EXPECT_EQ(gemm.tile(), tile);
+  EXPECT_EQ(gemm.output(), output);
   std::vector<const std::uint16_t*> a_ptr;
   std::vector<const std::uint8_t*> a8_ptr;
   std::vector<const float*> a8_scale_ptr, b13_ptr;
   std::vector<float*> d_ptr, h8_scale_ptr;
-  std::vector<std::uint16_t*> h_ptr;
+  std::vector<std::uint16_t*> h_ptr, rows_ptr;
   std::vector<std::uint8_t*> h8_ptr;
+  std::vector<const float*> row_scale_ptr, bias_ptr;
   for (int group = 0; group < g.count(); ++group) {
     const auto first = static_cast<std::size_t>(g.first[group]);
+    rows_ptr.push_back(rows_dev.ptr + first * n);
+    row_scale_ptr.push_back(rows != nullptr ? row_scale_dev.ptr + first : nullptr);
+    bias_ptr.push_back(rows != nullptr ? bias_dev.ptr + static_cast<std::size_t>(group) * n
+                                       : nullptr);
     a_ptr.push_back(a_dev.ptr + first * k);
     a8_ptr.push_back(e4m3 ? a8_dev.ptr + first * k : nullptr);
     a8_scale_ptr.push_back(e4m3 ? a8_scale_dev.ptr + first * k / 32 : nullptr);
@@ -585,8 +607,15 @@ std::vector<float> run_packed_gemm(
   upload(arrays.h8, h8_ptr);
   upload(arrays.h8_scale, h8_scale_ptr);
   upload(arrays.b13, b13_ptr);
+  upload(arrays.d16, rows_ptr);
+  upload(arrays.row_scale, row_scale_ptr);
+  upload(arrays.bias, bias_ptr);
   gemm.run(w, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (rows != nullptr) {
+    rows->out = from_device(rows_dev.ptr, static_cast<std::size_t>(g.total) * n);
+    return {};
+  }
   if (epilogue != nullptr) {
     h->resize(h_size);
     if (e4m3) {
@@ -660,6 +689,50 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     }
     EXPECT_EQ(std::memcmp(wide.data(), widest.data(), all.size() * sizeof(float)), 0)
         << "256 token rows give other bits than 128: " << to_string(c.precision);
+  }
+}
+
+// FC2 of the staged combine (GemmOutput::bf16_rows) on the decoding tiles and the E4M3 tile
+// (where it leaves its rows to the home kernel: token_back=dispatch_warps): the same GEMM's fp32
+// sums over their row's scale and the group's weight factors, plus its bias row, rounded to bf16
+// once (the home kernel's arithmetic, math::unscaled), bit for bit. NVFP4 rows have a scale and
+// weights a divisor and a multiplier; MX ones have neither (1), as the backend sets them.
+TEST(GpuGroupedGemm, PackedBf16RowsAreTheSumsUnscaledPlusTheBiasRowRoundedOnce) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  using cuda::experts::wgmma::PackedTokenTile;
+  const Groups& g = kPackedGroups;
+  for (const auto& [c, tile] :
+       {std::pair{PackedCase{Precision::mxfp8, 320, 1024}, PackedTokenTile::t64},
+        std::pair{PackedCase{Precision::mxfp8, 320, 1024}, PackedTokenTile::t16_e4m3},
+        std::pair{PackedCase{Precision::mxfp4, 320, 1024}, PackedTokenTile::t256},
+        std::pair{PackedCase{Precision::nvfp4, 320, 1024}, PackedTokenTile::t128},
+        std::pair{PackedCase{Precision::nvfp4, 320, 1024}, PackedTokenTile::t16}}) {
+    const bool nvfp4 = c.precision == Precision::nvfp4;
+    std::mt19937 rng(23);
+    std::uniform_real_distribution<float> uniform(0.25f, 4.0f);
+    PackedRows rows;
+    rows.row_scale.resize(static_cast<std::size_t>(g.total));
+    rows.divisor.resize(static_cast<std::size_t>(g.count()));
+    rows.multiplier.resize(rows.divisor.size());
+    for (auto& v : rows.row_scale) v = nvfp4 ? uniform(rng) : 1.0f;
+    for (auto& v : rows.divisor) v = nvfp4 ? uniform(rng) : 1.0f;
+    for (auto& v : rows.multiplier) v = nvfp4 ? uniform(rng) : 1.0f;
+    rows.bias = BiasRows::random(static_cast<std::size_t>(g.count()) * c.n, 29);
+    const std::vector<float> sums = run_packed_gemm(c, sm_count(), tile);
+    run_packed_gemm(c, sm_count(), tile, nullptr, nullptr, nullptr, &rows);
+    ASSERT_EQ(rows.out.size(), sums.size());
+    std::size_t differ = 0;
+    for (int group = 0; group < g.count(); ++group)
+      for (int r = g.first[group]; r < g.first[group] + g.rows[group]; ++r)
+        for (int col = 0; col < c.n; ++col) {
+          const std::size_t i = static_cast<std::size_t>(r) * c.n + col;
+          float v = math::unscaled(sums[i], rows.row_scale[r], rows.divisor[group]);
+          if (rows.multiplier[group] != 1.0f) v *= rows.multiplier[group];
+          v += rows.bias[static_cast<std::size_t>(group) * c.n + col];
+          differ += rows.out[i] != formats::float_to_bf16(v) ? 1 : 0;
+        }
+    EXPECT_EQ(differ, 0u) << to_string(c.precision) << ", " << tile_name(tile) << " token rows, of "
+                          << sums.size();
   }
 }
 

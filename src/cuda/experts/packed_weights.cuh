@@ -13,6 +13,7 @@
 
 #include "cuda/experts/packed_weights.hpp"
 #include "formats/codec.hpp"
+#include "math/expert_row.hpp"  // math::unscaled
 
 namespace epmoe::cuda::experts {
 
@@ -148,6 +149,22 @@ __device__ inline void decode8(const uint4& v, int g, float scale, float (&out)[
     for (int j = 0; j < 8; ++j)
       out[j] = e2m1_times_2_pow_minus_126(word >> (4 * j)) * 0x1p126f * scale;
   }
+}
+
+// Expert e's packed weights of one FC are its GEMM's operands over `divisor`, times `multiplier`:
+// the codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX).
+struct WeightFactors {
+  float divisor = 1.0f, multiplier = 1.0f;
+};
+__device__ inline WeightFactors weight_factors(const PackedMatrices& m, int e) {
+  return WeightFactors{m.divisor[e], m.multiplier[e]};
+}
+// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors (the
+// home kernel's arithmetic and the packed FC2's bf16 rows', so they round the same value; the
+// product rounded on its own, never contracted with a bias added after it).
+__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
+  const float v = math::unscaled(sum, row_scale, w.divisor);
+  return w.multiplier != 1.0f ? __fmul_rn(v, w.multiplier) : v;
 }
 
 }  // namespace epmoe::cuda::experts

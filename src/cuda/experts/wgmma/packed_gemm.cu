@@ -421,10 +421,11 @@ const char* PackedGroupedGemm::cannot_activate(Precision precision, int n) {
 
 PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count,
                                      int device, PackedTokenTile tile,
-                                     const PackedFc1Epilogue* epilogue)
+                                     const PackedFc1Epilogue* epilogue, GemmOutput output)
     : precision_(precision),
       tile_(tile),
       epilogue_(epilogue != nullptr ? std::optional(*epilogue) : std::nullopt),
+      output_(output),
       groups_(groups),
       n_(n),
       k_(k),
@@ -433,6 +434,9 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
+  if (epilogue_ && output == GemmOutput::bf16_rows)
+    throw Error(ErrorCode::internal,
+                "packed grouped GEMM: an activating FC1 stores h, not FC2's bf16 rows");
   if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8 &&
       precision != Precision::mxfp4)
     throw Error(ErrorCode::unsupported,
@@ -470,7 +474,8 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
                             cursor.take<float*>(g),       cursor.take<std::uint16_t*>(g),
                             cursor.take<const float*>(g), cursor.take<const std::uint8_t*>(g),
                             cursor.take<const float*>(g), cursor.take<std::uint8_t*>(g),
-                            cursor.take<float*>(g)};
+                            cursor.take<float*>(g),       cursor.take<std::uint16_t*>(g),
+                            cursor.take<const float*>(g), cursor.take<const float*>(g)};
     *bytes = cursor.used;
     return arrays;
   };
@@ -496,7 +501,8 @@ PackedGemmArgs PackedGroupedGemm::args(const PackedMatrices& weights,
                         n_,
                         k_,
                         epilogue_.value_or(PackedFc1Epilogue{}),
-                        home != nullptr ? *home : PackedFc2Home{}};
+                        home != nullptr ? *home : PackedFc2Home{},
+                        output_};
 }
 
 const CUtensorMap& PackedGroupedGemm::codes_map(const PackedMatrices& weights) const {

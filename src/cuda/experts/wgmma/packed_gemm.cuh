@@ -323,6 +323,47 @@ __device__ __forceinline__ void store_sums(float* d, const Accum& accum, const C
   }
 }
 
+// D as FC2's bf16 rows (GemmOutput::bf16_rows), per math warpgroup: as store_sums walks the
+// accumulators, each result unscaled (its row's scale, the expert's weight factors) plus its b2,
+// rounded to bf16: the value the home kernel would send from D (send_rows_home), which then only
+// copies the rows.
+template <int kTokens, class Accum, class Coord>
+__device__ __forceinline__ void store_rows(const Args& args, const Accum& accum, const Coord& coord,
+                                           const TilePlace& at, int m) {
+  static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
+  const int n = args.n;
+  const int col = at.n0 + get<0>(coord(0));  // and col + 8 (h = 1)
+  const int token = get<1>(coord(0));        // the thread's first token row: 2 (lane % 4)
+  const bool stores[2] = {col < n, col + 8 < n};
+  const WeightFactors w = weight_factors(args.w, at.g);
+  const float* b2 = args.arrays.bias[at.g];
+  const float* row_scale = args.arrays.row_scale[at.g];
+  float bias[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (b2 != nullptr && stores[h]) bias[h] = b2[col + 8 * h];
+  const int rows = m - at.m0;  // the tile's token rows that exist
+  std::uint16_t* row_ptr =
+      args.arrays.d16[at.g] + static_cast<std::int64_t>(at.m0 + token) * n + col;
+  const std::int64_t step = static_cast<std::int64_t>(8) * n;
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+    if (8 * j >= rows) break;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int row = token + 8 * j + c;
+      if (row >= rows) continue;
+      const float scale = row_scale != nullptr ? row_scale[at.m0 + row] : 1.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (stores[h])
+          row_ptr[c * static_cast<std::int64_t>(n) + 8 * h] = formats::float_to_bf16(
+              math::biased(unscaled(accum(c + 2 * h + 4 * j), scale, w), b2 != nullptr, bias[h]));
+    }
+    row_ptr += step;
+  }
+}
+
 // FC2's epilogue that sends the results home (PackedFc2Home), per math warpgroup: as store_sums
 // walks the accumulators, each result plus its b2 to its token row's home slot (`homes`, the
 // tile's token rows'), as the home kernel sends it after D (the same fp32 sum and bias, so the same
@@ -360,7 +401,7 @@ __device__ __forceinline__ void send_sums_home(const PackedFc2Home& home,
 }
 
 // A tile's epilogue, per math warpgroup: an activating FC1's (activate_and_store, with the layer's
-// activation chosen once) or D's (store_sums).
+// activation chosen once), or D's (store_rows or store_sums, by args.output).
 template <int kTokens, bool kActivates, bool kCodesOut, class Amax, class Accum, class Coord>
 __device__ __forceinline__ void finish_tile(const Args& args, Amax& amax, Accum& accum,
                                             const Coord& coord, const TilePlace& at, int m,
@@ -375,6 +416,8 @@ __device__ __forceinline__ void finish_tile(const Args& args, Amax& amax, Accum&
       activate_and_store<kTokens, kCodesOut>(
           args, amax, accum, coord, at, m, wg,
           [&](float gate, float up) { return math::swiglu(gate, up, e.swiglu_limit); });
+  } else if (args.output == GemmOutput::bf16_rows) {  // (uniform over the launch)
+    store_rows<kTokens>(args, accum, coord, at, m);
   } else {
     store_sums<kTokens>(args.arrays.d[at.g], accum, coord, at, m, args.n);
   }

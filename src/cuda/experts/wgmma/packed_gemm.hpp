@@ -47,6 +47,13 @@ struct PackedGemmArrays {
   const float** a8_scale;
   std::uint8_t** h8;
   float** h8_scale;
+  // FC2 storing GemmOutput::bf16_rows (in place of d): each result as the staged combine takes it,
+  // bf16(sum unscaled + b2) with the home kernel's arithmetic, [M_e, N]; each row's scale to
+  // divide by (nvfp4's h_scale, from its group's first row; nullptr: 1) and the group's b2 ([N];
+  // nullptr: none)
+  std::uint16_t** d16;
+  const float** row_scale;
+  const float** bias;
 };
 
 // FC1 of an mxfp8 or mxfp4 layer (FC2's input is MXFP8) may activate in its epilogue: for output j
@@ -80,6 +87,7 @@ struct PackedGemmArgs {
   int groups, n, k;
   PackedFc1Epilogue epilogue;
   PackedFc2Home home;  // read by the E4M3 tile's FC2 that sends home only
+  GemmOutput output;   // what a GEMM that neither activates nor sends home stores
 };
 
 // Token rows of the kernel's tile (WGMMA's N): 64 for a few rows per expert (decode), 128 or 256
@@ -102,9 +110,12 @@ class PackedGroupedGemm {
   // persistent CTAs. Throws Error(unsupported) with cannot_take's reason.
   // With `epilogue`, FC1 of an mxfp8 or mxfp4 layer that activates (PackedFc1Epilogue; N = 2I,
   // I a multiple of 64): cannot_activate's reason otherwise.
+  // `output`: what it stores where it neither activates nor sends home (bf16_rows: FC2 of the
+  // staged combine; an activating FC1 takes fp32_sums only).
   PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device,
                     PackedTokenTile tile = PackedTokenTile::t64,
-                    const PackedFc1Epilogue* epilogue = nullptr);
+                    const PackedFc1Epilogue* epilogue = nullptr,
+                    GemmOutput output = GemmOutput::fp32_sums);
   ~PackedGroupedGemm();
   PackedGroupedGemm(const PackedGroupedGemm&) = delete;
   PackedGroupedGemm& operator=(const PackedGroupedGemm&) = delete;
@@ -113,6 +124,7 @@ class PackedGroupedGemm {
   std::size_t device_bytes() const { return device_bytes_; }
   int sm_count() const { return sm_count_; }
   PackedTokenTile tile() const { return tile_; }
+  GemmOutput output() const { return output_; }
   bool e4m3_tokens() const { return tile_ == PackedTokenTile::t16_e4m3; }  // (arrays' a8, h8)
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
@@ -145,6 +157,7 @@ class PackedGroupedGemm {
   mutable CUtensorMap codes_map_{};
   mutable const std::uint8_t* codes_map_of_ = nullptr;
   std::optional<PackedFc1Epilogue> epilogue_;  // an activating FC1's
+  GemmOutput output_;
   int groups_, n_, k_, sm_count_;
   std::size_t smem_[2] = {0, 0};  // dynamic shared memory: D's kernel, the one sending home
   PackedGemmArrays arrays_{};

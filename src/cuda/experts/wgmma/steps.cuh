@@ -56,6 +56,9 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
+      p.packed_fc2.d16[e] = fc2_rows(p) + first * hidden;
+      p.packed_fc2.row_scale[e] = p.fc1_made_h() ? nullptr : p.scratch.h_scale + first;
+      p.packed_fc2.bias[e] = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
       if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
         constexpr std::int64_t kMx = formats::kMxfp8Block;
         p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
@@ -170,23 +173,11 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
   }
 }
 
-// Expert e's weights of one FC are its GEMM's operand over `divisor`, times `multiplier`: packed
-// codes (NVFP4: E2M1 x E4M3) over s_enc, times the decode multiplier (1 and 1 for MX); bf16's are
-// the values; fp8's GEMM applied its block scales.
-struct WeightFactors {
-  float divisor = 1.0f, multiplier = 1.0f;
-};
+// Expert e's weights of one FC (WeightFactors): bf16's are the values; fp8's GEMM applied its
+// block scales.
 __device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e) {
-  if (p.packed()) {
-    const PackedMatrices& m = fc1 ? p.packed_weights.w13 : p.packed_weights.w2;
-    return WeightFactors{m.divisor[e], m.multiplier[e]};
-  }
+  if (p.packed()) return weight_factors(fc1 ? p.packed_weights.w13 : p.packed_weights.w2, e);
   return WeightFactors{};
-}
-// A GEMM's sum as the value it stands for: over the row's scale and the weights' factors.
-__device__ inline float unscaled(float sum, float row_scale, const WeightFactors& w) {
-  const float v = math::unscaled(sum, row_scale, w.divisor);
-  return w.multiplier != 1.0f ? v * w.multiplier : v;
 }
 
 // One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the

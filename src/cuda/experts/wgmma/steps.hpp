@@ -82,8 +82,8 @@ struct Params {
   // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8),
   // and FC2 sends the results home (scratch.homes; no home kernel)
   bool packed_e4m3 = false;
-  // what CUTLASS's FC2 (bf16, fp8) stores in scratch.d: fp32 sums, or (staged combine) the bf16
-  // results with b2 added, which home only copies (GemmOutput)
+  // what FC2 stores in scratch.d: fp32 sums, or (staged combine) the bf16 results, scales and b2
+  // applied, which home only copies (GemmOutput)
   GemmOutput fc2_output = GemmOutput::fp32_sums;
   EPMOE_HD bool fp8() const { return runs_e4m3(problem); }
   EPMOE_HD bool packed() const { return runs_packed(problem); }

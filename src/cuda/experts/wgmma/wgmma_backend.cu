@@ -146,11 +146,12 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         [&] {
           const PackedFc1Epilogue epilogue{problem_.activation, problem_.swiglu_limit,
                                            problem_.rounding};
-          return PackedGemms{std::make_unique<PackedGroupedGemm>(
-                                 problem_.precision, experts, 2 * i, h, sms, device, tile,
-                                 packed_fc1_activates(problem_) ? &epilogue : nullptr),
-                             std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i,
-                                                                 sms, device, tile)};
+          return PackedGemms{
+              std::make_unique<PackedGroupedGemm>(
+                  problem_.precision, experts, 2 * i, h, sms, device, tile,
+                  packed_fc1_activates(problem_) ? &epilogue : nullptr),
+              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i, sms, device,
+                                                  tile, nullptr, fc2_output_)};
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();
@@ -266,6 +267,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.packed_fc1 = run.packed_fc1->arrays();
     p.packed_fc2 = run.packed_fc2->arrays();
     p.packed_e4m3 = run.packed_fc1->e4m3_tokens();
+    p.fc2_output = run.packed_fc2->output();
   } else {
     p.weights = weights_->weights();
     if (run.glu_fc1 != nullptr)

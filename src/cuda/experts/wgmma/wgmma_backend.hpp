@@ -15,9 +15,9 @@
 //             the activation and FC2's input quantization point: h16
 //   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
 //             point: h16 and its scale (fp8_block128: E4M3 codes and 1 x 128 scales)
-//   FC2       grouped GEMM: [pairs, H] fp32; with the staged combine, CUTLASS's (bf16,
-//             fp8_block128) [pairs, H] bf16 with b2 added (GemmOutput::bf16_rows); or (the E4M3
-//             tile) b2 and every result sent home, done published as home does
+//   FC2       grouped GEMM: [pairs, H] fp32; with the staged combine, [pairs, H] bf16 results
+//             (scales, b2: GemmOutput::bf16_rows); or (the E4M3 tile) b2 and every result sent
+//             home, done published as home does
 //   home      scales, b2, every result sent home (bf16 rows: copied); the last CTA publishes done
 //             (fc2_round)
 // Weights: bf16 as bf16 codes (bf16_code_weights.hpp; w13's gate and up rows interleaved for the
@@ -117,8 +117,9 @@ class WgmmaBackend final : public ExpertBackend {
   bool packed() const { return runs_packed(problem_); }
 
   ExpertProblem problem_;
-  // What the CUTLASS FC2 GEMMs (bf16, fp8_block128) store: bf16 rows with b2 for the staged
-  // combine, which takes bf16 rows; the fp32 sums for in_kernel_reduce, which adds weight x sum.
+  // What the FC2 GEMMs store (but the E4M3 tile's that sends home): bf16 rows, unscaled and with
+  // b2, for the staged combine, which takes bf16 rows; the fp32 sums for in_kernel_reduce, which
+  // adds weight x result.
   GemmOutput fc2_output_;
   // One kind of weights and GEMMs: bf16 codes, packed, or (fp8_block128) E4M3 with block scales.
   std::unique_ptr<DeviceBf16CodeWeights> weights_;
