@@ -150,8 +150,9 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
               std::make_unique<PackedGroupedGemm>(
                   problem_.precision, experts, 2 * i, h, sms, device, tile,
                   packed_fc1_activates(problem_) ? &epilogue : nullptr),
-              std::make_unique<PackedGroupedGemm>(problem_.precision, experts, h, i, sms, device,
-                                                  tile, nullptr, fc2_output_)};
+              std::make_unique<PackedGroupedGemm>(
+                  problem_.precision, experts, h, i, sms, device, tile, nullptr,
+                  tile == PackedTokenTile::t16_e4m3 ? GemmOutput::fp32_sums : fc2_output_)};
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();

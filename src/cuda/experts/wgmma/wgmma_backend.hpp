@@ -117,9 +117,9 @@ class WgmmaBackend final : public ExpertBackend {
   bool packed() const { return runs_packed(problem_); }
 
   ExpertProblem problem_;
-  // What the FC2 GEMMs store (but the E4M3 tile's that sends home): bf16 rows, unscaled and with
-  // b2, for the staged combine, which takes bf16 rows; the fp32 sums for in_kernel_reduce, which
-  // adds weight x result.
+  // What the FC2 GEMMs store (but the E4M3 tile's: its sums, or sent home): bf16 rows, unscaled
+  // and with b2, for the staged combine, which takes bf16 rows; the fp32 sums for
+  // in_kernel_reduce, which adds weight x result.
   GemmOutput fc2_output_;
   // One kind of weights and GEMMs: bf16 codes, packed, or (fp8_block128) E4M3 with block scales.
   std::unique_ptr<DeviceBf16CodeWeights> weights_;
