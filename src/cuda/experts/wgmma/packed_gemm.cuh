@@ -292,35 +292,56 @@ __device__ __forceinline__ void activate_and_store(const Args& args,
   }
 }
 
+// Where a math warpgroup thread's sums of a tile go (store_sums, store_rows, send_sums_home): its
+// two output columns, col and col + 8 (h = 0, 1), which of them exist, its first token row of the
+// tile (2 (lane % 4)), and how many of the tile's token rows exist.
+struct ThreadOutputs {
+  int col, token;
+  bool stores[2];
+  int rows;
+};
+template <class Coord>
+__device__ __forceinline__ ThreadOutputs thread_outputs(const Coord& coord, const TilePlace& at,
+                                                        int m, int n) {
+  const int col = at.n0 + get<0>(coord(0));
+  return ThreadOutputs{col, get<1>(coord(0)), {col < n, col + 8 < n}, m - at.m0};
+}
+
+// Walks a thread's token rows of a tile with one pointer stepped down them (8 rows per j) from D's
+// element (its first row, col): row(pointer, row, index) for each of the tile's rows the thread
+// holds, `index` its sums' fragment index at h = 0 (+ 2 for h = 1); both columns are stored from
+// that pointer. An address computed per element made this ~1 500 instructions per tile at 256
+// token rows.
+template <int kTokens, class T, class Row>
+__device__ __forceinline__ void for_each_token_row(T* d, const ThreadOutputs& o,
+                                                   const TilePlace& at, int n, Row row) {
+  T* row_ptr = d + static_cast<std::int64_t>(at.m0 + o.token) * n + o.col;
+  const std::int64_t step = static_cast<std::int64_t>(8) * n;
+#pragma unroll
+  for (int j = 0; j < kTokens / 8; ++j) {
+    if (8 * j >= o.rows) break;
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      row(row_ptr + c * static_cast<std::int64_t>(n), o.token + 8 * j + c, c + 4 * j);
+    row_ptr += step;
+  }
+}
+
 // A plain GEMM's epilogue, per math warpgroup: D[m0 + token, n0 + weight row] from the
 // accumulators (index c + 2 h + 4 j: token 8 j + 2 (lane % 4) + c, the thread's weight row + 8 h,
-// as activate_and_store reads them), rows past M_e and columns past N left alone. Each thread steps
-// one pointer down its token rows (8 rows per j) and stores both of its columns from it, and the
-// columns of rows past M_e are skipped 8 at a time (uniform over the warpgroup): an address
-// computed per element made this ~1 500 instructions per tile at 256 token rows.
+// as activate_and_store reads them), rows past M_e and columns past N left alone; the columns of
+// rows past M_e are skipped 8 at a time (uniform over the warpgroup).
 template <int kTokens, class Accum, class Coord>
 __device__ __forceinline__ void store_sums(float* d, const Accum& accum, const Coord& coord,
                                            const TilePlace& at, int m, int n) {
   static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
-  const int col = at.n0 + get<0>(coord(0));  // and col + 8 (h = 1)
-  const int token = get<1>(coord(0));        // the thread's first token row: 2 (lane % 4)
-  const bool stores[2] = {col < n, col + 8 < n};
-  const int rows = m - at.m0;  // the tile's token rows that exist
-  float* row_ptr = d + static_cast<std::int64_t>(at.m0 + token) * n + col;
-  const std::int64_t step = static_cast<std::int64_t>(8) * n;
+  const ThreadOutputs o = thread_outputs(coord, at, m, n);
+  for_each_token_row<kTokens>(d, o, at, n, [&](float* out, int row, int index) {
+    const bool row_exists = row < o.rows;
 #pragma unroll
-  for (int j = 0; j < kTokens / 8; ++j) {
-    if (8 * j >= rows) break;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const bool row_exists = token + 8 * j + c < rows;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)  // predicated stores, no branch
-        if (row_exists & stores[h])
-          row_ptr[c * static_cast<std::int64_t>(n) + 8 * h] = accum(c + 2 * h + 4 * j);
-    }
-    row_ptr += step;
-  }
+    for (int h = 0; h < 2; ++h)  // predicated stores, no branch
+      if (row_exists & o.stores[h]) out[8 * h] = accum(index + 2 * h);
+  });
 }
 
 // D as FC2's bf16 rows (GemmOutput::bf16_rows), per math warpgroup: as store_sums walks the
@@ -332,36 +353,24 @@ __device__ __forceinline__ void store_rows(const Args& args, const Accum& accum,
                                            const TilePlace& at, int m) {
   static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
   const int n = args.n;
-  const int col = at.n0 + get<0>(coord(0));  // and col + 8 (h = 1)
-  const int token = get<1>(coord(0));        // the thread's first token row: 2 (lane % 4)
-  const bool stores[2] = {col < n, col + 8 < n};
+  const ThreadOutputs o = thread_outputs(coord, at, m, n);
   const WeightFactors w = weight_factors(args.w, at.g);
   const float* b2 = args.arrays.bias[at.g];
   const float* row_scale = args.arrays.row_scale[at.g];
   float bias[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    if (b2 != nullptr && stores[h]) bias[h] = b2[col + 8 * h];
-  const int rows = m - at.m0;  // the tile's token rows that exist
-  std::uint16_t* row_ptr =
-      args.arrays.d16[at.g] + static_cast<std::int64_t>(at.m0 + token) * n + col;
-  const std::int64_t step = static_cast<std::int64_t>(8) * n;
+    if (b2 != nullptr && o.stores[h]) bias[h] = b2[o.col + 8 * h];
+  for_each_token_row<kTokens>(
+      args.arrays.d16[at.g], o, at, n, [&](std::uint16_t* out, int row, int index) {
+        if (row >= o.rows) return;
+        const float scale = row_scale != nullptr ? row_scale[at.m0 + row] : 1.0f;
 #pragma unroll
-  for (int j = 0; j < kTokens / 8; ++j) {
-    if (8 * j >= rows) break;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int row = token + 8 * j + c;
-      if (row >= rows) continue;
-      const float scale = row_scale != nullptr ? row_scale[at.m0 + row] : 1.0f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (stores[h])
-          row_ptr[c * static_cast<std::int64_t>(n) + 8 * h] = formats::float_to_bf16(
-              math::biased(unscaled(accum(c + 2 * h + 4 * j), scale, w), b2 != nullptr, bias[h]));
-    }
-    row_ptr += step;
-  }
+        for (int h = 0; h < 2; ++h)
+          if (o.stores[h])
+            out[8 * h] = formats::float_to_bf16(
+                math::biased(unscaled(accum(index + 2 * h), scale, w), b2 != nullptr, bias[h]));
+      });
 }
 
 // FC2's epilogue that sends the results home (PackedFc2Home), per math warpgroup: as store_sums
@@ -375,15 +384,12 @@ __device__ __forceinline__ void send_sums_home(const PackedFc2Home& home,
                                                const Coord& coord, const TilePlace& at, int m,
                                                int n) {
   static_assert(decltype(size(accum))::value == kTokens / 2, "one m64 WGMMA per warpgroup");
-  const int col = at.n0 + get<0>(coord(0));  // and col + 8 (h = 1)
-  const int token = get<1>(coord(0));        // the thread's first token row: 2 (lane % 4)
-  const bool stores[2] = {col < n, col + 8 < n};
+  const auto [col, token, stores, rows] = thread_outputs(coord, at, m, n);
   const bool has_bias = home.b2 != nullptr;
   float bias[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     if (has_bias && stores[h]) bias[h] = home.b2[static_cast<std::int64_t>(at.g) * n + col + 8 * h];
-  const int rows = m - at.m0;  // the tile's token rows that exist
 #pragma unroll
   for (int j = 0; j < kTokens / 8; ++j) {
     if (8 * j >= rows) break;

@@ -186,6 +186,23 @@ __device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e)
 // eight columns per lane per step. The chain's home kernel runs it, and the
 // persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads.
 constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
+
+// A warp's walk over a row of `count` 16-byte vectors: lane `lane` takes vectors lane, lane + 32,
+// ..., kLoads of them loaded before any is used (`use(index, vector)`), so their latencies
+// overlap.
+template <class Vector, class Use>
+__device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t count, int lane,
+                                             Use use) {
+  for (std::int64_t first = lane; first < count; first += kLoads * 32) {
+    Vector v[kLoads];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l)
+      if (first + 32 * l < count) v[l] = row[first + 32 * l];
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l)
+      if (first + 32 * l < count) use(first + 32 * l, v[l]);
+  }
+}
 template <int kCtaThreads>
 __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
@@ -205,16 +222,9 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
     if (p.fc2_made_rows()) {  // bf16(sum + b2), as below, already: 16-byte copies
       const auto* rows = reinterpret_cast<const uint4*>(fc2_rows(p) + pair * hidden);
-      for (std::int64_t first = lane; first < hidden / 8; first += kLoads * 32) {
-        uint4 v[kLoads];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l)
-          if (first + 32 * l < hidden / 8) v[l] = rows[first + 32 * l];
-#pragma unroll
-        for (int l = 0; l < kLoads; ++l)
-          if (first + 32 * l < hidden / 8)
-            send_home_bf16x8(p.step.home, home, first + 32 * l, v[l]);
-      }
+      lane_vectors(rows, hidden / 8, lane, [&](std::int64_t c8, uint4 codes) {
+        send_home_bf16x8(p.step.home, home, c8, codes);
+      });
       continue;
     }
     e = __shfl_sync(0xffffffffu, e, 0);
@@ -223,23 +233,14 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     const auto* d =
         reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
     const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-    for (std::int64_t first = lane; first < hidden / 4; first += kLoads * 32) {
-      float4 v[kLoads];
+    lane_vectors(d, hidden / 4, lane, [&](std::int64_t c4, float4 v) {
+      const float sums[4] = {v.x, v.y, v.z, v.w};
+      float out[4];
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l)
-        if (first + 32 * l < hidden / 4) v[l] = d[first + 32 * l];
-#pragma unroll
-      for (int l = 0; l < kLoads; ++l) {
-        const std::int64_t c4 = first + 32 * l;
-        if (c4 >= hidden / 4) break;
-        const float sums[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
-        float out[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
-        send_home_n<4>(p.step.home, home, c4, out);
-      }
-    }
+      for (int i = 0; i < 4; ++i)
+        out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
+      send_home_n<4>(p.step.home, home, c4, out);
+    });
   }
 }
 
