@@ -85,8 +85,7 @@ class Bf16GroupedGemm {
   static const char* cannot_take(int n, int k);
 
  private:
-  struct Kernel;  // CUTLASS's GemmUniversalAdapter of (tile, output), initialized with its
-                  // arguments
+  struct Kernel;  // CUTLASS's adapter of (tile, output), initialized with its arguments
   std::unique_ptr<Kernel> kernel_;
   GroupedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
@@ -156,7 +155,7 @@ class Bf16GluGroupedGemm {
 // The E4M3 GEMM's device arrays. Scales are K-major: sfa[g] holds M_g rows of ceil(K / 128)
 // scales each (a row's scales follow one another, as on the wire), sfb[g] ceil(N / 128) rows of
 // ceil(K / 128) (the checkpoint layout of a weight_scale_inv).
-// d or d16 with bias as GroupedGemmArrays'.
+// D is d, or d16 with bias, as in GroupedGemmArrays.
 struct Fp8GroupedGemmArrays {
   GemmProblem* problems;
   const std::uint8_t** a;  // E4M3 codes

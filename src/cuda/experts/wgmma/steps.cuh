@@ -12,7 +12,7 @@
 
 namespace epmoe::cuda::experts::wgmma {
 
-// CUTLASS's FC2 output as bf16 rows (GemmOutput::bf16_rows): [pairs, H] codes in scratch.d.
+// FC2's output as bf16 rows (GemmOutput::bf16_rows): [pairs, H] codes in scratch.d.
 __device__ inline std::uint16_t* fc2_rows(const Params& p) {
   return reinterpret_cast<std::uint16_t*>(p.scratch.d);
 }
@@ -75,18 +75,12 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       }
       continue;
     }
-    if (p.glu()) {
-      p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
-      p.glu_fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
-      p.glu_fc1.h[e] = p.scratch.h16 + first * inter;
-      p.glu_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-    } else {
-      p.fc1.problems[e] = GemmProblem{m, 2 * i, h};
-      p.fc1.a[e] = p.scratch.a1 + first * hidden;
-      p.fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
-      p.fc1.d[e] = p.scratch.d + first * 2 * inter;
-    }
+    // bf16: FC1 activates in its epilogue (glu)
+    p.glu_fc1.problems[e] = GemmProblem{m, 2 * i, h};
+    p.glu_fc1.a[e] = p.scratch.a1 + first * hidden;
+    p.glu_fc1.b[e] = p.weights.w13 + e * 2 * inter * hidden;
+    p.glu_fc1.h[e] = p.scratch.h16 + first * inter;
+    p.glu_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
     p.fc2.problems[e] = GemmProblem{m, h, i};
     p.fc2.a[e] = p.scratch.h16 + first * inter;
     p.fc2.b[e] = p.weights.w2 + e * hidden * inter;

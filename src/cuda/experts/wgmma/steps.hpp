@@ -75,7 +75,7 @@ struct Params {
   Biases biases;                 // fp32, never quantized; nullptr = none
   Scratch scratch;
   GluGemmArrays glu_fc1;                    // FC1 with the activation (fc1_epilogue_activates)
-  GroupedGemmArrays fc1, fc2;               // the GEMMs' device arrays, written by plan (bf16)
+  GroupedGemmArrays fc2;                    // the GEMMs' device arrays, written by plan (bf16)
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
   // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4): FC1

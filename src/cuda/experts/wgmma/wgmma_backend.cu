@@ -159,34 +159,28 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     run.fc2_sends_home =
         tile == PackedTokenTile::t16_e4m3 && k.token_back == TokenBack::epilogue_warps;
   } else {
+    // bf16: FC1 activates in its epilogue (fc1_epilogue_activates; can_implement refused any layer
+    // Bf16GluGroupedGemm cannot take), FC2 on the bucket's tile
+    const GluTile glu_tile = k.block_m == 64 ? GluTile::m64_n128_k64 : GluTile::m128_n128_k64;
+    run.glu_fc1 =
+        find_or_make(
+            glu_gemms_,
+            [&](const std::unique_ptr<Bf16GluGroupedGemm>& g) {
+              return g->sm_count() == sms && g->tile() == glu_tile;
+            },
+            [&] { return std::make_unique<Bf16GluGroupedGemm>(problem_, sms, device, glu_tile); })
+            .get();
     const Bf16Tile tile = bf16_tile(k);
-    const auto gemm = [&](int n, int kk, GemmOutput output) {
-      return find_or_make(
-                 gemms_,
-                 [&](const std::unique_ptr<Bf16GroupedGemm>& g) {
-                   return g->sm_count() == sms && g->tile() == tile && g->n() == n &&
-                          g->k() == kk && g->output() == output;
-                 },
-                 [&] {
-                   return std::make_unique<Bf16GroupedGemm>(experts, n, kk, sms, device, tile,
-                                                            output);
-                 })
-          .get();
-    };
-    if (fc1_epilogue_activates(problem_)) {
-      const GluTile glu_tile = k.block_m == 64 ? GluTile::m64_n128_k64 : GluTile::m128_n128_k64;
-      run.glu_fc1 =
-          find_or_make(
-              glu_gemms_,
-              [&](const std::unique_ptr<Bf16GluGroupedGemm>& g) {
-                return g->sm_count() == sms && g->tile() == glu_tile;
-              },
-              [&] { return std::make_unique<Bf16GluGroupedGemm>(problem_, sms, device, glu_tile); })
-              .get();
-    } else {
-      run.fc1 = gemm(2 * i, h, GemmOutput::fp32_sums);
-    }
-    run.fc2 = gemm(h, i, fc2_output_);
+    run.fc2 = find_or_make(
+                  gemms_,
+                  [&](const std::unique_ptr<Bf16GroupedGemm>& g) {
+                    return g->sm_count() == sms && g->tile() == tile;
+                  },
+                  [&] {
+                    return std::make_unique<Bf16GroupedGemm>(experts, h, i, sms, device, tile,
+                                                             fc2_output_);
+                  })
+                  .get();
   }
   return run;
 }
@@ -271,10 +265,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.fc2_output = run.packed_fc2->output();
   } else {
     p.weights = weights_->weights();
-    if (run.glu_fc1 != nullptr)
-      p.glu_fc1 = run.glu_fc1->arrays();
-    else
-      p.fc1 = run.fc1->arrays();
+    p.glu_fc1 = run.glu_fc1->arrays();
     p.fc2 = run.fc2->arrays();
     p.fc2_output = run.fc2->output();
   }
@@ -294,10 +285,8 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
   }
   if (p.fp8())
     run.fp8_fc1->run(stream);
-  else if (p.packed())
-    run.packed_fc1->run(p.packed_weights.w13, stream);
   else
-    run.fc1->run(stream);
+    run.packed_fc1->run(p.packed_weights.w13, stream);
   if (!p.fc1_made_h()) launch_activate(p, run.shapes, stream);
 }
 

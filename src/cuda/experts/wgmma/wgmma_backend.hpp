@@ -97,8 +97,7 @@ class WgmmaBackend final : public ExpertBackend {
   // One bucket's GEMMs (owned below, shared between buckets of the same tile and SM count) and
   // step grids.
   struct BucketRun {
-    const Bf16GluGroupedGemm* glu_fc1 = nullptr;  // fc1_epilogue_activates
-    const Bf16GroupedGemm* fc1 = nullptr;         // bf16 without the activating epilogue
+    const Bf16GluGroupedGemm* glu_fc1 = nullptr;  // bf16 (fc1_epilogue_activates)
     const Bf16GroupedGemm* fc2 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc1 = nullptr;
     const Fp8BlockwiseGroupedGemm* fp8_fc2 = nullptr;
@@ -130,7 +129,7 @@ class WgmmaBackend final : public ExpertBackend {
     std::unique_ptr<Fp8BlockwiseGroupedGemm> fc1, fc2;
   };
   std::vector<std::unique_ptr<Bf16GluGroupedGemm>> glu_gemms_;  // one per (tile, SM count)
-  std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;         // one per (N, K, tile, SM count)
+  std::vector<std::unique_ptr<Bf16GroupedGemm>> gemms_;         // FC2's, one per (tile, SM count)
   std::vector<Fp8Gemms> fp8_gemms_;                             // one pair per SM count
   struct PackedGemms {
     std::unique_ptr<PackedGroupedGemm> fc1, fc2;
