@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
             grid_barrier(p);
           },
           [&](std::uint32_t round) {
-            experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>>(e, round);
+            experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>, false>(e, round);
           });
     }
   });

@@ -178,7 +178,9 @@ __device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e)
 // round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
 // (send_home_n), four columns per lane per step; or FC2's bf16 rows (fc2_made_rows) copied home,
 // eight columns per lane per step. The chain's home kernel runs it, and the
-// persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads.
+// persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads;
+// kMayCopyRows: whether FC2 may have stored bf16 rows (the E4M3 tile stores sums: the persistent
+// E4M3 round compiles without the copy, whose registers made it spill).
 constexpr int kLoads = 4;  // float4 loads in flight per lane and operand (activate, home)
 
 // A warp's walk over a row of `count` 16-byte vectors: lane `lane` takes vectors lane, lane + 32,
@@ -197,7 +199,7 @@ __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t cou
       if (first + 32 * l < count) use(first + 32 * l, v[l]);
   }
 }
-template <int kCtaThreads>
+template <int kCtaThreads, bool kMayCopyRows = true>
 __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
   const std::int64_t hidden = p.problem.hidden;
@@ -208,13 +210,14 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     int e = 0;
     if (lane == 0) {
       home = home_slot(p.step.home, round, in.pairs[pair]);
-      if (!p.fc2_made_rows()) e = expert_of_pair(in, p.problem.local_experts, pair);
+      if (!(kMayCopyRows && p.fc2_made_rows()))
+        e = expert_of_pair(in, p.problem.local_experts, pair);
     }
     home.rank = __shfl_sync(0xffffffffu, home.rank, 0);
     home.token = __shfl_sync(0xffffffffu, home.token, 0);
     home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
     home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
-    if (p.fc2_made_rows()) {  // bf16(sum + b2), as below, already: 16-byte copies
+    if (kMayCopyRows && p.fc2_made_rows()) {  // bf16(sum + b2), as below, already: copies
       const auto* rows = reinterpret_cast<const uint4*>(fc2_rows(p) + pair * hidden);
       lane_vectors(rows, hidden / 8, lane, [&](std::int64_t c8, uint4 codes) {
         send_home_bf16x8(p.step.home, home, c8, codes);
