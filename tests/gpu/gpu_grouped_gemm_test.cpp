@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -249,7 +250,9 @@ constexpr int kFp8N = 256, kFp8K = 1024, kFp8Kb = kFp8K / 128, kFp8Nb = kFp8N / 
 const Groups kFp8Groups({0, 7, 200, 0, 1});
 struct Fp8Operands {
   std::vector<std::uint8_t> a, b;  // E4M3 codes, [rows, K] and [groups, N, K]
-  std::vector<float> sa, sb;       // [rows, K / 128] and [groups, N / 128, K / 128]
+  // [rows + kScalePadRows, K / 128] and [groups, N / 128, K / 128]: the row scales with the
+  // padding a partial tile's rows beyond M read (never stored), NaN, so a leak into D fails
+  std::vector<float> sa, sb;
   Fp8Operands() {
     const Groups& g = kFp8Groups;
     std::mt19937 rng(11);
@@ -257,11 +260,12 @@ struct Fp8Operands {
     std::uniform_real_distribution<float> scale(0.01f, 2.0f);
     a.resize(static_cast<std::size_t>(g.total) * kFp8K);
     b.resize(static_cast<std::size_t>(g.count()) * kFp8N * kFp8K);
-    sa.resize(static_cast<std::size_t>(g.total) * kFp8Kb);
+    sa.assign((static_cast<std::size_t>(g.total) + Fp8BlockwiseGroupedGemm::kScalePadRows) * kFp8Kb,
+              std::numeric_limits<float>::quiet_NaN());
     sb.resize(static_cast<std::size_t>(g.count()) * kFp8Nb * kFp8Kb);
     for (auto& v : a) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
     for (auto& v : b) v = formats::fp8_block128_encode_value(normal(rng) * 100.0f, 1.0f);
-    for (auto& v : sa) v = scale(rng);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(g.total) * kFp8Kb; ++i) sa[i] = scale(rng);
     for (auto& v : sb) v = scale(rng);
   }
 };
@@ -279,7 +283,7 @@ Fp8Run run_fp8_gemm(const Fp8Operands& operands, const BiasRows* bias = nullptr)
   const DeviceCopy<std::uint16_t> rows_dev(static_cast<std::size_t>(g.total) * n);
 
   const GemmOutput output = bias != nullptr ? GemmOutput::bf16_rows : GemmOutput::fp32_sums;
-  Fp8BlockwiseGroupedGemm gemm(g.count(), n, k, sm_count(), 0, output);
+  Fp8BlockwiseGroupedGemm gemm(g.count(), n, k, g.total, sm_count(), 0, output);
   EXPECT_EQ(gemm.output(), output);
   std::vector<const std::uint8_t*> a_ptr, b_ptr;
   std::vector<const float*> sa_ptr, sb_ptr;

@@ -170,7 +170,9 @@ struct Fp8GroupedGemmArrays {
 
 class Fp8BlockwiseGroupedGemm {
  public:
-  Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device,
+  // rows: the A operand's row capacity (every group's rows lie inside it), with kScalePadRows
+  // readable scale rows after it (grouped_gemm_fp8.cu).
+  Fp8BlockwiseGroupedGemm(int groups, int n, int k, std::int64_t rows, int sm_count, int device,
                           GemmOutput output = GemmOutput::fp32_sums);
   ~Fp8BlockwiseGroupedGemm();
   Fp8BlockwiseGroupedGemm(const Fp8BlockwiseGroupedGemm&) = delete;
@@ -181,8 +183,12 @@ class Fp8BlockwiseGroupedGemm {
   int sm_count() const { return sm_count_; }
   GemmOutput output() const { return output_; }
 
-  // Queues the scale layouts of this round's M (a small kernel), then the GEMM.
+  // Queues the GEMM (its scale layouts are fixed at creation).
   void run(cudaStream_t stream) const;
+
+  // Rows of activation scales the scratch keeps readable after the operand's capacity: a partial
+  // tile's rows beyond M read their scales (never stored).
+  static constexpr std::int64_t kScalePadRows = 128;
 
   // Empty, or why the kernel cannot take N and K (K in whole 128-blocks; 16-byte rows).
   static const char* cannot_take(int n, int k);
@@ -193,7 +199,6 @@ class Fp8BlockwiseGroupedGemm {
   Fp8GroupedGemmArrays arrays_{};
   std::uint8_t* memory_ = nullptr;
   std::size_t device_bytes_ = 0;
-  int groups_ = 0;
   int sm_count_;
   GemmOutput output_;
 };

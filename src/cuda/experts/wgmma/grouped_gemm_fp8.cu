@@ -3,11 +3,16 @@
 // scales, two WGMMA consumer warpgroups on a 128 x 128 x 128 tile whose k128 partial sums are
 // multiplied by their row's and block's scales and added into fp32 accumulators (one promotion
 // per k128, as DeepSeek-V3's recipe does), and the persistent group scheduler reading each
-// expert's M from device memory. The scale layouts depend on M, so a small kernel derives them
-// from the round's problems before the GEMM. Two epilogues ship (GemmOutput): fp32 sums (FC1,
-// and FC2 of the in_kernel_reduce combine) and bf16 rows with b2 added (FC2 of the staged one).
+// expert's M from device memory. Two epilogues ship (GemmOutput): fp32 sums (FC1, and FC2 of the
+// in_kernel_reduce combine) and bf16 rows with b2 added (FC2 of the staged one).
+//
+// The scale layouts are fixed at creation, so no kernel derives them per round. Both are K-major:
+// their strides depend on K only, and M enters the activation scales' layout only as its extent,
+// which predicates the mainloop's cp.async of a tile's row scales. That extent is the operand's
+// row capacity, not the group's M: the rows of a partial tile beyond M read the scales of the rows
+// that follow (or the scratch's kScalePadRows rows after the last), into accumulator rows the
+// epilogue never stores (it clips at the problem's M).
 #include "cuda/experts/wgmma/grouped_gemm_parts.cuh"
-#include "cuda/kernels.hpp"  // launch_chained, KernelShape, kThreads
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -15,6 +20,7 @@
 
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 namespace epmoe::cuda::experts::wgmma {
 namespace {
@@ -62,17 +68,14 @@ static_assert(std::is_same_v<StrideA, Rows::GemmKernel::InternalStrideA> &&
 
 constexpr const char* kName = "wgmma E4M3 grouped GEMM";
 
-// Each group's scale layouts from its problem (they fold M, N and K in). A kernel of the chain
-// (launch_chained, PDL): it reads the problems the previous kernel (plan_and_gather, activate)
-// wrote only after that kernel has completed.
-__global__ void __launch_bounds__(kThreads)
-    scale_layouts_kernel(const GemmProblem* problems, int groups, LayoutSFA* sfa, LayoutSFB* sfb) {
-  wait_for_previous_kernel();
-  for (int g = static_cast<int>(threadIdx.x); g < groups; g += blockDim.x) {
-    const GemmProblem p = problems[g];
-    sfa[g] = ScaleConfig::tile_atom_to_shape_SFA(make_shape(p.m, p.n, p.k, 1));
-    sfb[g] = ScaleConfig::tile_atom_to_shape_SFB(make_shape(p.m, p.n, p.k, 1));
-  }
+// Every group's scale layouts, on the device: fixed for the layer (the file's opening comment).
+void upload_scale_layouts(std::uint8_t* sfa, std::uint8_t* sfb, std::size_t groups,
+                          std::int64_t rows, int n, int k) {
+  const auto shape = make_shape(static_cast<int>(rows), n, k, 1);
+  const std::vector<LayoutSFA> a(groups, ScaleConfig::tile_atom_to_shape_SFA(shape));
+  const std::vector<LayoutSFB> b(groups, ScaleConfig::tile_atom_to_shape_SFB(shape));
+  EPMOE_CUDA_CHECK(cudaMemcpy(sfa, a.data(), groups * sizeof(LayoutSFA), cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(sfb, b.data(), groups * sizeof(LayoutSFB), cudaMemcpyHostToDevice));
 }
 
 }  // namespace
@@ -90,9 +93,9 @@ const char* Fp8BlockwiseGroupedGemm::cannot_take(int n, int k) {
   return nullptr;
 }
 
-Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int sm_count, int device,
-                                                 GemmOutput output)
-    : kernel_(std::make_unique<Kernel>()), groups_(groups), sm_count_(sm_count), output_(output) {
+Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, std::int64_t rows,
+                                                 int sm_count, int device, GemmOutput output)
+    : kernel_(std::make_unique<Kernel>()), sm_count_(sm_count), output_(output) {
   const auto g = static_cast<std::size_t>(groups);
   parts::Carve carve;  // one allocation: problems, pointers, strides, layouts, CUTLASS's workspace
   const std::size_t problems = carve.take(g * sizeof(GemmProblem));
@@ -132,8 +135,8 @@ Fp8BlockwiseGroupedGemm::Fp8BlockwiseGroupedGemm(int groups, int n, int k, int s
   output_slices.place(memory_, n, &arrays_);
   parts::upload_strides<Sums::GemmKernel>(memory_ + stride_a, memory_ + stride_b,
                                           memory_ + stride_d, g, n, k);
+  upload_scale_layouts(memory_ + sfa_layouts, memory_ + sfb_layouts, g, rows, n, k);
   EPMOE_CUDA_CHECK(cudaMemset(memory_ + problems, 0, g * sizeof(GemmProblem)));
-  // The scale layouts are written by run(), before each GEMM, from that round's problems.
 
   const auto initialize = [&](auto kernel) {
     using K = decltype(kernel);
@@ -160,8 +163,6 @@ Fp8BlockwiseGroupedGemm::~Fp8BlockwiseGroupedGemm() {
 }
 
 void Fp8BlockwiseGroupedGemm::run(cudaStream_t stream) const {
-  launch_chained(scale_layouts_kernel, KernelShape{1}, stream, arrays_.problems, groups_,
-                 kernel_->sfa_layouts, kernel_->sfb_layouts);
   std::visit(
       [&](auto& gemm) {
         parts::check(gemm.run(stream, nullptr, programmatic_launch()), kName, "run");

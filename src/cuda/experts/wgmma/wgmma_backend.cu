@@ -17,9 +17,11 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   const auto block = static_cast<std::size_t>(e4m3_scale_block(e));
   if (runs_e4m3(e)) {
     s.a8 = cursor.take<std::uint8_t>(pairs * h);
-    s.a8_scale = cursor.take<float>(pairs * (h / block));
+    // The scales with the rows the E4M3 GEMM's partial tiles read beyond them.
+    const std::size_t pad = Fp8BlockwiseGroupedGemm::kScalePadRows;
+    s.a8_scale = cursor.take<float>((pairs + pad) * (h / block));
     s.h8 = cursor.take<std::uint8_t>(pairs * i);
-    s.h8_scale = cursor.take<float>(pairs * (i / block));
+    s.h8_scale = cursor.take<float>((pairs + pad) * (i / block));
   } else {
     s.a1 = cursor.take<std::uint16_t>(pairs * h);
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
@@ -92,6 +94,7 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
 
 WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)),
+      scratch_rows_(static_cast<std::int64_t>(max_pairs(config))),
       fc2_output_(config.options().combine == Combine::staged ? GemmOutput::bf16_rows
                                                               : GemmOutput::fp32_sums) {
   if (fp8())
@@ -109,9 +112,10 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
     return make_bucket_run(k, device,
                            bucket_pairs(max_tokens, config.world(), config.shape().top_k), rows16);
   });
-  slice_scratch(nullptr, problem_, max_pairs(config), &scratch_bytes_);
+  const auto rows = static_cast<std::size_t>(scratch_rows_);
+  slice_scratch(nullptr, problem_, rows, &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
-  scratch_ = slice_scratch(scratch_memory_, problem_, max_pairs(config), &scratch_bytes_);
+  scratch_ = slice_scratch(scratch_memory_, problem_, rows, &scratch_bytes_);
 }
 
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
@@ -127,9 +131,11 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
         [&] {
+          const std::int64_t rows = scratch_rows_;  // every bucket's GEMMs read the one scratch
           return Fp8Gemms{
-              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, sms, device),
-              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, sms, device, fc2_output_)};
+              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, rows, sms, device),
+              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, rows, sms, device,
+                                                        fc2_output_)};
         });
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();

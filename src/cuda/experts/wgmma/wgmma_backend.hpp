@@ -116,6 +116,7 @@ class WgmmaBackend final : public ExpertBackend {
   bool packed() const { return runs_packed(problem_); }
 
   ExpertProblem problem_;
+  std::int64_t scratch_rows_;  // (row, expert) pairs the scratch holds: max_pairs
   // What the FC2 GEMMs store (but the E4M3 tile's: its sums, or sent home): bf16 rows, unscaled
   // and with b2, for the staged combine, which takes bf16 rows; the fp32 sums for
   // in_kernel_reduce, which adds weight x result.
