@@ -94,7 +94,6 @@ std::string WgmmaBackend::can_implement(const LayerConfig& config) {
 
 WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
     : problem_(expert_problem(config)),
-      scratch_rows_(static_cast<std::int64_t>(max_pairs(config))),
       fc2_output_(config.options().combine == Combine::staged ? GemmOutput::bf16_rows
                                                               : GemmOutput::fp32_sums) {
   if (fp8())
@@ -104,24 +103,26 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
   else
     weights_ = std::make_unique<DeviceBf16CodeWeights>(
         problem_, fc1_epilogue_activates(problem_) ? GateUp::interleaved : GateUp::stacked);
+  const std::size_t scratch_rows = max_pairs(config);  // every bucket's GEMMs read this scratch
   runs_ = per_bucket(config, [&](const Knobs& k, TokenBucket bucket) {
     const std::int64_t max_tokens =
         std::min(bucket_max_tokens(bucket), config.shape().max_tokens_per_rank);
     const bool rows16 =
         core::wgmma_16_row_tile(config.precision(), config.world(), config.shape(), bucket, k);
     return make_bucket_run(k, device,
-                           bucket_pairs(max_tokens, config.world(), config.shape().top_k), rows16);
+                           bucket_pairs(max_tokens, config.world(), config.shape().top_k),
+                           static_cast<std::int64_t>(scratch_rows), rows16);
   });
-  const auto rows = static_cast<std::size_t>(scratch_rows_);
-  slice_scratch(nullptr, problem_, rows, &scratch_bytes_);
+  slice_scratch(nullptr, problem_, scratch_rows, &scratch_bytes_);
   EPMOE_CUDA_CHECK(cudaMalloc(&scratch_memory_, scratch_bytes_));
-  scratch_ = slice_scratch(scratch_memory_, problem_, rows, &scratch_bytes_);
+  scratch_ = slice_scratch(scratch_memory_, problem_, scratch_rows, &scratch_bytes_);
 }
 
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
 WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
-                                                      std::int64_t max_pairs, bool rows16) {
+                                                      std::int64_t max_pairs,
+                                                      std::int64_t scratch_rows, bool rows16) {
   const int experts = static_cast<int>(problem_.local_experts);
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
@@ -131,11 +132,10 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
         [&] {
-          const std::int64_t rows = scratch_rows_;  // every bucket's GEMMs read the one scratch
-          return Fp8Gemms{
-              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, rows, sms, device),
-              std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, rows, sms, device,
-                                                        fc2_output_)};
+          return Fp8Gemms{std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, scratch_rows,
+                                                                    sms, device),
+                          std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, scratch_rows,
+                                                                    sms, device, fc2_output_)};
         });
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();

@@ -108,15 +108,16 @@ class WgmmaBackend final : public ExpertBackend {
     StepShapes shapes{};
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
+  // `scratch_rows`: the pairs the scratch holds (every bucket's; the E4M3 GEMM's scale extent);
   // `rows16`: block_m 64 runs the 16-row tile (core::wgmma_16_row_tile: mxfp8's and mxfp4's
   // t16_e4m3, nvfp4's t16).
-  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs, bool rows16);
+  BucketRun make_bucket_run(const Knobs& knobs, int device, std::int64_t max_pairs,
+                            std::int64_t scratch_rows, bool rows16);
   Params params(const ExpertStep& step, const BucketRun& run) const;
   bool fp8() const { return runs_e4m3(problem_); }
   bool packed() const { return runs_packed(problem_); }
 
   ExpertProblem problem_;
-  std::int64_t scratch_rows_;  // (row, expert) pairs the scratch holds: max_pairs
   // What the FC2 GEMMs store (but the E4M3 tile's: its sums, or sent home): bf16 rows, unscaled
   // and with b2, for the staged combine, which takes bf16 rows; the fp32 sums for
   // in_kernel_reduce, which adds weight x result.
