@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       const RoundStart start = join_round(e.step.state, RoundPhase::fc1);
       const PhaseEnd phase_end{start};
       if (blockIdx.x == 0) experts::wgmma::plan_gemms(e, start.skip);
-      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>>(e, start.round);
+      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>, 1>(e, start.round);
       grid_barrier(p);
       // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA
       // use it through the async proxy from here on

@@ -106,18 +106,18 @@ __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, floa
 constexpr int kLoads = 4;  // 16-byte loads in flight per lane and operand (gather, activate, home)
 
 // A warp's walk over a row of `count` 16-byte vectors: lane `lane` takes vectors lane, lane + 32,
-// ..., kLoads of them loaded before any is used (`use(index, vector)`), so their latencies
+// ..., kAhead of them loaded before any is used (`use(index, vector)`), so their latencies
 // overlap.
-template <class Vector, class Use>
+template <int kAhead = kLoads, class Vector, class Use>
 __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t count, int lane,
                                              Use use) {
-  for (std::int64_t first = lane; first < count; first += kLoads * 32) {
-    Vector v[kLoads];
+  for (std::int64_t first = lane; first < count; first += kAhead * 32) {
+    Vector v[kAhead];
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l)
+    for (int l = 0; l < kAhead; ++l)
       if (first + 32 * l < count) v[l] = row[first + 32 * l];
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l)
+    for (int l = 0; l < kAhead; ++l)
       if (first + 32 * l < count) use(first + 32 * l, v[l]);
   }
 }
@@ -128,8 +128,9 @@ __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t cou
 // values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4,
 // which also write the pair's home slot for FC2), or (MXFP8 rows in a bucket whose GEMMs take bf16
 // rows) that payload decoded to bf16 codes, exact (an E4M3 value times a power of two). Route
-// checked the rows and staged nothing for them. kCtaThreads: the CTA's threads (blockDim.x).
-template <int kCtaThreads>
+// checked the rows and staged nothing for them. kCtaThreads: the CTA's threads (blockDim.x);
+// kAhead: loads in flight per lane (the persistent E4M3 round takes 1: more made it spill).
+template <int kCtaThreads, int kAhead = kLoads>
 __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
   const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
@@ -150,12 +151,13 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
         const std::uint8_t* payload = wire_payload(pair);
         auto* dst =
             reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-        lane_vectors(reinterpret_cast<const uint4*>(payload), hidden / 16, lane,
-                     [&](std::int64_t v, uint4 codes) {  // 16 codes of one MX block
-                       const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
-                       dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
-                       dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
-                     });
+        lane_vectors<kAhead>(reinterpret_cast<const uint4*>(payload), hidden / 16, lane,
+                             [&](std::int64_t v, uint4 codes) {  // 16 codes of one MX block
+                               const float scale =
+                                   formats::e8m0_to_float(payload[hidden + 16 * v / block]);
+                               dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
+                               dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
+                             });
       }
       return;
     }
@@ -165,7 +167,7 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
       const std::uint8_t* payload = wire_payload(pair);
       const auto* codes = reinterpret_cast<const uint4*>(payload);
       auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
-      lane_vectors(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
+      lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
       float* scale = p.scratch.a8_scale + static_cast<std::size_t>(pair) * blocks;
       if (p.fp8()) {
         const auto* scales = reinterpret_cast<const float*>(payload + hidden);
@@ -182,7 +184,7 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
     const auto* src = reinterpret_cast<const uint4*>(
         in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
     auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-    lane_vectors(src, vectors, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
+    lane_vectors<kAhead>(src, vectors, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
   }
 }
 
