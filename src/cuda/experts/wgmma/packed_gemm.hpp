@@ -111,7 +111,7 @@ class PackedGroupedGemm {
   // With `epilogue`, FC1 of an mxfp8 or mxfp4 layer that activates (PackedFc1Epilogue; N = 2I,
   // I a multiple of 64): cannot_activate's reason otherwise.
   // `output`: what it stores where it neither activates nor sends home (bf16_rows: FC2 of the
-  // staged combine on the decoding tiles; an activating FC1 and the E4M3 tile take fp32_sums).
+  // staged combine; the backend asks for it on nvfp4's 16-row tile only, fp32_sums elsewhere).
   PackedGroupedGemm(Precision precision, int groups, int n, int k, int sm_count, int device,
                     PackedTokenTile tile = PackedTokenTile::t64,
                     const PackedFc1Epilogue* epilogue = nullptr,

@@ -44,6 +44,15 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
   return s;
 }
 
+// What the packed FC2 on `tile` stores: bf16 rows (the staged combine's `output`) only on nvfp4's
+// 16-row decoding tile. Measured on one H100 (bench/RESULTS.md, session 32), the larger tiles'
+// bf16 rows made qwen3's FC2 at T = 8192 slower by 0.38 ms (mxfp8) and 0.66 ms (nvfp4) where
+// the 16-row tile's saved 8 us at T = 1; the E4M3 tile stores sums (its few rows make D's bytes
+// negligible, and the rows' registers made the persistent E4M3 round spill).
+GemmOutput packed_fc2_output(PackedTokenTile tile, GemmOutput output) {
+  return tile == PackedTokenTile::t16 ? output : GemmOutput::fp32_sums;
+}
+
 // The bf16 tile a bucket's knobs name (with_knobs left only tiles that ship: core::wgmma_has_tile).
 Bf16Tile bf16_tile(const Knobs& k) {
   return k.block_n == 256 ? Bf16Tile::m128_n256_k64 : Bf16Tile::m128_n128_k64;
@@ -152,13 +161,12 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         [&] {
           const PackedFc1Epilogue epilogue{problem_.activation, problem_.swiglu_limit,
                                            problem_.rounding};
-          return PackedGemms{
-              std::make_unique<PackedGroupedGemm>(
-                  problem_.precision, experts, 2 * i, h, sms, device, tile,
-                  packed_fc1_activates(problem_) ? &epilogue : nullptr),
-              std::make_unique<PackedGroupedGemm>(
-                  problem_.precision, experts, h, i, sms, device, tile, nullptr,
-                  tile == PackedTokenTile::t16_e4m3 ? GemmOutput::fp32_sums : fc2_output_)};
+          return PackedGemms{std::make_unique<PackedGroupedGemm>(
+                                 problem_.precision, experts, 2 * i, h, sms, device, tile,
+                                 packed_fc1_activates(problem_) ? &epilogue : nullptr),
+                             std::make_unique<PackedGroupedGemm>(
+                                 problem_.precision, experts, h, i, sms, device, tile, nullptr,
+                                 packed_fc2_output(tile, fc2_output_))};
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();
