@@ -7,7 +7,8 @@
 #                                            # (git archive; sides base, alt1, alt2, ...; ignored
 #                                            # by git, so pass it to the device tool as carry,
 #                                            # with .gpu_deps)
-#   bench/ab.sh run [--turns N] [--tests | --suite] [--guard FILTER] [--kernel-times "ARGS"] \
+#   bench/ab.sh run [--turns N] [--tests | --suite] [--guard FILTER [--keep-sides]] \
+#     [--kernel-times "ARGS"] \
 #     [--new-only "ARGS"] -- <epmoe bench arguments>                    # on the GPU machine
 #
 # `run` builds `epmoe` from each prepared side (build/ab-<side>) and from the working tree at the
@@ -23,7 +24,9 @@
 # --guard FILTER: first build the GPU tests (the sides build meanwhile) and run gpu_layer_test
 # --gtest_filter=FILTER on the working tree under a 120 s kill (the tests of the kernels the change
 # touches), and stop there if they fail or hang: a broken kernel costs ~2 minutes of device time,
-# not the whole call.
+# not the whole call. With --keep-sides, a failed guard drops only the working tree: the prepared
+# sides are still measured against each other (one call compares committed candidates and tries a
+# new kernel).
 # --kernel-times "ARGS": after the turns, bench/kernel_times.sh ARGS on the new build and on base
 # (ARGS: its own, "[--stalls REGEX] -- <epmoe bench arguments for one point>"), into the same
 # ab.tgz.
@@ -58,15 +61,16 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 
-[ "${1:-}" = run ] || { sed -n '2,31p' "$0"; exit 2; }
+[ "${1:-}" = run ] || { sed -n '2,35p' "$0"; exit 2; }
 shift
-turns=2 tests=0 guard="" kernel_times="" new_only=""
+turns=2 tests=0 guard="" keep_sides=0 kernel_times="" new_only=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --turns) turns=$2; shift 2 ;;
     --tests) tests=1; shift ;;
     --suite) tests=2; shift ;;
     --guard) guard=$2; shift 2 ;;
+    --keep-sides) keep_sides=1; shift ;;
     --kernel-times) kernel_times=$2; shift 2 ;;
     --new-only) new_only=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
@@ -94,6 +98,7 @@ build() {  # source dir, build dir
 # The sides build from the start, beside the guard's and the tests' build (the CPUs are otherwise
 # idle while the GPU waits); each in its own process group (set -m), so a failed guard stops them.
 declare -A pids
+measured=("${sides[@]}" new)  # the builds measured in the turns (--keep-sides may drop new)
 set -m
 for side in "${sides[@]}" new; do
   src=$dir/$side
@@ -113,9 +118,17 @@ if [ -n "$guard" ]; then
   if [ "$guard_rc" != 0 ]; then
     grep -hE '^\[ *FAILED *\]|Failure' "$out/guard.log" | head -20
     tail -5 "$out/guard_build.log"
-    for side in "${!pids[@]}"; do kill -- "-${pids[$side]}" 2>/dev/null; done
-    pack
-    exit 1
+    if [ "$keep_sides" = 1 ] && [ "${#sides[@]}" -gt 1 ]; then
+      echo "guard failed: the working tree is dropped, the sides measured (--keep-sides)"
+      kill -- "-${pids[new]}" 2>/dev/null
+      unset 'pids[new]'
+      measured=("${sides[@]}")
+      tests=0
+    else
+      for side in "${!pids[@]}"; do kill -- "-${pids[$side]}" 2>/dev/null; done
+      pack
+      exit 1
+    fi
   fi
 fi
 tests_rc=0
@@ -131,7 +144,7 @@ if [ "$tests" != 0 ]; then
   [ "$tests" = 2 ] && grep -E ': (PASS|FAIL)|^(PASS|FAIL)|rc=' "$out/tests.log" | grep -v ': PASS$' | head -40
 fi
 failed=""
-for side in "${sides[@]}" new; do
+for side in "${measured[@]}"; do
   wait "${pids[$side]}" || failed="$failed $side"
 done
 if [ -n "$failed" ]; then
@@ -151,7 +164,7 @@ table() {  # the bench table's lines of one side's turn
 # Each turn's table is printed as it lands, so a call cut short by its time limit still shows the
 # turns that finished.
 for turn in $(seq 1 "$turns"); do
-  for side in "${sides[@]}" new; do
+  for side in "${measured[@]}"; do
     bin=build/ab-$side/tools/epmoe
     $bin bench "$@" --json "$out/${side}_$turn.json" >"$out/${side}_$turn.txt" 2>&1 ||
       echo "$side turn $turn: epmoe bench rc=$?"
@@ -159,7 +172,9 @@ for turn in $(seq 1 "$turns"); do
     table "$out/${side}_$turn.txt"
   done
 done
-if [ -n "$new_only" ]; then
+has_new=0
+[[ " ${measured[*]} " == *" new "* ]] && has_new=1
+if [ -n "$new_only" ] && [ "$has_new" = 1 ]; then
   # shellcheck disable=SC2086  # ARGS is a list of epmoe bench arguments
   build/ab-new/tools/epmoe bench $new_only --json "$out/new_only.json" >"$out/new_only.txt" 2>&1 ||
     echo "new only: epmoe bench rc=$?"
@@ -168,6 +183,7 @@ if [ -n "$new_only" ]; then
 fi
 if [ -n "$kernel_times" ]; then
   for side in new base; do
+    [ "$side" = new ] && [ "$has_new" = 0 ] && continue
     # shellcheck disable=SC2086  # ARGS is a list of kernel_times.sh arguments
     OUT="$out/kernel_times_$side" bench/kernel_times.sh --bin "build/ab-$side/tools/epmoe" \
       $kernel_times >"$out/kernel_times_$side.log" 2>&1
