@@ -191,6 +191,8 @@ if [ -n "$kernel_times" ]; then
     tail -16 "$out/kernel_times_$side/kernel_times.txt" 2>/dev/null
   done
 fi
+# The sides side by side (p50 per turn, then the phases), into ab.tgz and the call's output.
+python3 bench/ab_table.py "$out" >"$out/table.md" 2>&1 && cat "$out/table.md"
 pack
 echo "== done at $(elapsed) s; every file in ${OUT:-bench/out}/ab.tgz"
 exit "$tests_rc"
