@@ -251,6 +251,24 @@ struct RowGroup {
   }
 };
 
+// A strided walk over `count` vectors (16 bytes each, usually): this thread takes vectors first,
+// first + stride, ..., kAhead of them loaded before any is used (`use(index, vector)`), so their
+// latencies overlap where one load at a time waited for each. A warp's lanes (first = lane,
+// stride 32), or a CTA's threads (threadIdx.x, blockDim.x).
+template <int kAhead, class Vector, class Use>
+__device__ __forceinline__ void strided_vectors(const Vector* row, std::int64_t count,
+                                                std::int64_t first, std::int64_t stride, Use use) {
+  for (; first < count; first += kAhead * stride) {
+    Vector v[kAhead];
+#pragma unroll
+    for (int l = 0; l < kAhead; ++l)
+      if (first + stride * l < count) v[l] = row[first + stride * l];
+#pragma unroll
+    for (int l = 0; l < kAhead; ++l)
+      if (first + stride * l < count) use(first + stride * l, v[l]);
+  }
+}
+
 // Max of |x| over finite values (the NVFP4 group amax) across the group; `scratch` holds one float
 // per warp of the group. Max is order-free, so this equals the host's formats::nvfp4_group_amax
 // exactly.

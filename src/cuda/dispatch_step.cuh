@@ -78,9 +78,9 @@ __device__ inline std::int32_t write_entries(const RoundParams& p, const TokenSl
 }
 
 // Token t's x row into shared memory as floats, by the whole CTA. From a 16-byte aligned x (a row
-// is then aligned too: H is a multiple of 64), 16-byte loads, up to kLoads per thread issued before
-// any is used: one load's latency per token where a 2-byte load per element and step, each waited
-// for before the next was issued, cost H / blockDim of them.
+// is then aligned too: H is a multiple of 64), 16-byte loads, 4 per thread issued before any is
+// used (strided_vectors): one load's latency per token where a 2-byte load per element and step,
+// each waited for before the next was issued, cost H / blockDim of them.
 __device__ inline void stage_x_row(const RoundParams& p, std::int64_t t, float* x) {
   const std::uint16_t* row = p.x + t * p.hidden;
   if (reinterpret_cast<std::uintptr_t>(p.x) % 16 != 0) {
@@ -88,30 +88,14 @@ __device__ inline void stage_x_row(const RoundParams& p, std::int64_t t, float* 
       x[i] = formats::bf16_to_float(row[i]);
     return;
   }
-  constexpr int kLoads = 4;
-  const auto* vectors = reinterpret_cast<const uint4*>(row);
-  const std::int64_t count = p.hidden / 8;
-  for (std::int64_t first = threadIdx.x; first < count; first += kLoads * blockDim.x) {
-    uint4 v[kLoads];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l)
-      if (first + l * blockDim.x < count) v[l] = vectors[first + l * blockDim.x];
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const std::int64_t at = first + l * blockDim.x;
-      if (at >= count) break;
-      const std::uint32_t words[4] = {v[l].x, v[l].y, v[l].z, v[l].w};
-      float out[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // little-endian: the lower half is the earlier element
-        out[2 * j] = formats::bf16_to_float(static_cast<std::uint16_t>(words[j] & 0xFFFFu));
-        out[2 * j + 1] = formats::bf16_to_float(static_cast<std::uint16_t>(words[j] >> 16));
-      }
-      auto* dst = reinterpret_cast<float4*>(x + 8 * at);
-      dst[0] = make_float4(out[0], out[1], out[2], out[3]);
-      dst[1] = make_float4(out[4], out[5], out[6], out[7]);
-    }
-  }
+  strided_vectors<4>(reinterpret_cast<const uint4*>(row), p.hidden / 8, threadIdx.x, blockDim.x,
+                     [&](std::int64_t at, const uint4& codes) {
+                       float out[8];
+                       bf16x8_to_float(codes, out);
+                       auto* dst = reinterpret_cast<float4*>(x + 8 * at);
+                       dst[0] = make_float4(out[0], out[1], out[2], out[3]);
+                       dst[1] = make_float4(out[4], out[5], out[6], out[7]);
+                     });
 }
 
 // Called by every thread of every CTA of the grid; dynamic shared memory: dispatch_smem(p).

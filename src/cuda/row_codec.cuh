@@ -139,12 +139,21 @@ __device__ inline void to_bf16_codes(const RowGroup& g, const float* x, std::int
   for (std::int64_t i = g.rank; i < n; i += g.size) out[i] = formats::float_to_bf16(x[i] * scale);
 }
 
+// Eight bf16 codes (16 bytes, little-endian: the lower half of a word is the earlier element) as
+// floats.
+__device__ inline void bf16x8_to_float(const uint4& codes, float (&out)[8]) {
+  const std::uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    out[j] = formats::bf16_to_float(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))));
+}
+
 // A received row straight to the tensor-core operand (StagedRows::bf16_codes): bf16(decoded x *
 // scale), the codes decode_row_block and then to_bf16_codes give, without the fp32 row between
 // them. Eight elements per thread and step: one load of their codes (bf16: 16 bytes; MXFP8: 8
 // and their block's scale; NVFP4: 4 and their block's scale), one 16-byte store; the payload and
-// `out` are 16-byte aligned and n a multiple of 64. (fp8_block128 never stages bf16 codes:
-// to_bf16_codes is not exact for it.)
+// `out` are 16-byte aligned and n a multiple of 64. Rows in bf16, MXFP8 or NVFP4 only
+// (fp8_block128 never stages bf16 codes: to_bf16_codes is not exact for it).
 __device__ inline void decode_row_to_bf16_codes(const RowGroup& g, const std::uint8_t* payload,
                                                 std::int64_t n, Precision precision,
                                                 float row_scale, float scale, std::uint16_t* out) {
@@ -153,11 +162,7 @@ __device__ inline void decode_row_to_bf16_codes(const RowGroup& g, const std::ui
   for (std::int64_t q = g.rank; q < n / 8; q += g.size) {
     float v[8];
     if (format == Precision::bf16) {
-      const uint4 codes = reinterpret_cast<const uint4*>(payload)[q];
-      const std::uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] = bf16_to_float(static_cast<std::uint16_t>(words[j / 2] >> (16 * (j % 2))));
+      bf16x8_to_float(reinterpret_cast<const uint4*>(payload)[q], v);
     } else if (format == Precision::mxfp8) {
       const uint2 codes = reinterpret_cast<const uint2*>(payload)[q];
       const std::uint8_t block_scale = payload[n + 8 * q / kMxfp8Block];
@@ -165,18 +170,13 @@ __device__ inline void decode_row_to_bf16_codes(const RowGroup& g, const std::ui
       for (int j = 0; j < 8; ++j)
         v[j] = mxfp8_decode_value(
             static_cast<std::uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))), block_scale);
-    } else if (format == Precision::nvfp4) {
+    } else {  // nvfp4
       const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(payload)[q];
       const std::uint8_t block_scale = payload[n / 2 + 8 * q / kNvfp4Block];
 #pragma unroll
       for (int j = 0; j < 8; ++j)
         v[j] = nvfp4_decode_value(static_cast<std::uint8_t>(codes >> (4 * j) & 0xFu), block_scale,
                                   row_scale);
-    } else {
-      const auto* scales = reinterpret_cast<const float*>(payload + n);  // fp8_block128
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] = fp8_block128_decode_value(payload[8 * q + j], scales[(8 * q + j) / kFp8Block128]);
     }
     std::uint32_t packed[4];
 #pragma unroll

@@ -105,21 +105,11 @@ __device__ inline uint4 mxfp8x8_to_bf16(std::uint32_t lo, std::uint32_t hi, floa
 
 constexpr int kLoads = 4;  // 16-byte loads in flight per lane and operand (gather, activate, home)
 
-// A warp's walk over a row of `count` 16-byte vectors: lane `lane` takes vectors lane, lane + 32,
-// ..., kAhead of them loaded before any is used (`use(index, vector)`), so their latencies
-// overlap.
+// A warp's walk over a row of `count` 16-byte vectors (strided_vectors over its lanes).
 template <int kAhead = kLoads, class Vector, class Use>
 __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t count, int lane,
                                              Use use) {
-  for (std::int64_t first = lane; first < count; first += kAhead * 32) {
-    Vector v[kAhead];
-#pragma unroll
-    for (int l = 0; l < kAhead; ++l)
-      if (first + 32 * l < count) v[l] = row[first + 32 * l];
-#pragma unroll
-    for (int l = 0; l < kAhead; ++l)
-      if (first + 32 * l < count) use(first + 32 * l, v[l]);
-  }
+  strided_vectors<kAhead>(row, count, lane, 32, use);
 }
 
 // One warp per pair, 16-byte copies (H is a multiple of 64; lane_vectors' loads in flight),
