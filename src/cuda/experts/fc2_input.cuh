@@ -31,22 +31,4 @@ __device__ inline void quantize_h_row(const RowGroup& g, const ExpertProblem& pr
   if (g.rank == 0) *h_scale = s_enc;
 }
 
-// fp8_block128's FC2 input for an E4M3 GEMM: the h row's wire encoding (the codes and their 1 x 128
-// fp32 scales, decode(encode(h)) being the reference's quantization point) copied out as they are.
-// Called by every thread of the group; `smem` holds fc2_input_smem(problem) bytes.
-__device__ inline void encode_h_row_fp8(const RowGroup& g, const ExpertProblem& problem,
-                                        std::uint8_t* smem, const float* h, std::uint8_t* codes,
-                                        float* scales) {
-  const std::int64_t n = problem.intermediate;
-  auto* scratch = reinterpret_cast<float*>(
-      smem + protocol::align16(protocol::wire_payload_bytes(problem.precision, n)));
-  encode_row_block(g, h, n, problem.precision, problem.rounding, smem, scratch);
-  g.sync();
-  for (std::int64_t v = g.rank; v < n / 16; v += g.size)
-    reinterpret_cast<uint4*>(codes)[v] = reinterpret_cast<const uint4*>(smem)[v];
-  const auto* block_scales = reinterpret_cast<const float*>(smem + n);
-  for (std::int64_t b = g.rank; b < n / formats::kFp8Block128; b += g.size)
-    scales[b] = block_scales[b];
-}
-
 }  // namespace epmoe::cuda::experts

@@ -8,6 +8,8 @@
 #include "cuda/experts/wgmma/steps.hpp"
 #include "math/activation.hpp"
 
+#include <cuda_fp8.h>  // fp8_block128_encode_pair
+
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
@@ -37,9 +39,10 @@ int activate_group_size(const ExpertProblem& problem) {
   return size;
 }
 
-// A RowGroup (activate_group_size threads) per pair: FC1's sums over both scales (unscaled), b13,
-// the activation into the group's shared memory, then FC2's input quantization point there; only
-// h16 and its scale (fp8: E4M3 codes and 1 x 128 scales) go back to global memory.
+// nvfp4's activate: a RowGroup (activate_group_size threads) per pair: FC1's sums over both scales
+// (unscaled), b13, the activation into the group's shared memory, then FC2's input quantization
+// point there (one NVFP4 group: the row's s_enc needs all of it); only h16 and its scale go back
+// to global memory.
 __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_size) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
@@ -57,8 +60,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   for (std::uint32_t pair = blockIdx.x * groups + g.index; pair < pairs;
        pair += gridDim.x * groups) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
-    // fp8: the GEMM applied both scales (per k128 block).
-    const float x_scale = p.fp8() ? 1.0f : in.x_scale[x_row_of_pair(in, in.pairs[pair])];
+    const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
     const WeightFactors w = weight_factors(p, true, e);
     // I is a multiple of 64, so each half of the row is float4-aligned.
     const auto* gate4 =
@@ -95,12 +97,83 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
       }
     }
     g.sync();  // the row is complete before its quantization
-    const std::size_t at = static_cast<std::size_t>(pair) * inter;
-    if (p.fp8())
-      encode_h_row_fp8(g, problem, quantize_smem, h, p.scratch.h8 + at,
-                       p.scratch.h8_scale + at / formats::kFp8Block128);
-    else
-      quantize_h_row(g, problem, quantize_smem, h, p.scratch.h16 + at, p.scratch.h_scale + pair);
+    quantize_h_row(g, problem, quantize_smem, h,
+                   p.scratch.h16 + static_cast<std::size_t>(pair) * inter,
+                   p.scratch.h_scale + pair);
+  }
+}
+
+// fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
+// four columns (FC1's sums, the GEMM applied both scales), b13, the activation, the block's amax
+// across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes, stored as one
+// word per lane. The generic kernel's shared h row, barriers and byte stores held fp8 at 1/3 of
+// HBM's bandwidth at T = 8192 (65536 rows of 768); here kBlocksAhead blocks' sums are in flight
+// per lane before any is used. The bytes are encode_row_block's: the same amax, scale and
+// per-element encode (I is a multiple of 128: Fp8BlockwiseGroupedGemm::cannot_take's K of FC2).
+constexpr int kBlocksAhead = 4;
+
+// formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
+// (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float:
+// GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat; a NaN scale's quotients are NaN, 0x7F),
+// except a zero scale's block, all ±0, which keeps each sign where the conversion of 0 / 0 is NaN.
+__device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float b, float scale) {
+  if (scale == 0.0f)
+    return static_cast<std::uint16_t>((formats::float_bits(a) >> 24 & 0x80u) |
+                                      (formats::float_bits(b) >> 16 & 0x8000u));
+  return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
+}
+__global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+  using formats::kFp8Block128;
+  const ExpertInputs& in = p.step.in;
+  const ExpertProblem& problem = p.problem;
+  const std::int64_t inter = problem.intermediate;
+  const std::int64_t blocks = inter / kFp8Block128;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  constexpr int kWarps = kThreads / 32;
+  const std::uint32_t pairs = in.pair_offset[problem.local_experts];
+  for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
+       pair += gridDim.x * kWarps) {
+    const int e = expert_of_pair(in, problem.local_experts, pair);
+    const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+    std::uint8_t* codes = p.scratch.h8 + static_cast<std::size_t>(pair) * inter;
+    float* scales = p.scratch.h8_scale + static_cast<std::size_t>(pair) * blocks;
+    for (std::int64_t first = 0; first < blocks; first += kBlocksAhead) {
+      float4 gv[kBlocksAhead], uv[kBlocksAhead];
+#pragma unroll
+      for (int l = 0; l < kBlocksAhead; ++l) {
+        const std::int64_t j = (first + l) * kFp8Block128 + 4 * lane;
+        if (first + l < blocks) {
+          gv[l] = *reinterpret_cast<const float4*>(gate + j);
+          uv[l] = *reinterpret_cast<const float4*>(gate + inter + j);
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < kBlocksAhead; ++l) {
+        if (first + l >= blocks) break;  // the warp's: every lane's block count is the same
+        const std::int64_t j = (first + l) * kFp8Block128 + 4 * lane;
+        const float gates[4] = {gv[l].x, gv[l].y, gv[l].z, gv[l].w};
+        const float ups[4] = {uv[l].x, uv[l].y, uv[l].z, uv[l].w};
+        float h[4];
+        std::uint32_t amax_bits = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          h[k] = math::activation_f32(problem.activation, math::biased(gates[k], b13, j + k),
+                                      math::biased(ups[k], b13_up, j + k), problem.swiglu_limit);
+          amax_bits = max(amax_bits, formats::float_bits(h[k]) & formats::kF32AbsMask);
+        }
+        const float scale =
+            formats::fp8_block128_scale(formats::bits_float(__reduce_max_sync(~0u, amax_bits)));
+        *reinterpret_cast<std::uint32_t*>(codes + j) =
+            fp8_block128_encode_pair(h[0], h[1], scale) |
+            std::uint32_t{fp8_block128_encode_pair(h[2], h[3], scale)} << 16;
+        if (lane == 0) scales[first + l] = scale;
+      }
+    }
   }
 }
 
@@ -119,9 +192,12 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
   const std::int64_t warp_ctas = ctas_for(max_pairs, kThreads / 32);
   return StepShapes{
       at_most(occupancy_shape(plan_and_gather_kernel, 0, device, num_sms), warp_ctas),
-      at_most(occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
-                              device, num_sms),
-              ctas_for(max_pairs, kThreads / group)),
+      runs_e4m3(problem)
+          ? at_most(occupancy_shape(activate_fp8_kernel, 0, device, num_sms), warp_ctas)
+          : at_most(
+                occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
+                                device, num_sms),
+                ctas_for(max_pairs, kThreads / group)),
       at_most(occupancy_shape(home_kernel, 0, device, num_sms), warp_ctas), group};
 }
 
@@ -130,7 +206,10 @@ void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t s
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  launch_chained(activate_kernel, s.activate, stream, p, s.activate_group);
+  if (p.fp8())
+    launch_chained(activate_fp8_kernel, s.activate, stream, p);
+  else
+    launch_chained(activate_kernel, s.activate, stream, p, s.activate_group);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
