@@ -696,51 +696,48 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
   }
 }
 
-// FC2 of the staged combine (GemmOutput::bf16_rows) on the decoding tiles: the same GEMM's fp32
+// FC2 of the staged combine (GemmOutput::bf16_rows) on nvfp4's 16-row tile: the same GEMM's fp32
 // sums over their row's scale and the group's weight factors, plus its bias row, rounded to bf16
 // once (the home kernel's arithmetic, math::unscaled), bit for bit. NVFP4 rows have a scale and
-// weights a divisor and a multiplier; MX ones have neither (1), as the backend sets them. The
-// E4M3 tile refuses bf16 rows (it stores sums).
+// weights a divisor and a multiplier, as the backend sets them. Only nvfp4's 16-row decoding tile
+// stores bf16 rows; the E4M3 tile and the 64- to 256-row tiles refuse them (they store sums).
 TEST(GpuGroupedGemm, PackedBf16RowsAreTheSumsUnscaledPlusTheBiasRowRoundedOnce) {
   if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
   using cuda::experts::wgmma::PackedTokenTile;
   const Groups& g = kPackedGroups;
-  for (const auto& [c, tile] :
-       {std::pair{PackedCase{Precision::mxfp8, 320, 1024}, PackedTokenTile::t64},
-        std::pair{PackedCase{Precision::mxfp4, 320, 1024}, PackedTokenTile::t256},
-        std::pair{PackedCase{Precision::nvfp4, 320, 1024}, PackedTokenTile::t128},
-        std::pair{PackedCase{Precision::nvfp4, 320, 1024}, PackedTokenTile::t16}}) {
-    const bool nvfp4 = c.precision == Precision::nvfp4;
-    std::mt19937 rng(23);
-    std::uniform_real_distribution<float> uniform(0.25f, 4.0f);
-    PackedRows rows;
-    rows.row_scale.resize(static_cast<std::size_t>(g.total));
-    rows.divisor.resize(static_cast<std::size_t>(g.count()));
-    rows.multiplier.resize(rows.divisor.size());
-    for (auto& v : rows.row_scale) v = nvfp4 ? uniform(rng) : 1.0f;
-    for (auto& v : rows.divisor) v = nvfp4 ? uniform(rng) : 1.0f;
-    for (auto& v : rows.multiplier) v = nvfp4 ? uniform(rng) : 1.0f;
-    rows.bias = BiasRows::random(static_cast<std::size_t>(g.count()) * c.n, 29);
-    const std::vector<float> sums = run_packed_gemm(c, sm_count(), tile);
-    run_packed_gemm(c, sm_count(), tile, nullptr, nullptr, nullptr, &rows);
-    ASSERT_EQ(rows.out.size(), sums.size());
-    std::size_t differ = 0;
-    for (int group = 0; group < g.count(); ++group)
-      for (int r = g.first[group]; r < g.first[group] + g.rows[group]; ++r)
-        for (int col = 0; col < c.n; ++col) {
-          const std::size_t i = static_cast<std::size_t>(r) * c.n + col;
-          float v = math::unscaled(sums[i], rows.row_scale[r], rows.divisor[group]);
-          if (rows.multiplier[group] != 1.0f) v *= rows.multiplier[group];
-          v += rows.bias[static_cast<std::size_t>(group) * c.n + col];
-          differ += rows.out[i] != formats::float_to_bf16(v) ? 1 : 0;
-        }
-    EXPECT_EQ(differ, 0u) << to_string(c.precision) << ", " << tile_name(tile) << " token rows, of "
-                          << sums.size();
-  }
-  EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(Precision::mxfp8, 1, 320, 1024, 1, 0,
-                                                       PackedTokenTile::t16_e4m3, nullptr,
-                                                       GemmOutput::bf16_rows),
-               Error);
+  const PackedCase c{Precision::nvfp4, 320, 1024};
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> uniform(0.25f, 4.0f);
+  PackedRows rows;
+  rows.row_scale.resize(static_cast<std::size_t>(g.total));
+  rows.divisor.resize(static_cast<std::size_t>(g.count()));
+  rows.multiplier.resize(rows.divisor.size());
+  for (auto& v : rows.row_scale) v = uniform(rng);
+  for (auto& v : rows.divisor) v = uniform(rng);
+  for (auto& v : rows.multiplier) v = uniform(rng);
+  rows.bias = BiasRows::random(static_cast<std::size_t>(g.count()) * c.n, 29);
+  const std::vector<float> sums = run_packed_gemm(c, sm_count(), PackedTokenTile::t16);
+  run_packed_gemm(c, sm_count(), PackedTokenTile::t16, nullptr, nullptr, nullptr, &rows);
+  ASSERT_EQ(rows.out.size(), sums.size());
+  std::size_t differ = 0;
+  for (int group = 0; group < g.count(); ++group)
+    for (int r = g.first[group]; r < g.first[group] + g.rows[group]; ++r)
+      for (int col = 0; col < c.n; ++col) {
+        const std::size_t i = static_cast<std::size_t>(r) * c.n + col;
+        float v = math::unscaled(sums[i], rows.row_scale[r], rows.divisor[group]);
+        if (rows.multiplier[group] != 1.0f) v *= rows.multiplier[group];
+        v += rows.bias[static_cast<std::size_t>(group) * c.n + col];
+        differ += rows.out[i] != formats::float_to_bf16(v) ? 1 : 0;
+      }
+  EXPECT_EQ(differ, 0u) << "of " << sums.size();
+  for (const auto& [precision, tile] : {std::pair{Precision::mxfp8, PackedTokenTile::t16_e4m3},
+                                        std::pair{Precision::mxfp8, PackedTokenTile::t64},
+                                        std::pair{Precision::mxfp4, PackedTokenTile::t256},
+                                        std::pair{Precision::nvfp4, PackedTokenTile::t128}})
+    EXPECT_THROW(cuda::experts::wgmma::PackedGroupedGemm(precision, 1, 320, 1024, 1, 0, tile,
+                                                         nullptr, GemmOutput::bf16_rows),
+                 Error)
+        << to_string(precision) << ", " << tile_name(tile) << " token rows";
 }
 
 // An activating FC1 (mxfp8 / mxfp4 layers: FC2's input is MXFP8) against the plain GEMM's sums

@@ -434,10 +434,11 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
   if (const char* why = epilogue_ ? cannot_activate(precision, n) : nullptr)
     throw Error(ErrorCode::unsupported, std::string("packed grouped GEMM: ") + why);
-  if ((epilogue_ || tile == PackedTokenTile::t16_e4m3) && output == GemmOutput::bf16_rows)
-    throw Error(ErrorCode::internal,
-                "packed grouped GEMM: bf16 rows are FC2's on the decoding tiles (an activating FC1 "
-                "stores h, the E4M3 tile its sums)");
+  if ((epilogue_ || tile != PackedTokenTile::t16) && output == GemmOutput::bf16_rows)
+    throw Error(
+        ErrorCode::internal,
+        "packed grouped GEMM: bf16 rows are FC2's on the 16-row decoding tile (t16) only (an "
+        "activating FC1 stores h, the other tiles their sums)");
   if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8 &&
       precision != Precision::mxfp4)
     throw Error(ErrorCode::unsupported,

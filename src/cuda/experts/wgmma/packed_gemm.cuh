@@ -407,9 +407,11 @@ __device__ __forceinline__ void send_sums_home(const PackedFc2Home& home,
 }
 
 // A tile's epilogue, per math warpgroup: an activating FC1's (activate_and_store, with the layer's
-// activation chosen once), or D's (store_rows or store_sums, by args.output; the E4M3 tile,
-// kCodesOut, stores sums only: its few rows make D's bytes negligible, and store_rows' registers
-// made the persistent E4M3 round spill).
+// activation chosen once), or D's (store_rows or store_sums, by args.output). Only the 16-row
+// decoding tile compiles store_rows: the E4M3 tile (kCodesOut) stores sums (its few rows make D's
+// bytes negligible, and store_rows' registers made the persistent E4M3 round spill), and so do the
+// 64- to 256-row tiles, whose bf16 rows measured slower at T = 8192 (bench/RESULTS.md, session 32;
+// the constructor refuses bf16_rows for them).
 template <int kTokens, bool kActivates, bool kCodesOut, class Amax, class Accum, class Coord>
 __device__ __forceinline__ void finish_tile(const Args& args, Amax& amax, Accum& accum,
                                             const Coord& coord, const TilePlace& at, int m,
@@ -424,9 +426,12 @@ __device__ __forceinline__ void finish_tile(const Args& args, Amax& amax, Accum&
       activate_and_store<kTokens, kCodesOut>(
           args, amax, accum, coord, at, m, wg,
           [&](float gate, float up) { return math::swiglu(gate, up, e.swiglu_limit); });
-  } else if (!kCodesOut && args.output == GemmOutput::bf16_rows) {  // (uniform over the launch)
-    store_rows<kTokens>(args, accum, coord, at, m);
   } else {
+    if constexpr (kTokens == 16 && !kCodesOut)
+      if (args.output == GemmOutput::bf16_rows) {  // (uniform over the launch)
+        store_rows<kTokens>(args, accum, coord, at, m);
+        return;
+      }
     store_sums<kTokens>(args.arrays.d[at.g], accum, coord, at, m, args.n);
   }
 }
