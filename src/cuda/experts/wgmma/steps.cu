@@ -103,6 +103,15 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
+// fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
+// four columns (FC1's sums, the GEMM applied both scales), b13, the activation, the block's amax
+// across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes, stored as one
+// word per lane. The generic kernel's shared h row, barriers and byte stores held fp8 at 1/3 of
+// HBM's bandwidth at T = 8192 (65536 rows of 768); here kBlocksAhead blocks' sums are in flight
+// per lane before any is used. The bytes are encode_row_block's: the same amax, scale and
+// per-element encode (I is a multiple of 128: Fp8BlockwiseGroupedGemm::cannot_take's K of FC2).
+constexpr int kBlocksAhead = 4;
+
 // formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
 // (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float:
 // GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat; a NaN scale's quotients are NaN, 0x7F),
@@ -113,16 +122,6 @@ __device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float
                                       (formats::float_bits(b) >> 16 & 0x8000u));
   return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
 }
-
-// fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
-// four columns (FC1's bf16 rows: the GEMM applied both scales and added b13), the activation, the
-// block's amax across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes,
-// stored as one word per lane. The generic kernel's shared h row, barriers and byte stores held
-// fp8 at 1/4 of HBM's bandwidth at T = 8192 (65536 rows of 768); here kBlocksAhead blocks' sums are
-// in flight per lane before any is used. The bytes are encode_row_block's of the activated row:
-// the same amax, scale and per-element encode (I is a multiple of 128: Fp8BlockwiseGroupedGemm's
-// cannot_take, FC2's K).
-constexpr int kBlocksAhead = 4;
 __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
@@ -137,33 +136,34 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   const std::uint32_t pairs = in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
        pair += gridDim.x * kWarps) {
-    const std::uint16_t* gate = d_rows(p) + static_cast<std::size_t>(pair) * 2 * inter;
+    const int e = expert_of_pair(in, problem.local_experts, pair);
+    const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
     std::uint8_t* codes = p.scratch.h8 + static_cast<std::size_t>(pair) * inter;
     float* scales = p.scratch.h8_scale + static_cast<std::size_t>(pair) * blocks;
     for (std::int64_t first = 0; first < blocks; first += kBlocksAhead) {
-      uint2 gv[kBlocksAhead], uv[kBlocksAhead];  // four bf16 codes each
+      float4 gv[kBlocksAhead], uv[kBlocksAhead];
 #pragma unroll
       for (int l = 0; l < kBlocksAhead; ++l) {
         const std::int64_t j = (first + l) * kFp8Block128 + 4 * lane;
         if (first + l < blocks) {
-          gv[l] = *reinterpret_cast<const uint2*>(gate + j);
-          uv[l] = *reinterpret_cast<const uint2*>(gate + inter + j);
+          gv[l] = *reinterpret_cast<const float4*>(gate + j);
+          uv[l] = *reinterpret_cast<const float4*>(gate + inter + j);
         }
       }
 #pragma unroll
       for (int l = 0; l < kBlocksAhead; ++l) {
         if (first + l >= blocks) break;  // the warp's: every lane's block count is the same
         const std::int64_t j = (first + l) * kFp8Block128 + 4 * lane;
-        const std::uint32_t gates[2] = {gv[l].x, gv[l].y}, ups[2] = {uv[l].x, uv[l].y};
+        const float gates[4] = {gv[l].x, gv[l].y, gv[l].z, gv[l].w};
+        const float ups[4] = {uv[l].x, uv[l].y, uv[l].z, uv[l].w};
         float h[4];
         std::uint32_t amax_bits = 0;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const auto code = [&](const std::uint32_t* words) {
-            return static_cast<std::uint16_t>(words[k / 2] >> (16 * (k % 2)));
-          };
-          h[k] = math::activation_f32(problem.activation, formats::bf16_to_float(code(gates)),
-                                      formats::bf16_to_float(code(ups)), problem.swiglu_limit);
+          h[k] = math::activation_f32(problem.activation, math::biased(gates[k], b13, j + k),
+                                      math::biased(ups[k], b13_up, j + k), problem.swiglu_limit);
           amax_bits = max(amax_bits, formats::float_bits(h[k]) & formats::kF32AbsMask);
         }
         const float scale =

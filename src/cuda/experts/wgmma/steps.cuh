@@ -12,9 +12,8 @@
 
 namespace epmoe::cuda::experts::wgmma {
 
-// A GEMM's output as bf16 rows (GemmOutput::bf16_rows) in scratch.d: FC2's [pairs, H] codes, or
-// fp8_block128's FC1's [pairs, 2I] (b13 added), activate_fp8_kernel's input.
-__device__ inline std::uint16_t* d_rows(const Params& p) {
+// FC2's output as bf16 rows (GemmOutput::bf16_rows): [pairs, H] codes in scratch.d.
+__device__ inline std::uint16_t* fc2_rows(const Params& p) {
   return reinterpret_cast<std::uint16_t*>(p.scratch.d);
 }
 // The bias row that FC2's bf16_rows epilogue adds for expert e: its b2, or the GEMM's zero row.
@@ -41,16 +40,13 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       p.fp8_fc1.b[e] = w.w13.codes + e * 2 * inter * hidden;
       p.fp8_fc1.sfb[e] = w.w13.scales + formats::fp8_block128_tile(2 * inter, hidden, e, 0);
       p.fp8_fc1.d[e] = p.scratch.d + first * 2 * inter;
-      p.fp8_fc1.d16[e] = d_rows(p) + first * 2 * inter;
-      p.fp8_fc1.bias[e] =
-          p.biases.b13 == nullptr ? p.fp8_fc1.zero_bias : p.biases.b13 + e * 2 * inter;
       p.fp8_fc2.problems[e] = GemmProblem{m, h, i};
       p.fp8_fc2.a[e] = p.scratch.h8 + first * inter;
       p.fp8_fc2.sfa[e] = p.scratch.h8_scale + first * (inter / kBlock);
       p.fp8_fc2.b[e] = w.w2.codes + e * hidden * inter;
       p.fp8_fc2.sfb[e] = w.w2.scales + formats::fp8_block128_tile(hidden, inter, e, 0);
       p.fp8_fc2.d[e] = p.scratch.d + first * hidden;
-      p.fp8_fc2.d16[e] = d_rows(p) + first * hidden;
+      p.fp8_fc2.d16[e] = fc2_rows(p) + first * hidden;
       p.fp8_fc2.bias[e] = fc2_bias(p, e, p.fp8_fc2.zero_bias);
       continue;
     }
@@ -60,7 +56,7 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
-      p.packed_fc2.d16[e] = d_rows(p) + first * hidden;
+      p.packed_fc2.d16[e] = fc2_rows(p) + first * hidden;
       p.packed_fc2.row_scale[e] = p.fc1_made_h() ? nullptr : p.scratch.h_scale + first;
       p.packed_fc2.bias[e] = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
       if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
@@ -89,7 +85,7 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
     p.fc2.a[e] = p.scratch.h16 + first * inter;
     p.fc2.b[e] = p.weights.w2 + e * hidden * inter;
     p.fc2.d[e] = p.scratch.d + first * hidden;
-    p.fc2.d16[e] = d_rows(p) + first * hidden;
+    p.fc2.d16[e] = fc2_rows(p) + first * hidden;
     p.fc2.bias[e] = fc2_bias(p, e, p.fc2.zero_bias);
   }
 }
@@ -215,7 +211,7 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     home.slot = __shfl_sync(0xffffffffu, home.slot, 0);
     home.weight = __shfl_sync(0xffffffffu, home.weight, 0);
     if (kMayCopyRows && p.fc2_made_rows()) {  // bf16(sum + b2), as below, already: copies
-      const auto* rows = reinterpret_cast<const uint4*>(d_rows(p) + pair * hidden);
+      const auto* rows = reinterpret_cast<const uint4*>(fc2_rows(p) + pair * hidden);
       lane_vectors(rows, hidden / 8, lane, [&](std::int64_t c8, uint4 codes) {
         send_home_bf16x8(p.step.home, home, c8, codes);
       });

@@ -24,8 +24,7 @@ namespace epmoe::cuda::experts::wgmma {
 // (PackedTokenTile::t16_e4m3): both sets, each E4M3 array inside its bf16 one (a round uses one of
 // them).
 struct Scratch {
-  float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then); fp32
-             // sums, or bf16 rows in its first half (GemmOutput::bf16_rows, d_rows)
+  float* d;  // [max_pairs, max(2I, H)] FC1's output, then FC2's (FC1's is spent by then)
   // bf16
   std::uint16_t* a1;   // [max_pairs, H] FC1's operand: the pair's staged row (bf16 codes)
   std::uint16_t* h16;  // [max_pairs, I] FC2's operand: bf16(quantized h * h_scale), exact

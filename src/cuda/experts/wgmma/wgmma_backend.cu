@@ -141,10 +141,8 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
         [&] {
-          // FC1 stores bf16 rows with b13 added (half fp32's bytes, written and read back by
-          // activate_fp8_kernel).
-          return Fp8Gemms{std::make_unique<Fp8BlockwiseGroupedGemm>(
-                              experts, 2 * i, h, scratch_rows, sms, device, GemmOutput::bf16_rows),
+          return Fp8Gemms{std::make_unique<Fp8BlockwiseGroupedGemm>(experts, 2 * i, h, scratch_rows,
+                                                                    sms, device),
                           std::make_unique<Fp8BlockwiseGroupedGemm>(experts, h, i, scratch_rows,
                                                                     sms, device, fc2_output_)};
         });
