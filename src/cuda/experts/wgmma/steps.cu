@@ -103,15 +103,6 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
-// fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
-// four columns (FC1's sums, the GEMM applied both scales), b13, the activation, the block's amax
-// across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes, stored as one
-// word per lane. The generic kernel's shared h row, barriers and byte stores held fp8 at 1/3 of
-// HBM's bandwidth at T = 8192 (65536 rows of 768); here kBlocksAhead blocks' sums are in flight
-// per lane before any is used. The bytes are encode_row_block's: the same amax, scale and
-// per-element encode (I is a multiple of 128: Fp8BlockwiseGroupedGemm::cannot_take's K of FC2).
-constexpr int kBlocksAhead = 4;
-
 // formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
 // (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float:
 // GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat; a NaN scale's quotients are NaN, 0x7F),
@@ -122,6 +113,15 @@ __device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float
                                       (formats::float_bits(b) >> 16 & 0x8000u));
   return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
 }
+
+// fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
+// four columns (FC1's sums, the GEMM applied both scales), b13, the activation, the block's amax
+// across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes, stored as one
+// word per lane. The generic kernel's shared h row, barriers and byte stores held fp8 at 27 % of
+// HBM's bandwidth at T = 8192 (65536 rows of 768); here kBlocksAhead blocks' sums are in flight
+// per lane before any is used. The bytes are encode_row_block's: the same amax, scale and
+// per-element encode (I is a multiple of 128: Fp8BlockwiseGroupedGemm::cannot_take's K of FC2).
+constexpr int kBlocksAhead = 4;
 __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
