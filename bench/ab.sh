@@ -27,9 +27,9 @@
 # not the whole call. With --keep-sides, a failed guard drops only the working tree: the prepared
 # sides are still measured against each other (one call compares committed candidates and tries a
 # new kernel).
-# --kernel-times "ARGS": after the turns, bench/kernel_times.sh ARGS on the new build and on base
-# (ARGS: its own, "[--stalls REGEX] -- <epmoe bench arguments for one point>"), into the same
-# ab.tgz.
+# --kernel-times "ARGS" (repeatable, a point each): after the turns, bench/kernel_times.sh ARGS on
+# every measured build (new, the alt sides, base; ARGS: its own, "[--stalls REGEX] -- <epmoe
+# bench arguments for one point>"), into the same ab.tgz (kernel_times_<side>_<n>/).
 # --new-only "ARGS": after the turns, `epmoe bench ARGS` on the new build alone (options the sides
 # do not have, e.g. a path they lack), its JSON and table into the same ab.tgz.
 #   e.g.  bench/ab.sh run --tests -- --models qwen3-30b-a3b --worlds 1 --math tensor_core \
@@ -63,7 +63,7 @@ fi
 
 [ "${1:-}" = run ] || { sed -n '2,35p' "$0"; exit 2; }
 shift
-turns=2 tests=0 guard="" keep_sides=0 kernel_times="" new_only=""
+turns=2 tests=0 guard="" keep_sides=0 kernel_times=() new_only=""
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
     --turns) turns=$2; shift 2 ;;
@@ -71,7 +71,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
     --suite) tests=2; shift ;;
     --guard) guard=$2; shift 2 ;;
     --keep-sides) keep_sides=1; shift ;;
-    --kernel-times) kernel_times=$2; shift 2 ;;
+    --kernel-times) kernel_times+=("$2"); shift 2 ;;
     --new-only) new_only=$2; shift 2 ;;
     *) echo "unknown option $1"; exit 2 ;;
   esac
@@ -181,16 +181,15 @@ if [ -n "$new_only" ] && [ "$has_new" = 1 ]; then
   echo "== new only (at $(elapsed) s)"
   table "$out/new_only.txt"
 fi
-if [ -n "$kernel_times" ]; then
-  for side in new base; do
-    [ "$side" = new ] && [ "$has_new" = 0 ] && continue
+for n in "${!kernel_times[@]}"; do
+  for side in "${measured[@]}"; do
     # shellcheck disable=SC2086  # ARGS is a list of kernel_times.sh arguments
-    OUT="$out/kernel_times_$side" bench/kernel_times.sh --bin "build/ab-$side/tools/epmoe" \
-      $kernel_times >"$out/kernel_times_$side.log" 2>&1
-    echo "== kernel times, $side (rc=$?):"
-    tail -16 "$out/kernel_times_$side/kernel_times.txt" 2>/dev/null
+    OUT="$out/kernel_times_${side}_$n" bench/kernel_times.sh --bin "build/ab-$side/tools/epmoe" \
+      ${kernel_times[$n]} >"$out/kernel_times_${side}_$n.log" 2>&1
+    echo "== kernel times $n (${kernel_times[$n]##*-- }), $side (rc=$?):"
+    tail -16 "$out/kernel_times_${side}_$n/kernel_times.txt" 2>/dev/null
   done
-fi
+done
 # The sides side by side (p50 per turn, then the phases), into ab.tgz and the call's output.
 python3 bench/ab_table.py "$out" >"$out/table.md" 2>&1 && cat "$out/table.md"
 pack
