@@ -9,6 +9,8 @@
 // are whole.
 #pragma once
 
+#include <cuda_fp8.h>  // fp8_block128_encode_pair
+
 #include <cstdint>
 
 #include "cuda/device_common.cuh"
@@ -84,6 +86,22 @@ __device__ inline float encode_row_block(const RowGroup& g, const float* x, std:
       break;
   }
   return 1.0f;
+}
+
+// formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
+// (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float but NaN:
+// GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat), except where the host's early returns
+// decide: a NaN scale's block (one with a NaN or an Inf) is all NaN codes 0x7F, as the host's,
+// where the conversion of a NaN quotient may keep a sign; a zero scale's block, all ±0, keeps each
+// sign, where the conversion of 0 / 0 is NaN.
+__device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float b, float scale) {
+  using namespace formats;
+  if ((float_bits(scale) & kF32AbsMask) > kF32InfBits)
+    return static_cast<std::uint16_t>(0x0101u * kE4m3Nan);
+  if (scale == 0.0f)
+    return static_cast<std::uint16_t>((float_bits(a) >> 24 & 0x80u) |
+                                      (float_bits(b) >> 16 & 0x8000u));
+  return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
 }
 
 __device__ inline void decode_row_block(const RowGroup& g, const std::uint8_t* payload,

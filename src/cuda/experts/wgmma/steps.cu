@@ -8,8 +8,6 @@
 #include "cuda/experts/wgmma/steps.hpp"
 #include "math/activation.hpp"
 
-#include <cuda_fp8.h>  // fp8_block128_encode_pair
-
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
@@ -103,17 +101,6 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
   }
 }
 
-// formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
-// (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float:
-// GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat; a NaN scale's quotients are NaN, 0x7F),
-// except a zero scale's block, all ±0, which keeps each sign where the conversion of 0 / 0 is NaN.
-__device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float b, float scale) {
-  if (scale == 0.0f)
-    return static_cast<std::uint16_t>((formats::float_bits(a) >> 24 & 0x80u) |
-                                      (formats::float_bits(b) >> 16 & 0x8000u));
-  return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
-}
-
 // fp8_block128's activate, in registers: a warp per pair, and per 1 x 128 block of h each lane's
 // four columns (FC1's sums, the GEMM applied both scales), b13, the activation, the block's amax
 // across the warp (a max of bit patterns, as encode_row_block) and their E4M3 codes, stored as one
@@ -136,9 +123,11 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   const std::uint32_t pairs = in.pair_offset[problem.local_experts];
   for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
        pair += gridDim.x * kWarps) {
-    const int e = expert_of_pair(in, problem.local_experts, pair);
     const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
-    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    const float* b13 =  // the pair's expert is looked up only where there are biases
+        p.biases.b13 == nullptr
+            ? nullptr
+            : p.biases.b13 + expert_of_pair(in, problem.local_experts, pair) * 2 * inter;
     const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
     std::uint8_t* codes = p.scratch.h8 + static_cast<std::size_t>(pair) * inter;
     float* scales = p.scratch.h8_scale + static_cast<std::size_t>(pair) * blocks;
