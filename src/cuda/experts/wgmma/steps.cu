@@ -37,7 +37,8 @@ int activate_group_size(const ExpertProblem& problem) {
   return size;
 }
 
-// nvfp4's activate: a RowGroup (activate_group_size threads) per pair: FC1's sums over both scales
+// nvfp4's activate for rows too long for activate_held_nvfp4_kernel (I > 2048: gpt-oss's 2880,
+// Mixtral's 14336): a RowGroup (activate_group_size threads) per pair: FC1's sums over both scales
 // (unscaled), b13, the activation into the group's shared memory, then FC2's input quantization
 // point there (one NVFP4 group: the row's s_enc needs all of it); only h16 and its scale go back
 // to global memory.
@@ -166,6 +167,100 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   }
 }
 
+constexpr int kHeldSteps = 16;  // 128-column steps of h a warp holds: I <= 2048
+
+// Whether nvfp4's h row fits activate_held_nvfp4_kernel's registers.
+bool holds_h_row(const ExpertProblem& problem) {
+  return problem.intermediate <= kHeldSteps * 128;
+}
+
+// nvfp4's activate for rows of at most kHeldSteps x 128 (qwen3's 768, deepseek-v3's 2048), in
+// registers: a warp per pair holds the row's h (each lane four columns of every 128), so the
+// row's s_enc (its finite amax over all of I) needs no shared memory; then each NVFP4 block of 16
+// is four lanes' values (its amax by two shuffles). The arithmetic is activate_kernel's and the
+// row codec's, call for call: h from the unscaled sums and b13, nvfp4_tensor_scale of the finite
+// amax, per block nvfp4_block_scale, each element's E2M1 code, its decoded value times s_enc as
+// the bf16 code FC2 reads. Longer rows run activate_kernel.
+__global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p) {
+  const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
+  const PhaseEnd phase_end{start};
+  if (start.skip) return;
+  using namespace formats;
+  const ExpertInputs& in = p.step.in;
+  const ExpertProblem& problem = p.problem;
+  const std::int64_t inter = problem.intermediate;
+  const int steps = static_cast<int>((inter + 127) / 128);  // the last may be 64 wide
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  constexpr int kWarps = kThreads / 32;
+  const std::uint32_t pairs = in.pair_offset[problem.local_experts];
+  for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
+       pair += gridDim.x * kWarps) {
+    const int e = expert_of_pair(in, problem.local_experts, pair);
+    const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
+    const WeightFactors w = weight_factors(p, true, e);
+    const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+    float h[kHeldSteps][4];
+    std::uint32_t finite_amax = 0;
+#pragma unroll
+    for (int first = 0; first < kHeldSteps; first += kLoads) {
+      if (first >= steps) break;
+      float4 gv[kLoads], uv[kLoads];
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t j = (first + l) * std::int64_t{128} + 4 * lane;
+        if (first + l < steps && j < inter) {
+          gv[l] = *reinterpret_cast<const float4*>(gate + j);
+          uv[l] = *reinterpret_cast<const float4*>(gate + inter + j);
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::int64_t j = (first + l) * std::int64_t{128} + 4 * lane;
+        const float gates[4] = {gv[l].x, gv[l].y, gv[l].z, gv[l].w};
+        const float ups[4] = {uv[l].x, uv[l].y, uv[l].z, uv[l].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (first + l >= steps || j >= inter) {
+            h[first + l][k] = 0.0f;  // past the row: no part of any amax, never stored
+            continue;
+          }
+          h[first + l][k] = math::activation_f32(
+              problem.activation, math::biased(unscaled(gates[k], x_scale, w), b13, j + k),
+              math::biased(unscaled(ups[k], x_scale, w), b13_up, j + k), problem.swiglu_limit);
+          const std::uint32_t a = float_bits(h[first + l][k]) & kF32AbsMask;
+          if (a < kF32InfBits) finite_amax = max(finite_amax, a);  // group_finite_amax's
+        }
+      }
+    }
+    const float s_enc = nvfp4_tensor_scale(bits_float(__reduce_max_sync(~0u, finite_amax)));
+    std::uint16_t* h16 = p.scratch.h16 + static_cast<std::size_t>(pair) * inter;
+#pragma unroll
+    for (int step = 0; step < kHeldSteps; ++step) {
+      if (step >= steps) break;
+      const std::int64_t j = step * std::int64_t{128} + 4 * lane;
+      std::uint32_t amax_bits = 0;  // the block's, as encode_row_block: NaN and Inf included
+#pragma unroll
+      for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(h[step][k]) & kF32AbsMask);
+      amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
+      amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
+      const std::uint8_t bs = nvfp4_block_scale(amax_bits, s_enc);
+      std::uint16_t codes[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const std::uint8_t q =
+            e4m3_is_nan(bs) ? 0u : nvfp4_encode_value(h[step][k], s_enc, e4m3_to_float(bs));
+        codes[k] = float_to_bf16(nvfp4_decode_value(q, bs, s_enc) * s_enc);
+      }
+      if (j < inter)
+        *reinterpret_cast<uint2*>(h16 + j) = make_uint2(codes[0] | std::uint32_t{codes[1]} << 16,
+                                                        codes[2] | std::uint32_t{codes[3]} << 16);
+    }
+    if (lane == 0) p.scratch.h_scale[pair] = s_enc;
+  }
+}
+
 // FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
 // rank (fc2_round).
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
@@ -183,6 +278,8 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
       at_most(occupancy_shape(plan_and_gather_kernel, 0, device, num_sms), warp_ctas),
       runs_e4m3(problem)
           ? at_most(occupancy_shape(activate_fp8_kernel, 0, device, num_sms), warp_ctas)
+      : holds_h_row(problem)
+          ? at_most(occupancy_shape(activate_held_nvfp4_kernel, 0, device, num_sms), warp_ctas)
           : at_most(
                 occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
                                 device, num_sms),
@@ -197,6 +294,8 @@ void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t s
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
   if (p.fp8())
     launch_chained(activate_fp8_kernel, s.activate, stream, p);
+  else if (holds_h_row(p.problem))
+    launch_chained(activate_held_nvfp4_kernel, s.activate, stream, p);
   else
     launch_chained(activate_kernel, s.activate, stream, p, s.activate_group);
   EPMOE_CUDA_CHECK(cudaGetLastError());
