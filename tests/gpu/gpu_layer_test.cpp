@@ -262,6 +262,35 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
     }
 }
 
+// wgmma's nvfp4 activate holds an h row in a warp's registers up to I = 2048 and runs a RowGroup
+// with the row in shared memory beyond (gpt-oss's 2880, Mixtral's 14336): I = 2112 takes the
+// second, with a 64-wide last step, against the reference, as every other test's I takes the
+// first.
+TEST(Gpu, Nvfp4RowsLongerThanAWarpHoldsMatchTheReference) {
+  const int world = test::gpus_up_to(2);
+  if (world < 1) GTEST_SKIP() << "needs a GPU";
+  const LayerShape shape{
+      .hidden = 128, .intermediate = 2112, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 64};
+  const auto weights = harness::make_random_weights(shape, 22);
+  for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
+    LayerOptions options;
+    options.expert_math = ExpertMath::wgmma;
+    options.combine = combine;
+    options.timeout_ms = 20'000;
+    Cluster cluster(shape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
+    within_seconds(300, "I = 2112", [&] {
+      run_on_rank_threads(world, [&](int rank) {
+        for (const std::int64_t t : {std::int64_t{64}, std::int64_t{1}}) {
+          const Batch b = harness::make_random_batch(shape, world, t, Routing::uniform, 0,
+                                                     80 + static_cast<std::uint64_t>(rank));
+          expect_matches(cluster.forward(rank, b), b, cluster,
+                         std::string(to_string(combine)) + " T=" + std::to_string(t));
+        }
+      });
+    });
+  }
+}
+
 TEST(Gpu, SkippedLaunchIsNamedOnTheOtherRankAndResetRecovers) {
   const int world = test::gpus_up_to(2);
   if (world < 2) GTEST_SKIP() << "needs 2 GPUs";
