@@ -9,7 +9,7 @@
 // are whole.
 #pragma once
 
-#include <cuda_fp8.h>  // fp8_block128_encode_pair
+#include <cuda_fp8.h>  // the E4M3 conversions of the register encoders
 
 #include <cstdint>
 
@@ -102,6 +102,77 @@ __device__ __forceinline__ std::uint16_t fp8_block128_encode_pair(float a, float
     return static_cast<std::uint16_t>((float_bits(a) >> 24 & 0x80u) |
                                       (float_bits(b) >> 16 & 0x8000u));
   return __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+// formats::mxfp8_encode_value of two elements of a block with scale code `code` and its
+// mxfp8_inverse_scale: CUDA's conversion of the same products (as fp8_block128_encode_pair), or
+// NaN codes for a NaN scale.
+__device__ __forceinline__ std::uint16_t mxfp8_encode_pair(float a, float b, std::uint8_t code,
+                                                           float inv_scale) {
+  if (code == formats::kE8m0Nan) return static_cast<std::uint16_t>(0x0101u * formats::kE4m3Nan);
+  return __nv_cvt_float2_to_fp8x2(make_float2(a * inv_scale, b * inv_scale), __NV_SATFINITE,
+                                  __NV_E4M3);
+}
+
+// Whether encode_bf16_row_e4m3 encodes rows of `precision` (its activation format's payload is E4M3
+// codes with per-block scales: fp8_block128, and MXFP8 for mxfp8 and mxfp4 layers).
+EPMOE_HD bool e4m3_wire_rows(Precision precision) {
+  const Precision format = protocol::activation_format(precision);
+  return format == Precision::fp8_block128 || format == Precision::mxfp8;
+}
+
+// A bf16 row (n a multiple of 64, the row 8-byte aligned) into its wire payload, encode_row_block's
+// bytes for e4m3_wire_rows formats, by the CTA's warps from registers: a warp takes 128 elements
+// per step, a lane 4 (one 8-byte load of x, no fp32 row in shared memory); fp8_block128's 1 x 128
+// block is the warp (its amax by a warp reduction), an MXFP8 block of 32 eight lanes (three
+// shuffles); each lane stores its four codes as one word. Every thread of the CTA calls it.
+__device__ inline void encode_bf16_row_e4m3(const std::uint16_t* row, std::int64_t n,
+                                            Precision precision, ScaleRounding rounding,
+                                            std::uint8_t* payload) {
+  using namespace formats;
+  const bool mx = protocol::activation_format(precision) == Precision::mxfp8;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  constexpr int kAhead = 2;  // steps' loads in flight per lane
+  for (std::int64_t first = threadIdx.x / 32; first * 128 < n; first += kAhead * warps) {
+    uint2 codes[kAhead];
+#pragma unroll
+    for (int l = 0; l < kAhead; ++l) {
+      const std::int64_t j = (first + l * warps) * 128 + 4 * lane;
+      codes[l] = j < n ? *reinterpret_cast<const uint2*>(row + j) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int l = 0; l < kAhead; ++l) {
+      const std::int64_t step = first + l * warps;
+      if (step * 128 >= n) break;  // the warp's: its steps are the same for every lane
+      const std::int64_t j = step * 128 + 4 * lane;
+      const std::uint32_t words[2] = {codes[l].x, codes[l].y};
+      float v[4];
+      std::uint32_t amax_bits = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        v[k] = bf16_to_float(static_cast<std::uint16_t>(words[k / 2] >> (16 * (k % 2))));
+        amax_bits = max(amax_bits, float_bits(v[k]) & kF32AbsMask);
+      }
+      std::uint32_t word;
+      if (mx) {
+#pragma unroll
+        for (int offset = 1; offset < kMxfp8Block / 4; offset *= 2)
+          amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, offset));
+        const std::uint8_t code = mxfp8_scale_code(bits_float(amax_bits), rounding);
+        const float inv_scale = mxfp8_inverse_scale(code);
+        if (j < n && lane % (kMxfp8Block / 4) == 0) payload[n + j / kMxfp8Block] = code;
+        word = mxfp8_encode_pair(v[0], v[1], code, inv_scale) |
+               std::uint32_t{mxfp8_encode_pair(v[2], v[3], code, inv_scale)} << 16;
+      } else {
+        const float scale = fp8_block128_scale(bits_float(__reduce_max_sync(~0u, amax_bits)));
+        if (lane == 0) reinterpret_cast<float*>(payload + n)[step] = scale;
+        word = fp8_block128_encode_pair(v[0], v[1], scale) |
+               std::uint32_t{fp8_block128_encode_pair(v[2], v[3], scale)} << 16;
+      }
+      if (j < n) *reinterpret_cast<std::uint32_t*>(payload + j) = word;
+    }
+  }
 }
 
 __device__ inline void decode_row_block(const RowGroup& g, const std::uint8_t* payload,
