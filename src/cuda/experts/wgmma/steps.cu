@@ -20,6 +20,30 @@ __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   gather_rows<kThreads>(p, start.round);
 }
 
+// The round's pairs, a warp per pair, grid-stride (no CTA barrier between them):
+// body(pair, lane).
+template <class Body>
+__device__ __forceinline__ void for_each_pair_by_warp(const Params& p, Body body) {
+  constexpr int kWarps = kThreads / 32;
+  const std::uint32_t pairs = p.step.in.pair_offset[p.problem.local_experts];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
+       pair += gridDim.x * kWarps)
+    body(pair, lane);
+}
+
+// A pair's FC1 sums in scratch d (gate then up, I each) and its expert's b13 halves (nullptr
+// without biases).
+struct Fc1Sums {
+  const float *gate, *up, *b13, *b13_up;
+};
+__device__ inline Fc1Sums fc1_sums(const Params& p, std::uint32_t pair, int e) {
+  const std::int64_t inter = p.problem.intermediate;
+  const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
+  const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
+  return Fc1Sums{gate, gate + inter, b13, b13 == nullptr ? nullptr : b13 + inter};
+}
+
 // Shared memory of one activate row: the h row in fp32, then FC2's input quantization's own.
 EPMOE_HD std::size_t activate_row_smem(const ExpertProblem& problem) {
   return protocol::align16(static_cast<std::size_t>(problem.intermediate) * sizeof(float) +
@@ -115,21 +139,14 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   const PhaseEnd phase_end{start};
   if (start.skip) return;
   using formats::kFp8Block128;
-  const ExpertInputs& in = p.step.in;
   const ExpertProblem& problem = p.problem;
   const std::int64_t inter = problem.intermediate;
   const std::int64_t blocks = inter / kFp8Block128;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  constexpr int kWarps = kThreads / 32;
-  const std::uint32_t pairs = in.pair_offset[problem.local_experts];
-  for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
-       pair += gridDim.x * kWarps) {
-    const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
-    const float* b13 =  // the pair's expert is looked up only where there are biases
-        p.biases.b13 == nullptr
-            ? nullptr
-            : p.biases.b13 + expert_of_pair(in, problem.local_experts, pair) * 2 * inter;
-    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+  for_each_pair_by_warp(p, [&](std::uint32_t pair, int lane) {
+    // the pair's expert is looked up only where there are biases (fc1_sums reads it for b13 alone)
+    const int e =
+        p.biases.b13 == nullptr ? 0 : expert_of_pair(p.step.in, problem.local_experts, pair);
+    const Fc1Sums sums = fc1_sums(p, pair, e);
     std::uint8_t* codes = p.scratch.h8 + static_cast<std::size_t>(pair) * inter;
     float* scales = p.scratch.h8_scale + static_cast<std::size_t>(pair) * blocks;
     for (std::int64_t first = 0; first < blocks; first += kBlocksAhead) {
@@ -138,8 +155,8 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
       for (int l = 0; l < kBlocksAhead; ++l) {
         const std::int64_t j = (first + l) * kFp8Block128 + 4 * lane;
         if (first + l < blocks) {
-          gv[l] = *reinterpret_cast<const float4*>(gate + j);
-          uv[l] = *reinterpret_cast<const float4*>(gate + inter + j);
+          gv[l] = *reinterpret_cast<const float4*>(sums.gate + j);
+          uv[l] = *reinterpret_cast<const float4*>(sums.up + j);
         }
       }
 #pragma unroll
@@ -152,8 +169,9 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
         std::uint32_t amax_bits = 0;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          h[k] = math::activation_f32(problem.activation, math::biased(gates[k], b13, j + k),
-                                      math::biased(ups[k], b13_up, j + k), problem.swiglu_limit);
+          h[k] =
+              math::activation_f32(problem.activation, math::biased(gates[k], sums.b13, j + k),
+                                   math::biased(ups[k], sums.b13_up, j + k), problem.swiglu_limit);
           amax_bits = max(amax_bits, formats::float_bits(h[k]) & formats::kF32AbsMask);
         }
         const float scale =
@@ -164,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
         if (lane == 0) scales[first + l] = scale;
       }
     }
-  }
+  });
 }
 
 constexpr int kHeldSteps = 16;  // 128-column steps of h a warp holds: I <= 2048
@@ -190,17 +208,11 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
   const ExpertProblem& problem = p.problem;
   const std::int64_t inter = problem.intermediate;
   const int steps = static_cast<int>((inter + 127) / 128);  // the last may be 64 wide
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  constexpr int kWarps = kThreads / 32;
-  const std::uint32_t pairs = in.pair_offset[problem.local_experts];
-  for (std::uint32_t pair = blockIdx.x * kWarps + threadIdx.x / 32; pair < pairs;
-       pair += gridDim.x * kWarps) {
+  for_each_pair_by_warp(p, [&](std::uint32_t pair, int lane) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
     const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
     const WeightFactors w = weight_factors(p, true, e);
-    const float* gate = p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter;
-    const float* b13 = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
-    const float* b13_up = b13 == nullptr ? nullptr : b13 + inter;
+    const Fc1Sums sums = fc1_sums(p, pair, e);
     float h[kHeldSteps][4];
     std::uint32_t finite_amax = 0;
 #pragma unroll
@@ -211,8 +223,8 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
       for (int l = 0; l < kLoads; ++l) {
         const std::int64_t j = (first + l) * std::int64_t{128} + 4 * lane;
         if (first + l < steps && j < inter) {
-          gv[l] = *reinterpret_cast<const float4*>(gate + j);
-          uv[l] = *reinterpret_cast<const float4*>(gate + inter + j);
+          gv[l] = *reinterpret_cast<const float4*>(sums.gate + j);
+          uv[l] = *reinterpret_cast<const float4*>(sums.up + j);
         }
       }
 #pragma unroll
@@ -227,8 +239,8 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
             continue;
           }
           h[first + l][k] = math::activation_f32(
-              problem.activation, math::biased(unscaled(gates[k], x_scale, w), b13, j + k),
-              math::biased(unscaled(ups[k], x_scale, w), b13_up, j + k), problem.swiglu_limit);
+              problem.activation, math::biased(unscaled(gates[k], x_scale, w), sums.b13, j + k),
+              math::biased(unscaled(ups[k], x_scale, w), sums.b13_up, j + k), problem.swiglu_limit);
           const std::uint32_t a = float_bits(h[first + l][k]) & kF32AbsMask;
           if (a < kF32InfBits) finite_amax = max(finite_amax, a);  // group_finite_amax's
         }
@@ -258,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
                                                         codes[2] | std::uint32_t{codes[3]} << 16);
     }
     if (lane == 0) p.scratch.h_scale[pair] = s_enc;
-  }
+  });
 }
 
 // FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
