@@ -12,7 +12,7 @@ namespace {
 
 __global__ void __launch_bounds__(kKnobSpace.max_dispatch_warps * 32)
     dispatch_kernel(RoundParams p) {
-  dispatch_step</*kE4m3FromRegisters=*/true>(p);
+  dispatch_step</*kFromCodes=*/true>(p);
 }
 
 }  // namespace

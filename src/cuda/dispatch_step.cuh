@@ -100,12 +100,12 @@ __device__ inline void stage_x_row(const RoundParams& p, std::int64_t t, float* 
 }
 
 // Called by every thread of every CTA of the grid; dynamic shared memory: dispatch_smem(p).
-// kE4m3FromRegisters: whether E4M3 rows (fp8_block128, MXFP8) are encoded from x's codes in
-// registers (encode_bf16_row_e4m3) instead of from the fp32 row in shared memory that stage_x_row
-// writes (the others always are: NVFP4's s_enc needs all of the row). The chain's dispatch kernel
-// does; the persistent rounds, whose registers are capped by their other roles, keep the shared
-// row (the register path added spills there).
-template <bool kE4m3FromRegisters = false>
+// kFromCodes: whether rows with block scales (fp8_block128, MXFP8, NVFP4: encodes_bf16_rows) are
+// encoded from x's bf16 codes in registers (encode_bf16_row) instead of from the fp32 row in
+// shared memory that stage_x_row writes. The chain's dispatch kernel does; the persistent rounds,
+// whose registers are capped by their other roles, keep the shared row (the register path added
+// spills there).
+template <bool kFromCodes = false>
 __device__ inline void dispatch_step(const RoundParams& p) {
   extern __shared__ __align__(16) std::uint8_t smem[];
   std::uint8_t* row = smem;
@@ -135,14 +135,15 @@ __device__ inline void dispatch_step(const RoundParams& p) {
   auto* entries = reinterpret_cast<protocol::WireEntry*>(row + protocol::wire_entries_offset());
   std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
   const bool slot_lane = threadIdx.x < 32;  // warp 0: a lane per top-k slot
-  const bool x_in_registers = kE4m3FromRegisters && e4m3_wire_rows(p.precision) &&
-                              reinterpret_cast<std::uintptr_t>(p.x) % 8 == 0;
+  const bool from_codes = kFromCodes && encodes_bf16_rows(p.precision) &&
+                          reinterpret_cast<std::uintptr_t>(p.x) % 8 == 0;
   for (std::int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
     TokenSlots slots;
     if (slot_lane) slots = load_slots(p, t);
     float s_enc = 1.0f;
-    if (kE4m3FromRegisters && x_in_registers) {
-      encode_bf16_row_e4m3(p.x + t * p.hidden, p.hidden, p.precision, p.rounding, payload);
+    if (kFromCodes && from_codes) {
+      s_enc =
+          encode_bf16_row(p.x + t * p.hidden, p.hidden, p.precision, p.rounding, payload, scratch);
     } else {
       stage_x_row(p, t, x);
       __syncthreads();

@@ -114,17 +114,18 @@ __device__ __forceinline__ std::uint16_t mxfp8_encode_pair(float a, float b, std
                                   __NV_E4M3);
 }
 
-// Whether encode_bf16_row_e4m3 encodes rows of `precision` (its activation format's payload is E4M3
-// codes with per-block scales: fp8_block128, and MXFP8 for mxfp8 and mxfp4 layers).
-EPMOE_HD bool e4m3_wire_rows(Precision precision) {
+// Whether encode_bf16_row encodes rows of `precision`: the activation formats with block scales
+// (fp8_block128; MXFP8, also mxfp4 layers'; NVFP4).
+EPMOE_HD bool encodes_bf16_rows(Precision precision) {
   const Precision format = protocol::activation_format(precision);
-  return format == Precision::fp8_block128 || format == Precision::mxfp8;
+  return format == Precision::fp8_block128 || format == Precision::mxfp8 ||
+         format == Precision::nvfp4;
 }
 
 // A bf16 row (n a multiple of 64, the row 8-byte aligned) into its wire payload, encode_row_block's
-// bytes for e4m3_wire_rows formats, by the CTA's warps from registers: a warp takes 128 elements
-// per step, a lane 4 (one 8-byte load of x, no fp32 row in shared memory); fp8_block128's 1 x 128
-// block is the warp (its amax by a warp reduction), an MXFP8 block of 32 eight lanes (three
+// bytes for fp8_block128 and MXFP8 rows, by the CTA's warps from registers: a warp takes 128
+// elements per step, a lane 4 (one 8-byte load of x, no fp32 row in shared memory); fp8_block128's
+// 1 x 128 block is the warp (its amax by a warp reduction), an MXFP8 block of 32 eight lanes (three
 // shuffles); each lane stores its four codes as one word. Every thread of the CTA calls it.
 __device__ inline void encode_bf16_row_e4m3(const std::uint16_t* row, std::int64_t n,
                                             Precision precision, ScaleRounding rounding,
@@ -173,6 +174,76 @@ __device__ inline void encode_bf16_row_e4m3(const std::uint16_t* row, std::int64
       if (j < n) *reinterpret_cast<std::uint32_t*>(payload + j) = word;
     }
   }
+}
+
+// An NVFP4 bf16 row into its wire payload, encode_row_block's bytes and s_enc, from registers, in
+// two passes over the row (the second from cache): the row's finite amax (group_finite_amax's) by
+// each warp's lanes, a warp reduction and one float per warp in `scratch` across a barrier; then
+// a warp takes 128 elements per step, a lane 4 (one 8-byte load), each block of 16 four lanes (its
+// amax by two shuffles: NaN and Inf included, as encode_row_block's), each lane storing its four
+// E2M1 codes as 16 bits. Every thread of the CTA calls it.
+__device__ inline float encode_bf16_row_nvfp4(const std::uint16_t* row, std::int64_t n,
+                                              std::uint8_t* payload, float* scratch) {
+  using namespace formats;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const auto values = [&](std::int64_t j, float(&v)[4]) {  // a lane's four, 0 past the row
+    const uint2 codes = j < n ? *reinterpret_cast<const uint2*>(row + j) : make_uint2(0u, 0u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      v[k] =
+          bf16_to_float(static_cast<std::uint16_t>((k < 2 ? codes.x : codes.y) >> (16 * (k % 2))));
+  };
+  std::uint32_t finite_amax = 0;
+  for (std::int64_t step = warp; step * 128 < n; step += warps) {
+    float v[4];
+    values(step * 128 + 4 * lane, v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t a = float_bits(v[k]) & kF32AbsMask;
+      if (a < kF32InfBits) finite_amax = max(finite_amax, a);
+    }
+  }
+  finite_amax = __reduce_max_sync(~0u, finite_amax);
+  if (lane == 0) scratch[warp] = bits_float(finite_amax);
+  __syncthreads();
+  std::uint32_t row_amax = 0;
+  for (int w = 0; w < warps; ++w) row_amax = max(row_amax, float_bits(scratch[w]));
+  const float s_enc = nvfp4_tensor_scale(bits_float(row_amax));
+  for (std::int64_t step = warp; step * 128 < n; step += warps) {
+    const std::int64_t j = step * 128 + 4 * lane;
+    float v[4];
+    values(j, v);
+    std::uint32_t amax_bits = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(v[k]) & kF32AbsMask);
+    amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
+    amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
+    const std::uint8_t bs = nvfp4_block_scale(amax_bits, s_enc);
+    std::uint32_t packed = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned q = e4m3_is_nan(bs) ? 0u : nvfp4_encode_value(v[k], s_enc, e4m3_to_float(bs));
+      packed |= q << (4 * k);
+    }
+    if (j < n) {
+      *reinterpret_cast<std::uint16_t*>(payload + j / 2) = static_cast<std::uint16_t>(packed);
+      if (lane % 4 == 0) payload[n / 2 + j / kNvfp4Block] = bs;
+    }
+  }
+  return s_enc;
+}
+
+// A bf16 row (encodes_bf16_rows' formats; n a multiple of 64, the row 8-byte aligned) straight
+// into its wire payload, without an fp32 row: returns s_enc (NVFP4) or 1. Every thread of the CTA
+// calls it; `scratch` holds one float per warp.
+__device__ inline float encode_bf16_row(const std::uint16_t* row, std::int64_t n,
+                                        Precision precision, ScaleRounding rounding,
+                                        std::uint8_t* payload, float* scratch) {
+  if (protocol::activation_format(precision) == Precision::nvfp4)
+    return encode_bf16_row_nvfp4(row, n, payload, scratch);
+  encode_bf16_row_e4m3(row, n, precision, rounding, payload);
+  return 1.0f;
 }
 
 __device__ inline void decode_row_block(const RowGroup& g, const std::uint8_t* payload,
