@@ -10,6 +10,7 @@
 
 #include "cuda/experts/e2m1_bf16.hpp"
 #include "cuda/experts/packed_weights.cuh"
+#include "cuda/row_codec.cuh"
 #include "formats/codec.hpp"
 #include "formats/codec_device.hpp"
 #include "gpu/codec_check.hpp"
@@ -236,6 +237,16 @@ __global__ void e2m1_bf16_kernel(bool nvfp4, DeviceCount* out) {
   }
 }
 
+// One CTA per row: encode_bf16_row into the row's payload (global memory) and its s_enc.
+__global__ void encode_bf16_rows_kernel(const std::uint16_t* x, std::int64_t n, Precision precision,
+                                        ScaleRounding rounding, std::uint8_t* payload,
+                                        std::size_t stride, float* s_enc) {
+  __shared__ float scratch[32];
+  const float s = cuda::encode_bf16_row(x + blockIdx.x * n, n, precision, rounding,
+                                        payload + blockIdx.x * stride, scratch);
+  if (threadIdx.x == 0) s_enc[blockIdx.x] = s;
+}
+
 }  // namespace
 
 Disagreements e2m1_bf16_decode_on_every_code(bool nvfp4) {
@@ -352,6 +363,36 @@ void mxfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_
     check(cudaFree(scales[k]), "cudaFree");
   }
   check(cudaFree(dx), "cudaFree");
+}
+
+WireRows encode_bf16_rows_on_device(const std::vector<std::uint16_t>& x, std::int64_t rows,
+                                    std::int64_t n, Precision precision, ScaleRounding rounding,
+                                    int warps) {
+  WireRows out;
+  out.stride = (protocol::wire_payload_bytes(precision, n) + 15) / 16 * 16;
+  out.payload.resize(static_cast<std::size_t>(rows) * out.stride);
+  out.s_enc.resize(static_cast<std::size_t>(rows));
+  std::uint16_t* x_d = nullptr;
+  std::uint8_t* payload_d = nullptr;
+  float* s_enc_d = nullptr;
+  check(cudaMalloc(&x_d, x.size() * sizeof(std::uint16_t)), "cudaMalloc");
+  check(cudaMalloc(&payload_d, out.payload.size()), "cudaMalloc");
+  check(cudaMalloc(&s_enc_d, out.s_enc.size() * sizeof(float)), "cudaMalloc");
+  check(cudaMemcpy(x_d, x.data(), x.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  check(cudaMemset(payload_d, 0xa5, out.payload.size()), "cudaMemset");  // bytes never written show
+  encode_bf16_rows_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(32 * warps)>>>(
+      x_d, n, precision, rounding, payload_d, out.stride, s_enc_d);
+  check(cudaGetLastError(), "encode_bf16_rows_kernel");
+  check(cudaMemcpy(out.payload.data(), payload_d, out.payload.size(), cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
+  check(cudaMemcpy(out.s_enc.data(), s_enc_d, out.s_enc.size() * sizeof(float),
+                   cudaMemcpyDeviceToHost),
+        "cudaMemcpy");
+  check(cudaFree(x_d), "cudaFree");
+  check(cudaFree(payload_d), "cudaFree");
+  check(cudaFree(s_enc_d), "cudaFree");
+  return out;
 }
 
 }  // namespace epmoe::test

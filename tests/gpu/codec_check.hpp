@@ -71,4 +71,17 @@ struct Mxfp4Bytes {
 void mxfp4_on_device(const std::vector<float>& x, std::int64_t rows, std::int64_t cols,
                      ScaleRounding rounding, Mxfp4Bytes* library, Mxfp4Bytes* cuda);
 
+// Rows of bf16 codes x: [rows, n] (n a multiple of 64), each encoded on device 0 by one CTA of
+// `warps` warps with cuda/row_codec.cuh's encode_bf16_row (dispatch's wire rows straight from x's
+// codes): each row's payload (its first protocol::wire_payload_bytes(precision, n) bytes of a
+// 16-byte aligned stride) and s_enc.
+struct WireRows {
+  std::vector<std::uint8_t> payload;  // [rows, stride]
+  std::size_t stride = 0;
+  std::vector<float> s_enc;  // [rows]
+};
+WireRows encode_bf16_rows_on_device(const std::vector<std::uint16_t>& x, std::int64_t rows,
+                                    std::int64_t n, Precision precision, ScaleRounding rounding,
+                                    int warps);
+
 }  // namespace epmoe::test

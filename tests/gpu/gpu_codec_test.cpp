@@ -12,6 +12,7 @@
 #include "epmoe/formats.hpp"
 #include "formats/codec.hpp"
 #include "gpu/codec_check.hpp"
+#include "protocol/wire_codec.hpp"
 #include "support/nvfp4_inputs.hpp"
 
 namespace epmoe {
@@ -137,4 +138,49 @@ TEST(GpuCodec, Mxfp4CudaCodecMatchesHostAndCudaConversions) {
 }
 
 }  // namespace
+// Dispatch's wire rows straight from x's bf16 codes (encode_bf16_row: registers, no fp32 row) are
+// the wire codec's bytes and s_enc (protocol::encode_payload of the same values), bit for bit, for
+// fp8_block128, MXFP8 under both roundings and NVFP4, on CTAs of 1, 4 and 8 warps: rows of the
+// input classes (support/nvfp4_inputs.hpp's, rounded to bf16), a row with an Inf and one with a
+// negative NaN, at n = 128 and n = 192 (a 64-wide last step of 128).
+TEST(GpuCodec, Bf16RowEncodersMatchTheWireCodec) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  std::int64_t class_rows = 0;
+  const std::vector<float> classes = test::nvfp4_input_matrix(&class_rows);
+  for (const std::int64_t n : {std::int64_t{128}, std::int64_t{192}}) {
+    const std::int64_t rows = class_rows + 2;
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(rows * n));
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = formats::float_to_bf16(classes[i % classes.size()]);
+    x[static_cast<std::size_t>(class_rows * n + 3)] = 0x7f80;         // +Inf
+    x[static_cast<std::size_t>((class_rows + 1) * n + 70)] = 0xffc1;  // a negative NaN
+    for (const auto& [precision, rounding] :
+         {std::pair{Precision::fp8_block128, ScaleRounding::rceil},
+          std::pair{Precision::mxfp8, ScaleRounding::rceil},
+          std::pair{Precision::mxfp8, ScaleRounding::ocp_floor},
+          std::pair{Precision::nvfp4, ScaleRounding::rceil}})
+      for (const int warps : {1, 4, 8}) {
+        const test::WireRows device =
+            test::encode_bf16_rows_on_device(x, rows, n, precision, rounding, warps);
+        const std::size_t bytes = protocol::wire_payload_bytes(precision, n);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::vector<float> values(static_cast<std::size_t>(n));
+          for (std::int64_t i = 0; i < n; ++i)
+            values[static_cast<std::size_t>(i)] =
+                formats::bf16_to_float(x[static_cast<std::size_t>(r * n + i)]);
+          std::vector<std::uint8_t> host(bytes, 0);
+          const float s_enc =
+              protocol::encode_payload(values.data(), n, precision, rounding, host.data());
+          const std::uint8_t* got = device.payload.data() + r * device.stride;
+          ASSERT_EQ(std::vector<std::uint8_t>(got, got + bytes), host)
+              << to_string(precision) << " " << to_string(rounding) << ", n " << n << ", " << warps
+              << " warps, row " << r;
+          ASSERT_EQ(formats::float_bits(device.s_enc[static_cast<std::size_t>(r)]),
+                    formats::float_bits(s_enc))
+              << to_string(precision) << ", n " << n << ", row " << r;
+        }
+      }
+  }
+}
+
 }  // namespace epmoe
