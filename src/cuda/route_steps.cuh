@@ -9,10 +9,10 @@
 //           scratch.x; bf16_codes: its bf16 codes and scale into x16 / x_scale; wire: nothing, the
 //           backend reads the payload itself), counts its pairs per expert. The
 //           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
-//   bucket: one warp per received row, a lane per entry, writes its pairs into the expert's part
-//           of the pair list (the order inside an expert is arrival order, which changes no
-//           result: rows of a GEMM are independent). Its lanes' atomics are in flight together,
-//           where a thread per row waited for each entry's in turn.
+//   bucket: a warp per 32 / top_k received rows, a lane per entry, writes their pairs into the
+//           experts' parts of the pair list (the order inside an expert is arrival order, which
+//           changes no result: rows of a GEMM are independent). Its lanes' atomics are in flight
+//           together, where a thread per row waited for each entry's in turn.
 // The per-expert counters are zeroed by dispatch (dispatch_step.cuh), every round. Both are device
 // functions of the whole grid, run by the chain's route and bucket kernels (experts_route.cu) and
 // by the persistent round kernel (persistent_round.cu).
@@ -183,22 +183,27 @@ __device__ inline void bucket_step(const RoundParams& p) {
   std::uint32_t total = 0;
   for (int src = 0; src < p.world; ++src) total += rows_from[src] = p.state->rows_from[src];
   const std::uint8_t* window = p.peer_windows[p.rank];
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  // A warp takes 32 / top_k rows at once, top_k lanes each (a lane per entry: a row has at most
+  // top_k <= 32), so qwen3's top-8 rows keep every lane's atomic in flight, not a quarter of them.
+  const int lane = static_cast<int>(threadIdx.x % 32), top_k = static_cast<int>(p.top_k);
+  const int rows_per_warp = 32 / top_k, slot = lane % top_k;
   const std::uint32_t warps = gridDim.x * (blockDim.x / 32);
-  for (std::uint32_t item = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; item < total;
-       item += warps) {
+  for (std::uint32_t first = (blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * rows_per_warp;
+       first < total; first += warps * rows_per_warp) {
+    const std::uint32_t item = first + static_cast<std::uint32_t>(lane / top_k);
+    if (lane / top_k >= rows_per_warp || item >= total) continue;  // (no warp-wide step here)
     int src;
     std::uint32_t r;
     locate_row(rows_from, item, src, r);
     const std::uint8_t* row = window + p.layout.recv_row(start.round, src, r);
     const std::int32_t entries_in_row =
         reinterpret_cast<const protocol::WireRowHeader*>(row)->num_entries;  // checked by route
-    if (lane < entries_in_row) {                                             // top_k <= 32 entries
+    if (slot < entries_in_row) {
       const auto* entries =
           reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-      const int e = entries[lane].local_expert;
+      const int e = entries[slot].local_expert;
       const std::uint32_t at = p.scratch.pair_offset[e] + atomicAdd(&p.scratch.expert_fill[e], 1u);
-      p.scratch.pairs[at] = experts::pack_pair(src, lane, r);
+      p.scratch.pairs[at] = experts::pack_pair(src, slot, r);
     }
   }
 }
