@@ -273,17 +273,20 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
   });
 }
 
-// FC2's staged sums home (send_rows_home, one warp per pair); the last CTA publishes done to every
-// rank (fc2_round).
+// FC2's staged results home (send_rows_home, one warp per pair); the last CTA publishes done to
+// every rank (fc2_round). kRows: FC2 stored bf16 rows (copied home) and not fp32 sums; the sums
+// kernel compiles without the copy, whose registers (80 against 63) cost it a quarter of its CTAs
+// per SM where nvfp4's large tiles send sums.
+template <bool kRows>
 __global__ void __launch_bounds__(kThreads) home_kernel(Params p) {
-  fc2_round<Stamps::end_only>(p.step,
-                              [&](std::uint32_t round) { send_rows_home<kThreads>(p, round); });
+  fc2_round<Stamps::end_only>(
+      p.step, [&](std::uint32_t round) { send_rows_home<kThreads, kRows>(p, round); });
 }
 
 }  // namespace
 
 StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
-                       std::int64_t max_pairs) {
+                       std::int64_t max_pairs, GemmOutput fc2_output) {
   const int group = activate_group_size(problem);
   const std::int64_t warp_ctas = ctas_for(max_pairs, kThreads / 32);
   return StepShapes{
@@ -296,7 +299,11 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
                 occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
                                 device, num_sms),
                 ctas_for(max_pairs, kThreads / group)),
-      at_most(occupancy_shape(home_kernel, 0, device, num_sms), warp_ctas), group};
+      at_most(fc2_output == GemmOutput::bf16_rows
+                  ? occupancy_shape(home_kernel<true>, 0, device, num_sms)
+                  : occupancy_shape(home_kernel<false>, 0, device, num_sms),
+              warp_ctas),
+      group};
 }
 
 void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t stream) {
@@ -313,7 +320,10 @@ void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) 
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 void launch_home(const Params& p, const StepShapes& s, cudaStream_t stream) {
-  launch_chained(home_kernel, s.home, stream, p);
+  if (p.fc2_made_rows())
+    launch_chained(home_kernel<true>, s.home, stream, p);
+  else
+    launch_chained(home_kernel<false>, s.home, stream, p);
   EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -99,8 +99,9 @@ struct StepShapes {
 };
 // On `num_sms` SMs by occupancy, each capped by the CTAs `max_pairs` pairs can use (the bucket's
 // bucket_pairs, round_grid_caps.hpp): a warp per pair for gather and home, a RowGroup for activate.
+// `fc2_output`: what the bucket's FC2 stores, which picks its home kernel (launch_home).
 StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
-                       std::int64_t max_pairs);
+                       std::int64_t max_pairs, GemmOutput fc2_output);
 
 // Each expert's M and operand pointers for both GEMMs (M = 0 for every expert when this rank's
 // round already failed: the GEMMs then do nothing), and each pair's row into FC1's operand.

@@ -129,6 +129,11 @@ WgmmaBackend::WgmmaBackend(const LayerConfig& config, int device)
 
 // A bucket's GEMMs, made once per (tile, SM count) and shared by the buckets that name the same,
 // and its step grids: all of it at creation (nothing is made or sized in forward).
+GemmOutput WgmmaBackend::BucketRun::fc2_output() const {
+  if (fp8_fc2 != nullptr) return fp8_fc2->output();
+  return packed_fc2 != nullptr ? packed_fc2->output() : fc2->output();
+}
+
 WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device,
                                                       std::int64_t max_pairs,
                                                       std::int64_t scratch_rows, bool rows16) {
@@ -136,7 +141,6 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
   BucketRun run;
-  run.shapes = step_shapes(problem_, device, k.num_sms, max_pairs);
   if (fp8()) {
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
@@ -196,6 +200,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
                   })
                   .get();
   }
+  run.shapes = step_shapes(problem_, device, k.num_sms, max_pairs, run.fc2_output());
   return run;
 }
 
@@ -270,19 +275,17 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.fp8_weights = fp8_weights_->weights();
     p.fp8_fc1 = run.fp8_fc1->arrays();
     p.fp8_fc2 = run.fp8_fc2->arrays();
-    p.fc2_output = run.fp8_fc2->output();
   } else if (p.packed()) {
     p.packed_weights = packed_weights_->weights();
     p.packed_fc1 = run.packed_fc1->arrays();
     p.packed_fc2 = run.packed_fc2->arrays();
     p.packed_e4m3 = run.packed_fc1->e4m3_tokens();
-    p.fc2_output = run.packed_fc2->output();
   } else {
     p.weights = weights_->weights();
     p.glu_fc1 = run.glu_fc1->arrays();
     p.fc2 = run.fc2->arrays();
-    p.fc2_output = run.fc2->output();
   }
+  p.fc2_output = run.fc2_output();
   return p;
 }
 

@@ -106,6 +106,8 @@ class WgmmaBackend final : public ExpertBackend {
     // the E4M3 tile's FC2 sends its rows home (token_back=epilogue_warps): no home kernel
     bool fc2_sends_home = false;
     StepShapes shapes{};
+    // What its FC2 stores (the home kernel copies bf16 rows or sends fp32 sums).
+    GemmOutput fc2_output() const;
   };
   // `max_pairs`: the bucket's bound on a rank's pairs (bucket_pairs), which caps its step grids;
   // `scratch_rows`: the pairs the scratch holds (every bucket's; the E4M3 GEMM's scale extent);
