@@ -88,6 +88,76 @@ __device__ inline float encode_row_block(const RowGroup& g, const float* x, std:
   return 1.0f;
 }
 
+// Division by one value many times over (a row's s_enc, a block's scale): its IEEE reciprocal
+// once, then per quotient a product and Markstein's correction (q + (a - q b) / b with the
+// reciprocal): the correctly rounded a / b wherever the quotient and a - q b stay normal, three
+// instructions where an IEEE division is ten and a slow-path branch (bench/RESULTS.md, session
+// 34: six of them per element held nvfp4's activate issue-bound). The sign of a zero quotient is
+// a's (b > 0); an infinite or NaN a keeps the product's quotient (the correction would be NaN).
+struct RepeatedDivisor {
+  float b, reciprocal;
+  __device__ explicit RepeatedDivisor(float divisor) : b(divisor), reciprocal(1.0f / divisor) {}
+  __device__ __forceinline__ float divide(float a) const {
+    const float q = a * reciprocal;
+    const float residual = fmaf(-q, b, a);
+    return isfinite(residual) ? copysignf(fmaf(residual, reciprocal, q), a) : q;
+  }
+};
+
+// One lane's four elements of an NVFP4 block of 16 (four lanes; block_amax_bits the block's
+// abs_max_bits, NaN and Inf included): formats::nvfp4_encode_block's block scale and E2M1 codes,
+// bit for bit, with its divisions by the block scale RepeatedDivisor's (the quotients that
+// decide a code, |q| > 0.25, are normal: the elements' scaled magnitudes are at most 2688 and a
+// non-zero scale at least 2^-9) and the block scale's E4M3 by CUDA's conversion of a finite
+// non-negative float (the host encoder's bytes:
+// GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat).
+struct Nvfp4LaneBlock {
+  std::uint8_t scale;     // E4M3; 0x7F (NaN) where the block has a NaN or an Inf
+  float scale_value;      // e4m3_to_float(scale)
+  std::uint8_t codes[4];  // E2M1 (0 in a NaN block)
+};
+__device__ __forceinline__ Nvfp4LaneBlock nvfp4_encode_lane(const float (&v)[4],
+                                                            std::uint32_t block_amax_bits,
+                                                            float s_enc) {
+  using namespace formats;
+  Nvfp4LaneBlock block{};
+  if (block_amax_bits >= kF32InfBits) {
+    block.scale = kE4m3Nan;
+    block.scale_value = quiet_nan();
+    return block;
+  }
+  block.scale = static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(
+      bits_float(block_amax_bits) / kE2m1Max * s_enc, __NV_SATFINITE, __NV_E4M3));
+  block.scale_value = e4m3_to_float(block.scale);
+  const RepeatedDivisor by_scale(block.scale_value);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    // a zero block scale: the zero of the element's sign (nvfp4_encode_value's)
+    const std::uint8_t zero = static_cast<std::uint8_t>(float_bits(v[k]) >> 28 & 0x8u);
+    block.codes[k] =
+        block.scale_value == 0.0f ? zero : float_to_e2m1(by_scale.divide(v[k] * s_enc));
+  }
+  return block;
+}
+
+// The bf16 codes of a lane's four NVFP4 elements decoded and times s_enc (FC2's input, the codec's
+// float_to_bf16(nvfp4_decode_value(...) * s_enc)), packed two per word, with the division by s_enc
+// by_s_enc's (RepeatedDivisor(s_enc)): the codec's bytes wherever s_enc is in [2^-100, 2^100] (the
+// E2M1 x E4M3 products, 0 or 2^-10 .. 2688, stay normal over it), within an ulp of them beyond.
+__device__ __forceinline__ uint2 nvfp4_lane_bf16(const Nvfp4LaneBlock& block, float s_enc,
+                                                 const RepeatedDivisor& by_s_enc) {
+  using namespace formats;
+  std::uint32_t codes[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float decoded = e4m3_is_nan(block.scale)
+                              ? quiet_nan()
+                              : by_s_enc.divide(e2m1_to_float(block.codes[k]) * block.scale_value);
+    codes[k] = float_to_bf16(decoded * s_enc);
+  }
+  return make_uint2(codes[0] | codes[1] << 16, codes[2] | codes[3] << 16);
+}
+
 // formats::fp8_block128_encode_value of two elements: CUDA's conversion of the same quotients
 // (cvt.rn.satfinite.e4m3x2, whose bytes are the host encoder's on every float but NaN:
 // GpuCodec.E4m3EncoderMatchesCudaFp8SatfiniteOnEveryFloat), except where the host's early returns
@@ -219,16 +289,13 @@ __device__ inline float encode_bf16_row_nvfp4(const std::uint16_t* row, std::int
     for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(v[k]) & kF32AbsMask);
     amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
     amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
-    const std::uint8_t bs = nvfp4_block_scale(amax_bits, s_enc);
+    const Nvfp4LaneBlock block = nvfp4_encode_lane(v, amax_bits, s_enc);
     std::uint32_t packed = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned q = e4m3_is_nan(bs) ? 0u : nvfp4_encode_value(v[k], s_enc, e4m3_to_float(bs));
-      packed |= q << (4 * k);
-    }
+    for (int k = 0; k < 4; ++k) packed |= std::uint32_t{block.codes[k]} << (4 * k);
     if (j < n) {
       *reinterpret_cast<std::uint16_t*>(payload + j / 2) = static_cast<std::uint16_t>(packed);
-      if (lane % 4 == 0) payload[n / 2 + j / kNvfp4Block] = bs;
+      if (lane % 4 == 0) payload[n / 2 + j / kNvfp4Block] = block.scale;
     }
   }
   return s_enc;

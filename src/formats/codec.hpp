@@ -140,28 +140,15 @@ EPMOE_HD float e2m1_to_float(std::uint8_t nibble) {
 
 EPMOE_HD std::uint8_t float_to_e2m1(float x) {
   const std::uint32_t u = float_bits(x);
-  if ((u & kF32AbsMask) > kF32InfBits) return 0x7;
   const std::uint8_t sign = static_cast<std::uint8_t>((u >> 28) & 0x8u);
   const float a = bits_float(u & kF32AbsMask);
-  // Midpoints between neighbours; at a tie the even code (last bit 0) wins.
-  std::uint8_t code;
-  if (a <= 0.25f)
-    code = 0;  // 0    | 0.5
-  else if (a < 0.75f)
-    code = 1;  // 0.5  | 1
-  else if (a <= 1.25f)
-    code = 2;  // 1    | 1.5
-  else if (a < 1.75f)
-    code = 3;  // 1.5  | 2
-  else if (a <= 2.5f)
-    code = 4;  // 2    | 3
-  else if (a < 3.5f)
-    code = 5;  // 3    | 4
-  else if (a <= 5.0f)
-    code = 6;  // 4    | 6
-  else
-    code = 7;  // 6 and saturation
-  return static_cast<std::uint8_t>(sign | code);
+  // The code is the number of midpoints between neighbours below a; at a tie the even code (last
+  // bit 0) wins. A sum of comparisons, not a chain of branches: a kernel encodes a value per lane
+  // and element, and the branches split its per-element code into blocks (nvfp4's activate).
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                   (a >= 3.5f) + (a > 5.0f);  // 6 and saturation above 5
+  return (u & kF32AbsMask) > kF32InfBits ? std::uint8_t{0x7}
+                                         : static_cast<std::uint8_t>(sign | code);
 }
 
 EPMOE_HD float round_to_e2m1(float x) {

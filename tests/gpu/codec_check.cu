@@ -247,6 +247,32 @@ __global__ void encode_bf16_rows_kernel(const std::uint16_t* x, std::int64_t n, 
   if (threadIdx.x == 0) s_enc[blockIdx.x] = s;
 }
 
+// A warp per row of 128: the held activate's encode of one 128-column step.
+__global__ void nvfp4_lane_rows_kernel(const float* x, std::uint8_t* packed, std::uint8_t* scales,
+                                       float* s_enc_out, std::uint16_t* h16) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const float* row = x + blockIdx.x * 128;
+  float v[4];
+  std::uint32_t finite_amax = 0, amax_bits = 0;
+  for (int k = 0; k < 4; ++k) {
+    v[k] = row[4 * lane + k];
+    const std::uint32_t a = float_bits(v[k]) & kF32AbsMask;
+    if (a < kF32InfBits) finite_amax = max(finite_amax, a);
+    amax_bits = max(amax_bits, a);
+  }
+  const float s_enc = nvfp4_tensor_scale(bits_float(__reduce_max_sync(~0u, finite_amax)));
+  amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
+  amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
+  const cuda::Nvfp4LaneBlock block = cuda::nvfp4_encode_lane(v, amax_bits, s_enc);
+  const std::size_t r = blockIdx.x;
+  packed[r * 64 + 2 * lane] = static_cast<std::uint8_t>(block.codes[0] | block.codes[1] << 4);
+  packed[r * 64 + 2 * lane + 1] = static_cast<std::uint8_t>(block.codes[2] | block.codes[3] << 4);
+  if (lane % 4 == 0) scales[r * 8 + lane / 4] = block.scale;
+  *reinterpret_cast<uint2*>(h16 + r * 128 + 4 * lane) =
+      cuda::nvfp4_lane_bf16(block, s_enc, cuda::RepeatedDivisor(s_enc));
+  if (lane == 0) s_enc_out[r] = s_enc;
+}
+
 }  // namespace
 
 Disagreements e2m1_bf16_decode_on_every_code(bool nvfp4) {
@@ -392,6 +418,31 @@ WireRows encode_bf16_rows_on_device(const std::vector<std::uint16_t>& x, std::in
   check(cudaFree(x_d), "cudaFree");
   check(cudaFree(payload_d), "cudaFree");
   check(cudaFree(s_enc_d), "cudaFree");
+  return out;
+}
+
+Nvfp4LaneRows nvfp4_lane_rows_on_device(const std::vector<float>& x, std::int64_t rows) {
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const auto n = static_cast<std::size_t>(rows) * 128;
+  float* x_d = device_alloc<float>(n);
+  std::uint8_t* packed_d = device_alloc<std::uint8_t>(n / 2);
+  std::uint8_t* scales_d = device_alloc<std::uint8_t>(n / kNvfp4Block);
+  float* s_enc_d = device_alloc<float>(static_cast<std::size_t>(rows));
+  std::uint16_t* h16_d = device_alloc<std::uint16_t>(n);
+  check(cudaMemcpy(x_d, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  nvfp4_lane_rows_kernel<<<static_cast<unsigned>(rows), 32>>>(x_d, packed_d, scales_d, s_enc_d,
+                                                              h16_d);
+  check(cudaGetLastError(), "nvfp4_lane_rows_kernel");
+  Nvfp4LaneRows out;
+  out.packed = to_host(packed_d, n / 2);
+  out.scales = to_host(scales_d, n / kNvfp4Block);
+  out.s_enc = to_host(s_enc_d, static_cast<std::size_t>(rows));
+  out.h16 = to_host(h16_d, n);
+  check(cudaFree(x_d), "cudaFree");
+  check(cudaFree(packed_d), "cudaFree");
+  check(cudaFree(scales_d), "cudaFree");
+  check(cudaFree(s_enc_d), "cudaFree");
+  check(cudaFree(h16_d), "cudaFree");
   return out;
 }
 

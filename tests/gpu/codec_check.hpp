@@ -84,4 +84,16 @@ WireRows encode_bf16_rows_on_device(const std::vector<std::uint16_t>& x, std::in
                                     std::int64_t n, Precision precision, ScaleRounding rounding,
                                     int warps);
 
+// Rows of 128 floats x, each by one warp on device 0 as nvfp4's held activate encodes h (a lane
+// four elements: cuda/row_codec.cuh's nvfp4_encode_lane, then nvfp4_lane_bf16): the row's s_enc
+// (nvfp4_tensor_scale of its finite amax), the packed E2M1 codes and block scales (wire layout:
+// 64 bytes of codes, 8 scales) and the bf16 codes of the decoded values times s_enc.
+struct Nvfp4LaneRows {
+  std::vector<std::uint8_t> packed;  // [rows, 64]
+  std::vector<std::uint8_t> scales;  // [rows, 8]
+  std::vector<float> s_enc;          // [rows]
+  std::vector<std::uint16_t> h16;    // [rows, 128]
+};
+Nvfp4LaneRows nvfp4_lane_rows_on_device(const std::vector<float>& x, std::int64_t rows);
+
 }  // namespace epmoe::test

@@ -4,7 +4,9 @@
 // MXFP4 codecs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <ios>
 #include <vector>
 
@@ -181,6 +183,62 @@ TEST(GpuCodec, Bf16RowEncodersMatchTheWireCodec) {
         }
       }
   }
+}
+
+// nvfp4's held activate encodes h a lane per four elements (nvfp4_encode_lane, its divisions by
+// the block scale as a reciprocal and a correction) and gives FC2 the decoded values times s_enc
+// as bf16 (nvfp4_lane_bf16, its division by s_enc the same way): the host codec's s_enc, codes and
+// block scales bit for bit on every input class (support/nvfp4_inputs.hpp's rows, which include
+// ties, signed zeros, fp32 subnormals and FLT_MAX, plus a row with an Inf and one with a NaN), and
+// its bf16 codes bit for bit wherever s_enc is in [2^-100, 2^100] (NaN as NaN: the device's
+// arithmetic gives its own NaN), at most one bf16 step away beyond.
+TEST(GpuCodec, Nvfp4LaneEncoderMatchesTheHostCodecOnEveryInputClass) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a GPU";
+  using namespace formats;
+  std::int64_t class_rows = 0;
+  std::vector<float> x = test::nvfp4_input_matrix(&class_rows);
+  ASSERT_EQ(test::kNvfp4InputCols, 128);
+  const std::int64_t rows = class_rows + 2;
+  x.resize(static_cast<std::size_t>(rows * 128), 1.5f);
+  x[static_cast<std::size_t>(class_rows * 128 + 37)] = bits_float(kF32InfBits);
+  x[static_cast<std::size_t>((class_rows + 1) * 128 + 90)] = quiet_nan();
+  const test::Nvfp4LaneRows device = test::nvfp4_lane_rows_on_device(x, rows);
+  int exact_rows = 0, zero_codes = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = x.data() + r * 128;
+    const float s_enc = nvfp4_tensor_scale(nvfp4_group_amax(row, 128));
+    ASSERT_EQ(float_bits(device.s_enc[static_cast<std::size_t>(r)]), float_bits(s_enc))
+        << "row " << r;
+    const bool exact = s_enc >= 0x1p-100f && s_enc <= 0x1p100f;
+    exact_rows += exact;
+    for (int b = 0; b < 8; ++b) {
+      std::uint8_t packed[8], scale = 0;
+      nvfp4_encode_block(row + 16 * b, 16, s_enc, packed, &scale);
+      ASSERT_EQ(device.scales[static_cast<std::size_t>(r * 8 + b)], scale)
+          << "row " << r << ", block " << b;
+      for (int i = 0; i < 8; ++i)
+        ASSERT_EQ(device.packed[static_cast<std::size_t>(r * 64 + 8 * b + i)], packed[i])
+            << "row " << r << ", block " << b << ", byte " << i << " (x " << row[16 * b + 2 * i]
+            << ", " << row[16 * b + 2 * i + 1] << ")";
+      for (int i = 0; i < 16; ++i) {
+        const std::uint8_t code = e2m1_code_at(packed, i);
+        zero_codes += (code & 0x7) == 0;
+        const std::uint16_t want = float_to_bf16(nvfp4_decode_value(code, scale, s_enc) * s_enc);
+        const std::uint16_t got = device.h16[static_cast<std::size_t>(r * 128 + 16 * b + i)];
+        if (std::isnan(bf16_to_float(want))) {
+          ASSERT_TRUE(std::isnan(bf16_to_float(got))) << "row " << r << ", element " << 16 * b + i;
+          continue;
+        }
+        const int steps_apart = std::abs(static_cast<int>(got) - static_cast<int>(want));
+        ASSERT_LE(steps_apart, exact ? 0 : 1)
+            << "row " << r << ", element " << 16 * b + i << ": s_enc " << s_enc << ", bf16 0x"
+            << std::hex << got << " against 0x" << want;
+      }
+    }
+  }
+  EXPECT_GT(exact_rows, rows / 2) << "most rows have s_enc in the exact range";
+  EXPECT_LT(exact_rows, rows) << "a row beyond it is there too";
+  EXPECT_GT(zero_codes, 100) << "the zero classes are there";
 }
 
 }  // namespace epmoe

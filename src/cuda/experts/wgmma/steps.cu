@@ -185,21 +185,23 @@ __global__ void __launch_bounds__(kThreads) activate_fp8_kernel(Params p) {
   });
 }
 
-constexpr int kHeldSteps = 16;  // 128-column steps of h a warp holds: I <= 2048
-
-// Whether nvfp4's h row fits activate_held_nvfp4_kernel's registers.
-bool holds_h_row(const ExpertProblem& problem) {
-  return problem.intermediate <= kHeldSteps * 128;
-}
-
-// nvfp4's activate for rows of at most kHeldSteps x 128 (qwen3's 768, deepseek-v3's 2048), in
-// registers: a warp per pair holds the row's h (each lane four columns of every 128), so the
-// row's s_enc (its finite amax over all of I) needs no shared memory; then each NVFP4 block of 16
-// is four lanes' values (its amax by two shuffles). The arithmetic is activate_kernel's and the
-// row codec's, call for call: h from the unscaled sums and b13, nvfp4_tensor_scale of the finite
-// amax, per block nvfp4_block_scale, each element's E2M1 code, its decoded value times s_enc as
-// the bf16 code FC2 reads. Longer rows run activate_kernel.
-__global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p) {
+// nvfp4's activate for rows of at most kSteps x 128 columns (qwen3's 768: 8; deepseek-v3's 2048:
+// 16), in registers: a warp per pair holds the row's h (each lane four columns of every 128), so
+// the row's s_enc (its finite amax over all of I) needs no shared memory; then each NVFP4 block of
+// 16 is four lanes' values (its amax by two shuffles, nvfp4_encode_lane). The arithmetic is
+// activate_kernel's and the row codec's: h from the unscaled sums and b13, nvfp4_tensor_scale of
+// the finite amax, per block its scale and E2M1 codes, each code's decoded value times s_enc as
+// the bf16 code FC2 reads. The divisions repeated per element are RepeatedDivisor's: FC1's sums
+// over x's scale and the weights' divisor are correctly rounded wherever the quotient is normal;
+// the codes are the codec's; the decoded values are the codec's wherever s_enc is in
+// [2^-100, 2^100] (E2M1 x E4M3 products, 0 or 2^-10 .. 2688, stay normal over it; beyond, rows of
+// amax below ~2^-88, within an ulp). No branch per element (six IEEE divisions and the E2M1
+// encoder's branches held the first version of this kernel at 680 us for qwen3's T = 8192 on an
+// H100, its sums' bytes taking 170: bench/RESULTS.md, session 34). kSteps sizes h in registers: 8
+// fits qwen3's kernel in 80 registers, 3 CTAs per SM. Longer rows run activate_kernel.
+template <int kSteps>
+__global__ void __launch_bounds__(kThreads, kSteps <= 8 ? 3 : 2)
+    activate_held_nvfp4_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (start.skip) return;
@@ -208,48 +210,60 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
   const ExpertProblem& problem = p.problem;
   const std::int64_t inter = problem.intermediate;
   const int steps = static_cast<int>((inter + 127) / 128);  // the last may be 64 wide
+  // 128-column steps loaded at once per lane: two (qwen3's 6 steps in three batches, none
+  // computed past the row; 2 KB in flight per warp).
+  constexpr int kHeldLoads = 2;
   for_each_pair_by_warp(p, [&](std::uint32_t pair, int lane) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
     const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
     const WeightFactors w = weight_factors(p, true, e);
     const Fc1Sums sums = fc1_sums(p, pair, e);
-    float h[kHeldSteps][4];
+    // FC1's sums as values, unscaled's: over x's scale, then the weights' divisor, then times the
+    // multiplier (no branch where a factor is 1: RepeatedDivisor's quotient by 1 is a itself)
+    const RepeatedDivisor by_x(x_scale), by_w(w.divisor);
+    const auto value = [&](float sum) {
+      return __fmul_rn(by_w.divide(by_x.divide(sum)), w.multiplier);
+    };
+    float h[kSteps][4];
     std::uint32_t finite_amax = 0;
 #pragma unroll
-    for (int first = 0; first < kHeldSteps; first += kLoads) {
+    for (int first = 0; first < kSteps; first += kHeldLoads) {
       if (first >= steps) break;
-      float4 gv[kLoads], uv[kLoads];
+      float4 gv[kHeldLoads], uv[kHeldLoads];
+      bool in_row[kHeldLoads];
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l) {
+      for (int l = 0; l < kHeldLoads; ++l) {
         const std::int64_t j = (first + l) * std::int64_t{128} + 4 * lane;
-        if (first + l < steps && j < inter) {
+        in_row[l] = first + l < steps && j < inter;
+        gv[l] = uv[l] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (in_row[l]) {
           gv[l] = *reinterpret_cast<const float4*>(sums.gate + j);
           uv[l] = *reinterpret_cast<const float4*>(sums.up + j);
         }
       }
+      // Selects, not branches, per element (b13's loads aside: only gpt-oss has biases, and its
+      // rows are longer than this kernel holds), so the steps' elements interleave.
 #pragma unroll
-      for (int l = 0; l < kLoads; ++l) {
+      for (int l = 0; l < kHeldLoads; ++l) {
         const std::int64_t j = (first + l) * std::int64_t{128} + 4 * lane;
         const float gates[4] = {gv[l].x, gv[l].y, gv[l].z, gv[l].w};
         const float ups[4] = {uv[l].x, uv[l].y, uv[l].z, uv[l].w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          if (first + l >= steps || j >= inter) {
-            h[first + l][k] = 0.0f;  // past the row: no part of any amax, never stored
-            continue;
-          }
-          h[first + l][k] = math::activation_f32(
-              problem.activation, math::biased(unscaled(gates[k], x_scale, w), sums.b13, j + k),
-              math::biased(unscaled(ups[k], x_scale, w), sums.b13_up, j + k), problem.swiglu_limit);
+          const float v = math::activation_f32(
+              problem.activation, math::biased(value(gates[k]), sums.b13, j + k),
+              math::biased(value(ups[k]), sums.b13_up, j + k), problem.swiglu_limit);
+          h[first + l][k] = in_row[l] ? v : 0.0f;  // past the row: in no amax, never stored
           const std::uint32_t a = float_bits(h[first + l][k]) & kF32AbsMask;
-          if (a < kF32InfBits) finite_amax = max(finite_amax, a);  // group_finite_amax's
+          finite_amax = a < kF32InfBits ? max(finite_amax, a) : finite_amax;  // group_finite_amax's
         }
       }
     }
     const float s_enc = nvfp4_tensor_scale(bits_float(__reduce_max_sync(~0u, finite_amax)));
+    const RepeatedDivisor by_s_enc(s_enc);
     std::uint16_t* h16 = p.scratch.h16 + static_cast<std::size_t>(pair) * inter;
 #pragma unroll
-    for (int step = 0; step < kHeldSteps; ++step) {
+    for (int step = 0; step < kSteps; ++step) {
       if (step >= steps) break;
       const std::int64_t j = step * std::int64_t{128} + 4 * lane;
       std::uint32_t amax_bits = 0;  // the block's, as encode_row_block: NaN and Inf included
@@ -257,20 +271,19 @@ __global__ void __launch_bounds__(kThreads) activate_held_nvfp4_kernel(Params p)
       for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(h[step][k]) & kF32AbsMask);
       amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
       amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
-      const std::uint8_t bs = nvfp4_block_scale(amax_bits, s_enc);
-      std::uint16_t codes[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const std::uint8_t q =
-            e4m3_is_nan(bs) ? 0u : nvfp4_encode_value(h[step][k], s_enc, e4m3_to_float(bs));
-        codes[k] = float_to_bf16(nvfp4_decode_value(q, bs, s_enc) * s_enc);
-      }
-      if (j < inter)
-        *reinterpret_cast<uint2*>(h16 + j) = make_uint2(codes[0] | std::uint32_t{codes[1]} << 16,
-                                                        codes[2] | std::uint32_t{codes[3]} << 16);
+      const Nvfp4LaneBlock block = nvfp4_encode_lane(h[step], amax_bits, s_enc);
+      if (j < inter) *reinterpret_cast<uint2*>(h16 + j) = nvfp4_lane_bf16(block, s_enc, by_s_enc);
     }
     if (lane == 0) p.scratch.h_scale[pair] = s_enc;
   });
+}
+
+// The held kernel's instantiation for problem's rows; nullptr where they are too long to hold.
+using ActivateKernel = void (*)(Params);
+ActivateKernel held_nvfp4_kernel(const ExpertProblem& problem) {
+  if (problem.intermediate <= 8 * 128) return activate_held_nvfp4_kernel<8>;
+  if (problem.intermediate <= 16 * 128) return activate_held_nvfp4_kernel<16>;
+  return nullptr;
 }
 
 // FC2's staged results home (send_rows_home, one warp per pair); the last CTA publishes done to
@@ -293,8 +306,8 @@ StepShapes step_shapes(const ExpertProblem& problem, int device, int num_sms,
       at_most(occupancy_shape(plan_and_gather_kernel, 0, device, num_sms), warp_ctas),
       runs_e4m3(problem)
           ? at_most(occupancy_shape(activate_fp8_kernel, 0, device, num_sms), warp_ctas)
-      : holds_h_row(problem)
-          ? at_most(occupancy_shape(activate_held_nvfp4_kernel, 0, device, num_sms), warp_ctas)
+      : held_nvfp4_kernel(problem) != nullptr
+          ? at_most(occupancy_shape(held_nvfp4_kernel(problem), 0, device, num_sms), warp_ctas)
           : at_most(
                 occupancy_shape(activate_kernel, (kThreads / group) * activate_row_smem(problem),
                                 device, num_sms),
@@ -313,8 +326,8 @@ void launch_plan_and_gather(const Params& p, const StepShapes& s, cudaStream_t s
 void launch_activate(const Params& p, const StepShapes& s, cudaStream_t stream) {
   if (p.fp8())
     launch_chained(activate_fp8_kernel, s.activate, stream, p);
-  else if (holds_h_row(p.problem))
-    launch_chained(activate_held_nvfp4_kernel, s.activate, stream, p);
+  else if (const ActivateKernel held = held_nvfp4_kernel(p.problem))
+    launch_chained(held, s.activate, stream, p);
   else
     launch_chained(activate_kernel, s.activate, stream, p, s.activate_group);
   EPMOE_CUDA_CHECK(cudaGetLastError());
