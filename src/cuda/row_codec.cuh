@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/device_common.cuh"
+#include "cuda/repeated_divisor.cuh"
 #include "formats/codec.hpp"
 #include "protocol/wire.hpp"
 
@@ -87,22 +88,6 @@ __device__ inline float encode_row_block(const RowGroup& g, const float* x, std:
   }
   return 1.0f;
 }
-
-// Division by one value many times over (a row's s_enc, a block's scale): its IEEE reciprocal
-// once, then per quotient a product and Markstein's correction (q + (a - q b) / b with the
-// reciprocal): the correctly rounded a / b wherever the quotient and a - q b stay normal, three
-// instructions where an IEEE division is ten and a slow-path branch (bench/RESULTS.md, session
-// 34: six of them per element held nvfp4's activate issue-bound). The sign of a zero quotient is
-// a's (b > 0); an infinite or NaN a keeps the product's quotient (the correction would be NaN).
-struct RepeatedDivisor {
-  float b, reciprocal;
-  __device__ explicit RepeatedDivisor(float divisor) : b(divisor), reciprocal(1.0f / divisor) {}
-  __device__ __forceinline__ float divide(float a) const {
-    const float q = a * reciprocal;
-    const float residual = fmaf(-q, b, a);
-    return isfinite(residual) ? copysignf(fmaf(residual, reciprocal, q), a) : q;
-  }
-};
 
 // One lane's four elements of an NVFP4 block of 16 (four lanes; block_amax_bits the block's
 // abs_max_bits, NaN and Inf included): formats::nvfp4_encode_block's block scale and E2M1 codes,

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/experts/packed_weights.hpp"
+#include "cuda/repeated_divisor.cuh"
 #include "formats/codec.hpp"
 #include "math/expert_row.hpp"  // math::unscaled
 
@@ -166,5 +167,17 @@ __device__ inline float unscaled(float sum, float row_scale, const WeightFactors
   const float v = math::unscaled(sum, row_scale, w.divisor);
   return w.multiplier != 1.0f ? __fmul_rn(v, w.multiplier) : v;
 }
+// unscaled for the many sums of one row and expert (activate's, home's), with no branch and no
+// IEEE division per sum: RepeatedDivisor's quotients, unscaled's wherever they are normal (a
+// factor of 1 divides exactly; times a multiplier of 1 is the quotient itself).
+struct RowUnscale {
+  RepeatedDivisor by_row, by_weights;
+  float multiplier;
+  __device__ RowUnscale(float row_scale, const WeightFactors& w)
+      : by_row(row_scale), by_weights(w.divisor), multiplier(w.multiplier) {}
+  __device__ __forceinline__ float operator()(float sum) const {
+    return __fmul_rn(by_weights.divide(by_row.divide(sum)), multiplier);
+  }
+};
 
 }  // namespace epmoe::cuda::experts

@@ -218,12 +218,7 @@ __global__ void __launch_bounds__(kThreads, kSteps <= 8 ? 3 : 2)
     const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
     const WeightFactors w = weight_factors(p, true, e);
     const Fc1Sums sums = fc1_sums(p, pair, e);
-    // FC1's sums as values, unscaled's: over x's scale, then the weights' divisor, then times the
-    // multiplier (no branch where a factor is 1: RepeatedDivisor's quotient by 1 is a itself)
-    const RepeatedDivisor by_x(x_scale), by_w(w.divisor);
-    const auto value = [&](float sum) {
-      return __fmul_rn(by_w.divide(by_x.divide(sum)), w.multiplier);
-    };
+    const RowUnscale value(x_scale, w);  // FC1's sums as values
     float h[kSteps][4];
     std::uint32_t finite_amax = 0;
 #pragma unroll

@@ -186,12 +186,12 @@ __device__ inline WeightFactors weight_factors(const Params& p, bool fc1, int e)
 }
 
 // One warp per pair (warps in flight per CTA, no CTA barrier between them), grid-stride over the
-// round's pairs: FC2's staged fp32 sums (scratch d) over both scales, b2, the result home
-// (send_home_n), four columns per lane per step; or FC2's bf16 rows (fc2_made_rows) copied home,
-// eight columns per lane per step. The chain's home kernel runs it, and the
-// persistent E4M3 round with token_back=dispatch_warps. kCtaThreads: the CTA's threads;
-// kMayCopyRows: whether FC2 may have stored bf16 rows (the E4M3 tile stores sums: the persistent
-// E4M3 round compiles without the copy, whose registers made it spill).
+// round's pairs: FC2's staged fp32 sums (scratch d) over both scales (RowUnscale), b2, the result
+// home (send_home_n), four columns per lane per step; or FC2's bf16 rows (fc2_made_rows) copied
+// home, eight columns per lane per step. The chain's home kernel runs it, and the persistent E4M3
+// round with token_back=dispatch_warps. kCtaThreads: the CTA's threads; kMayCopyRows: whether FC2
+// may have stored bf16 rows (the E4M3 tile stores sums: the persistent E4M3 round compiles without
+// the copy, whose registers made it spill).
 template <int kCtaThreads, bool kMayCopyRows = true>
 __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
@@ -219,7 +219,7 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
     }
     e = __shfl_sync(0xffffffffu, e, 0);
     const float h_scale = p.fp8() || p.fc1_made_h() ? 1.0f : p.scratch.h_scale[pair];
-    const WeightFactors w = weight_factors(p, false, e);
+    const RowUnscale value(h_scale, weight_factors(p, false, e));
     const auto* d =
         reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * hidden);
     const float* b2 = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
@@ -227,8 +227,7 @@ __device__ inline void send_rows_home(const Params& p, std::uint32_t round) {
       const float sums[4] = {v.x, v.y, v.z, v.w};
       float out[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        out[i] = math::biased(unscaled(sums[i], h_scale, w), b2, 4 * c4 + i);
+      for (int i = 0; i < 4; ++i) out[i] = math::biased(value(sums[i]), b2, 4 * c4 + i);
       send_home_n<4>(p.step.home, home, c4, out);
     });
   }
