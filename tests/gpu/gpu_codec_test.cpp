@@ -236,7 +236,9 @@ TEST(GpuCodec, Nvfp4LaneEncoderMatchesTheHostCodecOnEveryInputClass) {
       }
     }
   }
-  EXPECT_GT(exact_rows, rows / 2) << "most rows have s_enc in the exact range";
+  // the fixed classes but FLT_MAX's and the fp32 subnormals', the moderate rows, the Inf and NaN
+  // rows: 15 (the random rows' amax mostly exceeds 2^111)
+  EXPECT_GE(exact_rows, 15) << "the rows of moderate magnitude are in the exact range";
   EXPECT_LT(exact_rows, rows) << "a row beyond it is there too";
   EXPECT_GT(zero_codes, 100) << "the zero classes are there";
 }

@@ -262,32 +262,39 @@ TEST(Gpu, HiddenSizeNotAMultipleOfTheColumnTile) {
     }
 }
 
-// wgmma's nvfp4 activate holds an h row in a warp's registers up to I = 2048 and runs a RowGroup
-// with the row in shared memory beyond (gpt-oss's 2880, Mixtral's 14336): I = 2112 takes the
-// second, with a 64-wide last step, against the reference, as every other test's I takes the
-// first.
-TEST(Gpu, Nvfp4RowsLongerThanAWarpHoldsMatchTheReference) {
+// wgmma's nvfp4 activate holds an h row in a warp's registers, in two instantiations (up to 8 and
+// up to 16 steps of 128 columns), and runs a RowGroup with the row in shared memory beyond
+// (gpt-oss's 2880, Mixtral's 14336). Every other test's I takes the 8-step kernel; here I = 1088
+// (the 16-step one, its last step 64 wide), 2048 (all 16 steps) and 2112 (the RowGroup, a 64-wide
+// last step), against the reference.
+TEST(Gpu, Nvfp4RowsOfEveryActivateKernelMatchTheReference) {
   const int world = test::gpus_up_to(2);
   if (world < 1) GTEST_SKIP() << "needs a GPU";
-  const LayerShape shape{
-      .hidden = 128, .intermediate = 2112, .num_experts = 4, .top_k = 2, .max_tokens_per_rank = 64};
-  const auto weights = harness::make_random_weights(shape, 22);
-  for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
-    LayerOptions options;
-    options.expert_math = ExpertMath::wgmma;
-    options.combine = combine;
-    options.timeout_ms = 20'000;
-    Cluster cluster(shape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
-    within_seconds(300, "I = 2112", [&] {
-      run_on_rank_threads(world, [&](int rank) {
-        for (const std::int64_t t : {std::int64_t{64}, std::int64_t{1}}) {
-          const Batch b = harness::make_random_batch(shape, world, t, Routing::uniform, 0,
-                                                     80 + static_cast<std::uint64_t>(rank));
-          expect_matches(cluster.forward(rank, b), b, cluster,
-                         std::string(to_string(combine)) + " T=" + std::to_string(t));
-        }
+  for (const std::int64_t intermediate : {1088, 2048, 2112}) {
+    const LayerShape shape{.hidden = 128,
+                           .intermediate = intermediate,
+                           .num_experts = 4,
+                           .top_k = 2,
+                           .max_tokens_per_rank = 64};
+    const auto weights = harness::make_random_weights(shape, 22);
+    for (Combine combine : {Combine::staged, Combine::in_kernel_reduce}) {
+      LayerOptions options;
+      options.expert_math = ExpertMath::wgmma;
+      options.combine = combine;
+      options.timeout_ms = 20'000;
+      Cluster cluster(shape, Precision::nvfp4, options, world, weights, Backend::cuda_nccl);
+      const std::string what = "I = " + std::to_string(intermediate);
+      within_seconds(300, what.c_str(), [&] {
+        run_on_rank_threads(world, [&](int rank) {
+          for (const std::int64_t t : {std::int64_t{64}, std::int64_t{1}}) {
+            const Batch b = harness::make_random_batch(shape, world, t, Routing::uniform, 0,
+                                                       80 + static_cast<std::uint64_t>(rank));
+            expect_matches(cluster.forward(rank, b), b, cluster,
+                           what + " " + to_string(combine) + " T=" + std::to_string(t));
+          }
+        });
       });
-    });
+    }
   }
 }
 
