@@ -125,10 +125,17 @@ __device__ __forceinline__ Nvfp4LaneBlock nvfp4_encode_lane(const float (&v)[4],
   return block;
 }
 
+// Whether RepeatedDivisor(s_enc)'s quotients of NVFP4's decoded products (E2M1 x E4M3: 0 or
+// 2^-10 .. 2688) are nvfp4_decode_value's IEEE ones: s_enc in [2^-100, 2^100] keeps them normal
+// (rows of finite amax below ~2^-88 or above ~2^111 fall outside).
+__device__ __forceinline__ bool nvfp4_in_reciprocal_range(float s_enc) {
+  return s_enc >= 0x1p-100f && s_enc <= 0x1p100f;
+}
+
 // The bf16 codes of a lane's four NVFP4 elements decoded and times s_enc (FC2's input, the codec's
 // float_to_bf16(nvfp4_decode_value(...) * s_enc)), packed two per word, with the division by s_enc
-// by_s_enc's (RepeatedDivisor(s_enc)): the codec's bytes wherever s_enc is in [2^-100, 2^100] (the
-// E2M1 x E4M3 products, 0 or 2^-10 .. 2688, stay normal over it), within an ulp of them beyond.
+// by_s_enc's (RepeatedDivisor(s_enc)): the codec's bytes wherever nvfp4_in_reciprocal_range(s_enc),
+// within an ulp of the quotients beyond (the activate's rows, one warp's each, take no branch).
 __device__ __forceinline__ uint2 nvfp4_lane_bf16(const Nvfp4LaneBlock& block, float s_enc,
                                                  const RepeatedDivisor& by_s_enc) {
   using namespace formats;
@@ -371,31 +378,56 @@ __device__ inline void decode_row_to_bf16_codes(const RowGroup& g, const std::ui
                                                 float row_scale, float scale, std::uint16_t* out) {
   using namespace formats;
   const Precision format = protocol::activation_format(precision);
-  for (std::int64_t q = g.rank; q < n / 8; q += g.size) {
-    float v[8];
-    if (format == Precision::bf16) {
-      bf16x8_to_float(reinterpret_cast<const uint4*>(payload)[q], v);
-    } else if (format == Precision::mxfp8) {
-      const uint2 codes = reinterpret_cast<const uint2*>(payload)[q];
-      const std::uint8_t block_scale = payload[n + 8 * q / kMxfp8Block];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] = mxfp8_decode_value(
-            static_cast<std::uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))), block_scale);
-    } else {  // nvfp4
-      const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(payload)[q];
-      const std::uint8_t block_scale = payload[n / 2 + 8 * q / kNvfp4Block];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] = nvfp4_decode_value(static_cast<std::uint8_t>(codes >> (4 * j) & 0xFu), block_scale,
-                                  row_scale);
-    }
+  // Eight decoded values to eight bf16 codes in one 16-byte store.
+  const auto store = [&](std::int64_t q, const float(&v)[8]) {
     std::uint32_t packed[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       packed[j] = static_cast<std::uint32_t>(float_to_bf16(v[2 * j] * scale)) |
                   static_cast<std::uint32_t>(float_to_bf16(v[2 * j + 1] * scale)) << 16;
     reinterpret_cast<uint4*>(out)[q] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  };
+  if (format == Precision::nvfp4) {
+    // NVFP4's quotients over s_enc by a reciprocal and a correction where that is the IEEE
+    // quotient (nvfp4_in_reciprocal_range), else by nvfp4_decode_value's division: the choice is
+    // the row's, so no element branches.
+    const auto decode_nvfp4 = [&](auto over_s_enc) {
+      for (std::int64_t q = g.rank; q < n / 8; q += g.size) {
+        const std::uint32_t codes = reinterpret_cast<const std::uint32_t*>(payload)[q];
+        const std::uint8_t block_scale = payload[n / 2 + 8 * q / kNvfp4Block];
+        const float block_scale_value = e4m3_to_float(block_scale);
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          v[j] =
+              e4m3_is_nan(block_scale)
+                  ? quiet_nan()
+                  : over_s_enc(e2m1_to_float(static_cast<std::uint8_t>(codes >> (4 * j) & 0xFu)) *
+                               block_scale_value);
+        store(q, v);
+      }
+    };
+    if (nvfp4_in_reciprocal_range(row_scale)) {
+      const RepeatedDivisor by_s_enc(row_scale);
+      decode_nvfp4([&](float product) { return by_s_enc.divide(product); });
+    } else {
+      decode_nvfp4([&](float product) { return product / row_scale; });
+    }
+    return;
+  }
+  for (std::int64_t q = g.rank; q < n / 8; q += g.size) {
+    float v[8];
+    if (format == Precision::bf16) {
+      bf16x8_to_float(reinterpret_cast<const uint4*>(payload)[q], v);
+    } else {  // mxfp8
+      const uint2 codes = reinterpret_cast<const uint2*>(payload)[q];
+      const std::uint8_t block_scale = payload[n + 8 * q / kMxfp8Block];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        v[j] = mxfp8_decode_value(
+            static_cast<std::uint8_t>((j < 4 ? codes.x : codes.y) >> (8 * (j % 4))), block_scale);
+    }
+    store(q, v);
   }
 }
 
