@@ -4,8 +4,9 @@
 // its weights once per chunk. Route stages each row as the backend asked (StagedRows).
 //
 //   route:  every CTA waits for every count (bounded; a failure fails the round), then takes
-//           received rows grid-stride: checks the header and entries (a violation is reported and
-//           never computed on), decodes the row as the backend asked (StagedRows::fp32: into
+//           received rows grid-stride, a warp per row where the rows fill the grid's warps and
+//           a CTA per row where they do not: checks the header and entries (a violation is reported
+//           and never computed on), decodes the row as the backend asked (StagedRows::fp32: into
 //           scratch.x; bf16_codes: its bf16 codes and scale into x16 / x_scale; wire: nothing, the
 //           backend reads the payload itself), counts its pairs per expert. The
 //           last CTA turns the counts into pair and chunk offsets (a CTA-wide scan).
@@ -29,11 +30,11 @@ namespace epmoe::cuda {
 using experts::kChunkRows;
 
 // A receive row that is not this round's or names a token, slot or expert that cannot exist
-// (protocol::received_row_valid): a protocol violation by its writer, reported (by one thread) and
-// never computed on. The CTA then returns. (A count above max_tokens already failed the wait.)
+// (protocol::received_row_valid): a protocol violation by its writer, reported by one thread of
+// the row's group and never computed on. The CTA then returns. (A count above max_tokens already
+// failed the wait.)
 __device__ inline void reject_row(const RoundParams& p, std::uint32_t round, int src,
                                   std::uint32_t row_round) {
-  if (threadIdx.x != 0) return;
   const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
   fail_round(p, session, protocol::WaitOutcome{protocol::WaitStatus::violation, src, row_round, 0},
              Phase::dispatch_counts);
@@ -139,7 +140,14 @@ __device__ inline void route_step(const RoundParams& p) {
   for (int src = 0; src < p.world; ++src) total += rows_from[src];
   const std::uint8_t* window = p.peer_windows[p.rank];
   const protocol::RowLimits limits{p.layout.max_tokens, p.top_k, p.local_experts};
-  for (std::uint32_t item = blockIdx.x; item < total; item += gridDim.x) {
+  // A warp per row where the rows fill every warp of the grid (qwen3 at T = 8192: a CTA per row
+  // had one row's loads in flight per CTA, its warps waiting on the same header), else the CTA
+  // per row (a few rows: its threads share each row's decode).
+  const RowGroup g = total >= gridDim.x * (blockDim.x / 32) ? RowGroup::slice(32) : RowGroup::cta();
+  const std::uint32_t groups = blockDim.x / static_cast<std::uint32_t>(g.size);
+  bool rejected = false;
+  for (std::uint32_t item = blockIdx.x * groups + static_cast<std::uint32_t>(g.index); item < total;
+       item += gridDim.x * groups) {
     int src;
     std::uint32_t r;
     locate_row(rows_from, item, src, r);
@@ -148,24 +156,28 @@ __device__ inline void route_step(const RoundParams& p) {
     const auto* entries =
         reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
     if (!protocol::received_row_valid(header, entries, round, limits)) {
-      reject_row(p, round, src, header.round);
-      return;
+      if (g.rank == 0) reject_row(p, round, src, header.round);
+      rejected = true;
+      break;
     }
     const std::size_t x_row = static_cast<std::size_t>(src) * p.layout.max_tokens + r;
     const std::uint8_t* payload = row + protocol::wire_payload_offset(p.top_k);
     if (p.staged == StagedRows::fp32) {
-      decode_row_block(RowGroup::cta(), payload, p.hidden, p.precision, header.row_scale,
+      decode_row_block(g, payload, p.hidden, p.precision, header.row_scale,
                        p.scratch.x + x_row * static_cast<std::size_t>(p.hidden));
     } else if (p.staged == StagedRows::bf16_codes) {  // the backend's bf16 operand, its row scale
       const float scale = p.precision == Precision::nvfp4 ? header.row_scale : 1.0f;
-      decode_row_to_bf16_codes(RowGroup::cta(), payload, p.hidden, p.precision, header.row_scale,
-                               scale, p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
-      if (threadIdx.x == 0) p.scratch.x_scale[x_row] = scale;
+      decode_row_to_bf16_codes(g, payload, p.hidden, p.precision, header.row_scale, scale,
+                               p.scratch.x16 + x_row * static_cast<std::size_t>(p.hidden));
+      if (g.rank == 0) p.scratch.x_scale[x_row] = scale;
     }
-    if (threadIdx.x == 0)
+    if (g.rank == 0)
       for (std::int32_t n = 0; n < header.num_entries; ++n)
         atomicAdd(&p.scratch.expert_rows[entries[n].local_expert], 1u);
   }
+  // A rejected row ends its CTA's route (the round has failed): no ticket, so no CTA writes the
+  // offsets.
+  if (__syncthreads_or(rejected)) return;
 
   // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in.
   const bool mine = last_cta_done(&p.state->tickets[kRouteTicket]);
