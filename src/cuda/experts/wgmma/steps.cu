@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
        pair += gridDim.x * groups) {
     const int e = expert_of_pair(in, problem.local_experts, pair);
     const float x_scale = in.x_scale[x_row_of_pair(in, in.pairs[pair])];
-    const WeightFactors w = weight_factors(p, true, e);
+    const RowUnscale value(x_scale, weight_factors(p, true, e));  // FC1's sums as values
     // I is a multiple of 64, so each half of the row is float4-aligned.
     const auto* gate4 =
         reinterpret_cast<const float4*>(p.scratch.d + static_cast<std::size_t>(pair) * 2 * inter);
@@ -112,9 +112,9 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(Params p, int group_
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const std::int64_t j = 4 * j4 + k;
-          out[k] = math::activation_f32(
-              problem.activation, math::biased(unscaled(gates[k], x_scale, w), b13, j),
-              math::biased(unscaled(ups[k], x_scale, w), b13_up, j), problem.swiglu_limit);
+          out[k] =
+              math::activation_f32(problem.activation, math::biased(value(gates[k]), b13, j),
+                                   math::biased(value(ups[k]), b13_up, j), problem.swiglu_limit);
         }
         reinterpret_cast<float4*>(h)[j4] = make_float4(out[0], out[1], out[2], out[3]);
       }
