@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "cuda/device_common.cuh"
-#include "cuda/repeated_divisor.cuh"
+#include "cuda/repeated_divisor.hpp"
 #include "formats/codec.hpp"
 #include "protocol/wire.hpp"
 
@@ -123,13 +123,6 @@ __device__ __forceinline__ Nvfp4LaneBlock nvfp4_encode_lane(const float (&v)[4],
         block.scale_value == 0.0f ? zero : float_to_e2m1(by_scale.divide(v[k] * s_enc));
   }
   return block;
-}
-
-// Whether RepeatedDivisor(s_enc)'s quotients of NVFP4's decoded products (E2M1 x E4M3: 0 or
-// 2^-10 .. 2688) are nvfp4_decode_value's IEEE ones: s_enc in [2^-100, 2^100] keeps them normal
-// (rows of finite amax below ~2^-88 or above ~2^111 fall outside).
-__device__ __forceinline__ bool nvfp4_in_reciprocal_range(float s_enc) {
-  return s_enc >= 0x1p-100f && s_enc <= 0x1p100f;
 }
 
 // The bf16 codes of a lane's four NVFP4 elements decoded and times s_enc (FC2's input, the codec's

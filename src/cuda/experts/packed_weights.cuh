@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "cuda/experts/packed_weights.hpp"
-#include "cuda/repeated_divisor.cuh"
+#include "cuda/repeated_divisor.hpp"
 #include "formats/codec.hpp"
 #include "math/expert_row.hpp"  // math::unscaled
 

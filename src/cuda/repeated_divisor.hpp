@@ -1,8 +1,11 @@
 // Division by one value many times over, for kernels that divide every element of a row or block
-// by its scale.
+// by its scale. __host__ __device__ (EPMOE_HD) so tests/repeated_divisor_test.cpp checks the same
+// arithmetic against IEEE division on the host.
 #pragma once
 
-#include <cuda_runtime.h>
+#include <cmath>
+
+#include "formats/codec.hpp"  // EPMOE_HD
 
 namespace epmoe::cuda {
 
@@ -14,12 +17,24 @@ namespace epmoe::cuda {
 // or NaN a keeps the product's quotient (the correction would be NaN).
 struct RepeatedDivisor {
   float b, reciprocal;
-  __device__ explicit RepeatedDivisor(float divisor) : b(divisor), reciprocal(1.0f / divisor) {}
-  __device__ __forceinline__ float divide(float a) const {
+  EPMOE_HD explicit RepeatedDivisor(float divisor) : b(divisor), reciprocal(1.0f / divisor) {}
+  EPMOE_HD float divide(float a) const {
     const float q = a * reciprocal;
+#if defined(__CUDA_ARCH__)
     const float residual = fmaf(-q, b, a);
     return isfinite(residual) ? copysignf(fmaf(residual, reciprocal, q), a) : q;
+#else
+    const float residual = std::fma(-q, b, a);
+    return std::isfinite(residual) ? std::copysign(std::fma(residual, reciprocal, q), a) : q;
+#endif
   }
 };
+
+// Whether RepeatedDivisor(s_enc)'s quotients of NVFP4's decoded products (E2M1 x E4M3: 0 or
+// 2^-10 .. 2688) are nvfp4_decode_value's IEEE ones: s_enc in [2^-100, 2^100] keeps them normal
+// (rows of finite amax below ~2^-88 or above ~2^111 fall outside).
+EPMOE_HD bool nvfp4_in_reciprocal_range(float s_enc) {
+  return s_enc >= 0x1p-100f && s_enc <= 0x1p100f;
+}
 
 }  // namespace epmoe::cuda
