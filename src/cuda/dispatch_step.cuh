@@ -1,10 +1,9 @@
 // Dispatch (docs/design.md §3 steps 1-3) as a device function of the whole grid: every CTA takes
 // tokens in a grid-stride loop, stages the token's wire row in shared memory once (quantized on the
-// fly), and copies it with
-// 16-byte stores into each owner rank's receive rows, carrying all the token's (slot, expert,
-// weight) entries there. The last CTA to finish publishes (round, rows) to every rank, zero rows
-// included. Run by the chain's dispatch kernel (dispatch.cu) and by the persistent round kernel
-// (persistent_round.cu).
+// fly), and copies it with 16-byte stores into each owner rank's receive rows, carrying all the
+// token's (slot, expert, weight) entries there. The last CTA to finish publishes (round, rows) to
+// every rank, zero rows included. Run by the chain's dispatch kernel (dispatch.cu) and by the
+// persistent round kernel (persistent_round.cu).
 #pragma once
 
 #include <algorithm>
@@ -141,7 +140,7 @@ __device__ inline void dispatch_step(const RoundParams& p) {
     TokenSlots slots;
     if (slot_lane) slots = load_slots(p, t);
     float s_enc = 1.0f;
-    if (kFromCodes && from_codes) {
+    if (from_codes) {
       s_enc =
           encode_bf16_row(p.x + t * p.hidden, p.hidden, p.precision, p.rounding, payload, scratch);
     } else {

@@ -89,8 +89,9 @@ __device__ inline float encode_row_block(const RowGroup& g, const float* x, std:
   return 1.0f;
 }
 
-// One lane's four elements of an NVFP4 block of 16 (four lanes; block_amax_bits the block's
-// abs_max_bits, NaN and Inf included): formats::nvfp4_encode_block's block scale and E2M1 codes,
+// One lane's four elements of an NVFP4 block of 16 (lanes 4 b .. 4 b + 3 of the warp; every lane
+// calls it: the block's amax, abs_max_bits with NaN and Inf included, by two shuffles):
+// formats::nvfp4_encode_block's block scale and E2M1 codes,
 // bit for bit, with its divisions by the block scale RepeatedDivisor's (the quotients that
 // decide a code, |q| > 0.25, are normal: the elements' scaled magnitudes are at most 2688 and a
 // non-zero scale at least 2^-9) and the block scale's E4M3 by CUDA's conversion of a finite
@@ -101,10 +102,14 @@ struct Nvfp4LaneBlock {
   float scale_value;      // e4m3_to_float(scale)
   std::uint8_t codes[4];  // E2M1 (0 in a NaN block)
 };
-__device__ __forceinline__ Nvfp4LaneBlock nvfp4_encode_lane(const float (&v)[4],
-                                                            std::uint32_t block_amax_bits,
-                                                            float s_enc) {
+__device__ __forceinline__ Nvfp4LaneBlock nvfp4_encode_lane(const float (&v)[4], float s_enc) {
   using namespace formats;
+  std::uint32_t block_amax_bits = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    block_amax_bits = max(block_amax_bits, float_bits(v[k]) & kF32AbsMask);
+  block_amax_bits = max(block_amax_bits, __shfl_xor_sync(~0u, block_amax_bits, 1));
+  block_amax_bits = max(block_amax_bits, __shfl_xor_sync(~0u, block_amax_bits, 2));
   Nvfp4LaneBlock block{};
   if (block_amax_bits >= kF32InfBits) {
     block.scale = kE4m3Nan;
@@ -269,12 +274,7 @@ __device__ inline float encode_bf16_row_nvfp4(const std::uint16_t* row, std::int
     const std::int64_t j = step * 128 + 4 * lane;
     float v[4];
     values(j, v);
-    std::uint32_t amax_bits = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(v[k]) & kF32AbsMask);
-    amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
-    amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
-    const Nvfp4LaneBlock block = nvfp4_encode_lane(v, amax_bits, s_enc);
+    const Nvfp4LaneBlock block = nvfp4_encode_lane(v, s_enc);
     std::uint32_t packed = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) packed |= std::uint32_t{block.codes[k]} << (4 * k);

@@ -253,17 +253,14 @@ __global__ void nvfp4_lane_rows_kernel(const float* x, std::uint8_t* packed, std
   const int lane = static_cast<int>(threadIdx.x);
   const float* row = x + blockIdx.x * 128;
   float v[4];
-  std::uint32_t finite_amax = 0, amax_bits = 0;
+  std::uint32_t finite_amax = 0;
   for (int k = 0; k < 4; ++k) {
     v[k] = row[4 * lane + k];
     const std::uint32_t a = float_bits(v[k]) & kF32AbsMask;
     if (a < kF32InfBits) finite_amax = max(finite_amax, a);
-    amax_bits = max(amax_bits, a);
   }
   const float s_enc = nvfp4_tensor_scale(bits_float(__reduce_max_sync(~0u, finite_amax)));
-  amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
-  amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
-  const cuda::Nvfp4LaneBlock block = cuda::nvfp4_encode_lane(v, amax_bits, s_enc);
+  const cuda::Nvfp4LaneBlock block = cuda::nvfp4_encode_lane(v, s_enc);
   const std::size_t r = blockIdx.x;
   packed[r * 64 + 2 * lane] = static_cast<std::uint8_t>(block.codes[0] | block.codes[1] << 4);
   packed[r * 64 + 2 * lane + 1] = static_cast<std::uint8_t>(block.codes[2] | block.codes[3] << 4);

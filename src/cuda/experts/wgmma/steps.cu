@@ -261,12 +261,7 @@ __global__ void __launch_bounds__(kThreads, kSteps <= 8 ? 3 : 2)
     for (int step = 0; step < kSteps; ++step) {
       if (step >= steps) break;
       const std::int64_t j = step * std::int64_t{128} + 4 * lane;
-      std::uint32_t amax_bits = 0;  // the block's, as encode_row_block: NaN and Inf included
-#pragma unroll
-      for (int k = 0; k < 4; ++k) amax_bits = max(amax_bits, float_bits(h[step][k]) & kF32AbsMask);
-      amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 1));
-      amax_bits = max(amax_bits, __shfl_xor_sync(~0u, amax_bits, 2));
-      const Nvfp4LaneBlock block = nvfp4_encode_lane(h[step], amax_bits, s_enc);
+      const Nvfp4LaneBlock block = nvfp4_encode_lane(h[step], s_enc);
       if (j < inter) *reinterpret_cast<uint2*>(h16 + j) = nvfp4_lane_bf16(block, s_enc, by_s_enc);
     }
     if (lane == 0) p.scratch.h_scale[pair] = s_enc;
