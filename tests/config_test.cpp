@@ -499,11 +499,14 @@ TEST(WithKnobsWgmma, Bf16GemmsGet128Or64RowsAnd128Or256Columns) {
   }
 }
 
-TEST(WithKnobsWgmma, Fp8Block128GetsOnly128By128) {
+// fp8_block128: block_m 64 (the packed GEMM's E4M3 tile) or 128 (CUTLASS's blockwise GEMM, 128 x
+// 128 x 128), block_n always 128.
+TEST(WithKnobsWgmma, Fp8Block128GetsBlockM64Or128AndBlockN128) {
   using T = std::pair<std::int32_t, std::int32_t>;
   for (std::int32_t bm : kKnobSpace.block_m)
     for (std::int32_t bn : kKnobSpace.block_n)
-      EXPECT_EQ(tile_after(Precision::fp8_block128, ExpertMath::wgmma, bm, bn), T(128, 128))
+      EXPECT_EQ(tile_after(Precision::fp8_block128, ExpertMath::wgmma, bm, bn),
+                T(bm == 64 ? 64 : 128, 128))
           << bm << " x " << bn;
 }
 
@@ -528,13 +531,14 @@ TEST(WithKnobsWgmma, NotesNameTheKnobTheMathAndTheTile) {
   LayerOptions o;
   o.expert_math = ExpertMath::wgmma;
   std::vector<std::string> notes;
-  const Knobs out = core::adjust_knobs(tile_knobs(64, 256), Precision::fp8_block128, 4, kQwen,
+  const Knobs out = core::adjust_knobs(tile_knobs(256, 256), Precision::fp8_block128, 4, kQwen,
                                        TokenBucket::decode, o, &notes);
   EXPECT_EQ(out, tile_knobs(128, 128));
   ASSERT_EQ(notes.size(), 2u);
   EXPECT_EQ(notes[0],
-            "block_m=64 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 "
-            "rows) for fp8_block128 (64-row tiles: every precision but fp8_block128)");
+            "block_m=256 -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x "
+            "64 rows) for fp8_block128 (256 token rows: the packed-weight GEMM of mxfp8, nvfp4, "
+            "mxfp4)");
   EXPECT_EQ(notes[1],
             "block_n=256 -> 128: expert_math=wgmma ships 128 x 128 tiles only for fp8_block128 "
             "(E4M3 blockwise)");
@@ -604,8 +608,7 @@ TEST(WgmmaHasTile, IsExactlyTheShippedInstantiations) {
     for (std::int32_t bm : kKnobSpace.block_m)
       for (std::int32_t bn : kKnobSpace.block_n) {
         const bool packed = p == Precision::mxfp8 || p == Precision::nvfp4 || p == Precision::mxfp4;
-        const bool rows =
-            bm == 128 || (bm == 64 && p != Precision::fp8_block128) || (bm == 256 && packed);
+        const bool rows = bm == 128 || bm == 64 || (bm == 256 && packed);
         const bool shipped = rows && (bn == 128 || (bn == 256 && p != Precision::fp8_block128));
         EXPECT_EQ(core::wgmma_has_tile(p, bm, bn), shipped) << to_string(p) << bm << "x" << bn;
       }

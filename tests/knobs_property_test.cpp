@@ -186,14 +186,11 @@ TEST_P(WithKnobsProperty,
               fail("result breaks a rule: " + c, out);
             }
             // Minimal adjustment: only conflicting knobs move, and only downwards, except onto
-            // the wgmma tiles: block_m up to 128 (64 kept where FC1 activates in its epilogue), a
-            // 64-wide block_n up to 128.
+            // the wgmma tiles: block_m 256 down to 128 where no 256-row tile exists (64 and 128
+            // exist in every precision), a 64-wide block_n up to 128.
             const bool wgmma = options.expert_math == ExpertMath::wgmma;
             const std::int32_t wgmma_block_m =
-                (in.block_m == 64 && core::wgmma_has_64_row_tile(precision)) ||
-                        (in.block_m == 256 && core::wgmma_has_256_row_tile(precision))
-                    ? in.block_m
-                    : 128;
+                in.block_m != 256 || core::wgmma_has_256_row_tile(precision) ? in.block_m : 128;
             const bool block_m_ok =
                 wgmma ? out.block_m == wgmma_block_m : out.block_m == in.block_m;
             const bool block_n_ok =
@@ -308,7 +305,8 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
 // medium): qwen3 (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not
 // in medium (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up
 // to world 4 (4 x 16 x 2 / 8 = 16), not at world 8 (32). mxfp4 as mxfp8; never another precision or
-// another block_m.
+// another block_m (fp8_block128 runs an E4M3 tile of its own at block_m 64, without the E4M3 tile's
+// token_back choice or persistent round).
 TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert) {
   const LayerShape qwen3 = known_models()[0].layer_shape(8192);
   ASSERT_EQ(qwen3.num_experts, 128);
@@ -334,7 +332,17 @@ TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerE
     EXPECT_FALSE(rows16(p, TokenBucket::medium, k64)) << to_string(p);
   }
   EXPECT_FALSE(rows16(Precision::bf16, TokenBucket::decode, k64));
-  EXPECT_FALSE(rows16(Precision::fp8_block128, TokenBucket::decode, k64));
+  // fp8_block128's block_m 64 is its E4M3 tile wherever it is set (it has no 64-row tile), and the
+  // table sets it only where an expert gets at most 16 rows; the tile has no persistent round
+  EXPECT_TRUE(rows16(Precision::fp8_block128, TokenBucket::decode, k64));
+  EXPECT_TRUE(rows16(Precision::fp8_block128, TokenBucket::medium, k64));
+  EXPECT_EQ(default_knobs(Precision::fp8_block128, 1, qwen3, TokenBucket::decode).block_m, 64);
+  EXPECT_EQ(default_knobs(Precision::fp8_block128, 1, qwen3, TokenBucket::small).block_m, 64);
+  EXPECT_EQ(default_knobs(Precision::fp8_block128, 1, qwen3, TokenBucket::medium).block_m, 128);
+  EXPECT_EQ(default_knobs(Precision::fp8_block128, 4, qwen3, TokenBucket::small).block_m, 128);
+  Knobs k128 = k64;
+  k128.block_m = 128;
+  EXPECT_FALSE(rows16(Precision::fp8_block128, TokenBucket::decode, k128));
   for (Precision p : kPrecisions) {
     if (p != Precision::mxfp8 && p != Precision::mxfp4) {
       EXPECT_FALSE(e4m3(p, 1, qwen3, TokenBucket::decode, k64)) << to_string(p);

@@ -110,20 +110,20 @@ void check_options(const LayerOptions& o) {
 // has none) with every expert math, token_back with wgmma (the E4M3 tile's buckets run either
 // mode; every other bucket, of every math, has one, which make_config and with_knobs set) and
 // block_m / block_n with wgmma (bf16: both, its CUTLASS GEMMs' tiles;
-// mxfp8 / nvfp4 / mxfp4: block_m, the packed-weight GEMM's token rows; fp8_block128: neither);
+// mxfp8 / nvfp4 / mxfp4: block_m, the packed-weight GEMM's token rows; fp8_block128: block_m,
+// 64 its E4M3 tile, 128 its blockwise GEMM);
 // the CPU executor reads none (its describe() is the same line: ranks compare configs, not
 // executors).
 std::string describe_knobs(const Knobs& k, ExpertMath math, Precision precision) {
   // block_m / block_n: read by the wgmma backend only (exact and tensor_core run fixed tiles):
-  // both by its bf16 GEMMs, block_m (token rows) by the packed-weight GEMM of mxfp8 / nvfp4 /
-  // mxfp4, neither by fp8_block128's E4M3 GEMM.
+  // both by its bf16 GEMMs, block_m by the others (the packed-weight GEMM's token rows; for
+  // fp8_block128 which GEMM runs).
   std::string m_mark, n_mark;
   if (math != ExpertMath::wgmma) {
     m_mark = n_mark = std::string(" (not read by expert_math=") + to_string(math) + ")";
   } else if (precision != Precision::bf16) {
     n_mark =
         std::string(" (not read by expert_math=wgmma with precision=") + to_string(precision) + ")";
-    if (precision == Precision::fp8_block128) m_mark = n_mark;
   }
   return "{" + core::knob_fields(k, m_mark, n_mark) + "}";
 }

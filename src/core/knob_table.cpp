@@ -126,6 +126,11 @@ Knobs rule_knobs(Precision precision, int world, const LayerShape& shape, TokenB
   // block_m: an expert with <= 64 rows would leave half of a 128-row tile empty (and 64 is the
   // M of one WGMMA warpgroup), so decode-like loads use 64; larger loads use 128.
   k.block_m = rows_per_expert <= 64 ? 64 : 128;
+  // fp8_block128's block_m 64 is its E4M3 tile of 16 token rows (wgmma_16_row_tile), where an
+  // expert gets a few rows (the mxfp8 tile's rule: on that tile mxfp8 ran qwen3 at T = 1, 16, 128
+  // in 0.060, 0.192, 0.278 ms where fp8_block128 on CUTLASS's 128-row tiles took 0.082, 0.228,
+  // 0.317, one H100, bench/RESULTS.md session 34); CUTLASS's 128 from there.
+  if (precision == Precision::fp8_block128 && rows_per_expert > kWgmmaE4m3MaxRows) k.block_m = 128;
   // block_n, measured (`epmoe tune` at EP2-equivalent expert loads on one H200, every real shape,
   // bf16 and mxfp8: bench/RESULTS.md, session 14): 256 wherever the wgmma backend ships it, since
   // FC2 (N = H) on 128 x 256 tiles won 3-9 % in the small and medium buckets and 3-5 % in prefill,
@@ -183,14 +188,17 @@ std::int64_t shared_memory_bytes(Precision precision, std::int32_t block_m, std:
 
 bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs) {
+  if (knobs.block_m != 64) return false;
+  if (precision == Precision::fp8_block128) return true;  // (its only tile of block_m 64)
   return (precision == Precision::mxfp8 || precision == Precision::mxfp4 ||
           precision == Precision::nvfp4) &&
-         knobs.block_m == 64 && balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
+         balanced_rows_per_expert(world, shape, bucket) <= kWgmmaE4m3MaxRows;
 }
 
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs) {
-  return precision != Precision::nvfp4 && wgmma_16_row_tile(precision, world, shape, bucket, knobs);
+  return (precision == Precision::mxfp8 || precision == Precision::mxfp4) &&
+         wgmma_16_row_tile(precision, world, shape, bucket, knobs);
 }
 
 std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
@@ -202,8 +210,7 @@ std::optional<TokenBack> only_token_back(Precision precision, int world, const L
 }
 
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n) {
-  if (block_m != 128 && !(block_m == 64 && wgmma_has_64_row_tile(precision)) &&
-      !(block_m == 256 && wgmma_has_256_row_tile(precision)))
+  if (block_m != 128 && block_m != 64 && !(block_m == 256 && wgmma_has_256_row_tile(precision)))
     return false;
   return block_n == 128 || (block_n == 256 && precision != Precision::fp8_block128);
 }
@@ -255,20 +262,19 @@ Knobs adjust_knobs(const Knobs& knobs, Precision precision, int world, const Lay
   // NOTES: the wgmma backend runs CUTLASS's cooperative kernel (two consumer warpgroups of 64 rows:
   // M tile 128) and ships two tiles, so other values move onto the nearest one it has. Up for
   // block_m and a 64-wide block_n (a narrower tile does not exist), down for fp8_block128's 256.
-  // block_m 64 / 256 stays where such a tile exists (wgmma_has_64_row_tile / _256_).
+  // block_m 64 stays (every precision has it), 256 where such a tile exists
+  // (wgmma_has_256_row_tile).
   if (options.expert_math == ExpertMath::wgmma &&
       !wgmma_has_tile(precision, k.block_m, k.block_n)) {
     const std::int32_t block_n =
         k.block_n == 256 && precision != Precision::fp8_block128 ? 256 : 128;
-    const bool kept = (k.block_m == 64 && wgmma_has_64_row_tile(precision)) ||
-                      (k.block_m == 256 && wgmma_has_256_row_tile(precision));
+    const bool kept = k.block_m != 256 || wgmma_has_256_row_tile(precision);
     const std::int32_t block_m = kept ? k.block_m : 128;
     if (k.block_m != block_m)
       note("block_m=" + std::to_string(k.block_m) +
            " -> 128: expert_math=wgmma runs 128-row tiles (two consumer warpgroups x 64 rows)" +
            std::string(" for ") + to_string(precision) +
-           (k.block_m == 64 ? " (64-row tiles: every precision but fp8_block128)"
-                            : " (256 token rows: the packed-weight GEMM of mxfp8, nvfp4, mxfp4)"));
+           " (256 token rows: the packed-weight GEMM of mxfp8, nvfp4, mxfp4)");
     if (k.block_n != block_n)
       note("block_n=" + std::to_string(k.block_n) + " -> " + std::to_string(block_n) +
            ": expert_math=wgmma ships 128 x 128 tiles" +

@@ -36,13 +36,6 @@ constexpr bool wgmma_fc1_activates(Precision precision) {
   return precision == Precision::bf16;
 }
 
-// The precisions whose wgmma GEMMs have a tile of 64 token rows (block_m = 64): bf16's activating
-// FC1 (64 x 128 ping-pong) and the packed-weight GEMM of mxfp8, nvfp4 and mxfp4 (64 token rows;
-// block_m = 128 runs its 128-row token tile); not fp8_block128's E4M3 GEMM.
-constexpr bool wgmma_has_64_row_tile(Precision precision) {
-  return precision != Precision::fp8_block128;
-}
-
 // The precisions whose wgmma GEMMs have a tile of 256 token rows (block_m = 256): the packed-weight
 // GEMM of mxfp8, nvfp4 and mxfp4 (each decoded weight used by 256 token rows).
 constexpr bool wgmma_has_256_row_tile(Precision precision) {
@@ -61,8 +54,12 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
 inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
-// Where the same rule gives the packed GEMM 16 token rows: wgmma_e4m3_tokens' buckets, and nvfp4's
-// (whose 16-row tile decodes its weights, its CTA splitting K over two pairs of math warpgroups).
+// Where the packed GEMM runs 16 token rows: where the same rule holds for mxfp8, mxfp4 (the E4M3
+// tile: wgmma_e4m3_tokens) and nvfp4 (whose 16-row tile decodes its weights, its CTA splitting K
+// over two pairs of math warpgroups); and fp8_block128 wherever block_m is 64 (its E4M3 tile: the
+// table picks 64 for it only where an expert gets at most kWgmmaE4m3MaxRows rows, and it has no
+// 64-row tile). fp8_block128's tile stores FC1's sums for the activate kernel and FC2's for the
+// home kernel: no token_back=epilogue_warps, no persistent round (wgmma_e4m3_tokens is false).
 bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
 
@@ -86,6 +83,8 @@ std::optional<TokenBack> only_token_back(Precision precision, int world, const L
 // on 64 x 128 ping-pong tiles (one warpgroup per tile, the other's epilogue overlapping its
 // mainloop) and FC2 on 128 x block_n. The packed-weight GEMM (mxfp8, nvfp4, mxfp4) reads block_m
 // as its token rows (64, 128 or 256) and no block_n (its 128 weight rows are fixed).
+// fp8_block128's block_m 64 runs the packed GEMM's E4M3 tile of 16 token rows
+// (wgmma_16_row_tile), 128 its blockwise GEMM; it reads no block_n.
 bool wgmma_has_tile(Precision precision, std::int32_t block_m, std::int32_t block_n);
 
 // True when every knob is inside kKnobSpace (num_sms: >= 0).
@@ -105,7 +104,7 @@ std::string knob_fields(const Knobs& knobs, const std::string& block_m_mark = ""
 // throws for in-space knobs and changes nothing that does not conflict:
 //   * block_n > 2 * intermediate -> halved until it is not (FC1 has 2I columns);
 //   * expert_math=wgmma: (block_m, block_n) moved onto a tile it ships (wgmma_has_tile): block_m
-//     -> 128 (64 stays where wgmma_has_64_row_tile, 256 where wgmma_has_256_row_tile), block_n
+//     256 -> 128 where not wgmma_has_256_row_tile (64 and 128 exist in every precision), block_n
 //     64 -> 128, and 256 -> 128 for fp8_block128;
 //   * block_n halved while shared_memory_bytes exceeds kMaxSharedMemoryBytes (bf16 256 x 256);
 //   * token_back -> the bucket's one mode where it has one (only_token_back, after the tile

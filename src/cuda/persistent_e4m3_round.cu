@@ -39,16 +39,17 @@ namespace e4m3 = experts::wgmma::packed::e4m3;
 constexpr int kTokens = 16;  // the E4M3 tile's token rows
 
 // Both GEMMs' shared memory in one layout: the activating FC1's block amax and FC2's home slots.
-template <bool kE2m1>
-using RoundSmem = e4m3::Smem<kTokens, true, kE2m1, true>;
+template <Precision kW>
+using RoundSmem = e4m3::Smem<kTokens, true, kW, true>;
 
-template <bool kE2m1>
-constexpr std::size_t kTileSmem = sizeof(RoundSmem<kE2m1>) + 1024;  // (its 1024-byte alignment)
+template <Precision kW>
+constexpr std::size_t kTileSmem = sizeof(RoundSmem<kW>) + 1024;  // (its 1024-byte alignment)
 
-// One CTA per SM (the tile's 640 or 768 threads and ~180 KB of shared memory). kE2m1: mxfp4;
-// kSendsHome: FC2's epilogue sends its rows home (token_back=epilogue_warps).
-template <bool kE2m1, bool kSendsHome>
-__global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
+// One CTA per SM (the tile's 640 or 768 threads and ~180 KB of shared memory). kW: the weights'
+// precision (mxfp8, mxfp4); kSendsHome: FC2's epilogue sends its rows home
+// (token_back=epilogue_warps).
+template <Precision kW, bool kSendsHome>
+__global__ void __launch_bounds__(e4m3::kThreads<kW>, 1)
     persistent_e4m3_round_kernel(RoundParams p, experts::wgmma::Params e,
                                  experts::wgmma::PackedGemmArgs fc1,
                                  experts::wgmma::PackedGemmArgs fc2,
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     cute::prefetch_tma_descriptor(&w2_codes);
   }
   persistent_round(p, e.step, [&] {
-    auto& s = experts::wgmma::packed::aligned_smem<RoundSmem<kE2m1>>();
+    auto& s = experts::wgmma::packed::aligned_smem<RoundSmem<kW>>();
     int ring = 0;  // the CTA's k tiles through the ring: FC2 starts where FC1 left it
     {
       // the fc1 phase: plan, gather and FC1 (the chain's plan_and_gather kernel and FC1 GEMM),
@@ -67,19 +68,19 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       const RoundStart start = join_round(e.step.state, RoundPhase::fc1);
       const PhaseEnd phase_end{start};
       if (blockIdx.x == 0) experts::wgmma::plan_gemms(e, start.skip);
-      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kE2m1>, 1>(e, start.round);
+      if (!start.skip) experts::wgmma::gather_rows<e4m3::kThreads<kW>, 1>(e, start.round);
       grid_barrier(p);
       // dispatch's row staging wrote this shared memory through the generic proxy; TMA and WGMMA
       // use it through the async proxy from here on
       cutlass::arch::fence_view_async_shared();
-      e4m3::init_ring<kTokens, kE2m1>(s);  // (made visible by the GEMM's tile prefix)
-      ring = e4m3::gemm<kTokens, true, kE2m1, false>(fc1, &w13_codes, s, ring);
+      e4m3::init_ring<kTokens, kW>(s);  // (made visible by the GEMM's tile prefix)
+      ring = e4m3::gemm<kTokens, true, kW, false>(fc1, &w13_codes, s, ring);
       grid_barrier(p);
     }
     if constexpr (kSendsHome) {
       // FC2's frame (the chain's FC2 kernel's): each result home, then done to every rank
       experts::fc2_round(e.step, [&](std::uint32_t) {
-        e4m3::gemm<kTokens, false, kE2m1, true>(fc2, &w2_codes, s, ring);
+        e4m3::gemm<kTokens, false, kW, true>(fc2, &w2_codes, s, ring);
       });
     } else {
       // FC2's rows staged and a barrier every CTA meets (as every grid_barrier here), also one
@@ -88,11 +89,11 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
       experts::fc2_round(
           e.step,
           [&](const RoundStart& start) {
-            if (!start.skip) e4m3::gemm<kTokens, false, kE2m1, false>(fc2, &w2_codes, s, ring);
+            if (!start.skip) e4m3::gemm<kTokens, false, kW, false>(fc2, &w2_codes, s, ring);
             grid_barrier(p);
           },
           [&](std::uint32_t round) {
-            experts::wgmma::send_rows_home<e4m3::kThreads<kE2m1>, false>(e, round);
+            experts::wgmma::send_rows_home<e4m3::kThreads<kW>, false>(e, round);
           });
     }
   });
@@ -101,15 +102,15 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
 // Calls f(kernel, its tile's shared memory, its threads) for the precision and token-back mode.
 template <class F>
 decltype(auto) with_kernel(Precision precision, bool sends_home, F f) {
-  const auto pick = [&](auto e2m1) {
-    constexpr bool kE2m1 = decltype(e2m1)::value;
-    return sends_home ? f(persistent_e4m3_round_kernel<kE2m1, true>, kTileSmem<kE2m1>,
-                          e4m3::kThreads<kE2m1>)
-                      : f(persistent_e4m3_round_kernel<kE2m1, false>, kTileSmem<kE2m1>,
-                          e4m3::kThreads<kE2m1>);
+  const auto pick = [&](auto weights) {
+    constexpr Precision kW = decltype(weights)::value;
+    return sends_home
+               ? f(persistent_e4m3_round_kernel<kW, true>, kTileSmem<kW>, e4m3::kThreads<kW>)
+               : f(persistent_e4m3_round_kernel<kW, false>, kTileSmem<kW>, e4m3::kThreads<kW>);
   };
-  if (precision == Precision::mxfp4) return pick(std::true_type{});
-  return pick(std::false_type{});
+  if (precision == Precision::mxfp4)
+    return pick(std::integral_constant<Precision, Precision::mxfp4>{});
+  return pick(std::integral_constant<Precision, Precision::mxfp8>{});
 }
 
 }  // namespace

@@ -515,23 +515,32 @@ std::vector<float> run_packed_gemm(
   using cuda::experts::wgmma::PackedGroupedGemm;
   const int n = c.n, k = c.k;
   const Groups& g = kPackedGroups;
-  const int bits = c.precision == Precision::mxfp8 ? 8 : 4;
-  const int block = c.precision == Precision::nvfp4 ? formats::kNvfp4Block : formats::kMxfp8Block;
+  // fp8_block128 (the E4M3 tile only): E4M3 codes with an fp32 scale per 128 x 128 weights and
+  // per 1 x 128 of a token row
+  const bool fp8 = c.precision == Precision::fp8_block128;
+  const int bits = c.precision == Precision::mxfp8 || fp8 ? 8 : 4;
+  const int block = c.precision == Precision::nvfp4 ? formats::kNvfp4Block
+                    : fp8                           ? formats::kFp8Block128
+                                                    : formats::kMxfp8Block;
   const std::size_t weights = static_cast<std::size_t>(g.count()) * n * k;
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> byte(0, 255);
   const bool e4m3 = tile == cuda::experts::wgmma::PackedTokenTile::t16_e4m3;
   std::vector<std::uint16_t> a(static_cast<std::size_t>(g.total) * k);
-  std::vector<std::uint8_t> a8(e4m3 ? a.size() : 0), a8_codes(e4m3 ? a.size() / 32 : 0);
-  std::vector<float> a8_scale(a8_codes.size());
-  if (e4m3) {  // MXFP8 rows, whose values are the tokens
+  std::vector<std::uint8_t> a8(e4m3 ? a.size() : 0), a8_codes(e4m3 && !fp8 ? a.size() / 32 : 0);
+  std::vector<float> a8_scale(e4m3 ? a.size() / (fp8 ? formats::kFp8Block128 : 32) : 0);
+  if (e4m3) {  // MXFP8 (or FP8 block-128) rows, whose values are the tokens
     std::vector<float> row(static_cast<std::size_t>(k));
     for (int r = 0; r < g.total; ++r) {
       for (auto& v : row) v = normal(rng);
       const std::size_t at = static_cast<std::size_t>(r) * k;
-      formats::mxfp8_encode_row(row.data(), k, ScaleRounding::rceil, a8.data() + at,
-                                a8_codes.data() + at / 32);
+      if (fp8)
+        formats::fp8_block128_encode_row(row.data(), k, a8.data() + at,
+                                         a8_scale.data() + at / formats::kFp8Block128);
+      else
+        formats::mxfp8_encode_row(row.data(), k, ScaleRounding::rceil, a8.data() + at,
+                                  a8_codes.data() + at / 32);
     }
     for (std::size_t i = 0; i < a8_codes.size(); ++i)
       a8_scale[i] = formats::e8m0_to_float(a8_codes[i]);
@@ -539,10 +548,19 @@ std::vector<float> run_packed_gemm(
     for (auto& v : a) v = formats::float_to_bf16(normal(rng));
   }
   const auto token = [&](std::size_t at) {  // element `at` of [rows, K]
+    if (fp8)
+      return static_cast<double>(
+          formats::fp8_block128_decode_value(a8[at], a8_scale[at / formats::kFp8Block128]));
     return e4m3 ? static_cast<double>(formats::mxfp8_decode_value(a8[at], a8_codes[at / 32]))
                 : static_cast<double>(formats::bf16_to_float(a[at]));
   };
-  std::vector<std::uint8_t> codes(weights * bits / 8), scales(weights / block);
+  // fp8_block128's weight scales: fp32 values, one per 128 x 128 ([groups, ceil(N / 128), K /
+  // 128]), not powers of two; the other formats' block scale codes
+  const int row_tiles = (n + formats::kFp8Block128 - 1) / formats::kFp8Block128;
+  std::vector<float> tile_scales(fp8 ? static_cast<std::size_t>(g.count()) * row_tiles * k / 128
+                                     : 0);
+  for (auto& v : tile_scales) v = std::ldexp(1.0f + byte(rng) / 256.0f, byte(rng) % 9 - 4);
+  std::vector<std::uint8_t> codes(weights * bits / 8), scales(fp8 ? 0 : weights / block);
   for (auto& v : codes) {
     v = static_cast<std::uint8_t>(byte(rng));
     if (bits == 8 && formats::e4m3_is_nan(v)) v = 0x7e;
@@ -551,6 +569,11 @@ std::vector<float> run_packed_gemm(
     v = static_cast<std::uint8_t>(c.precision == Precision::nvfp4 ? 32 + byte(rng) % 63
                                                                   : 119 + byte(rng) % 16);
   const auto decoded = [&](std::size_t at) {  // weight `at` of [groups, N, K]
+    if (fp8) {
+      const std::size_t group = at / (static_cast<std::size_t>(n) * k), row = at / k % n;
+      const std::size_t tile = (group * row_tiles + row / 128) * (k / 128) + at % k / 128;
+      return static_cast<double>(formats::fp8_block128_decode_value(codes[at], tile_scales[tile]));
+    }
     const std::uint8_t s = scales[at / block];
     if (c.precision == Precision::mxfp8)
       return static_cast<double>(formats::e4m3_to_float(codes[at])) * formats::e8m0_to_float(s);
@@ -563,6 +586,7 @@ std::vector<float> run_packed_gemm(
   const DeviceCopy<std::uint8_t> a8_dev(a8);
   const DeviceCopy<float> a8_scale_dev(a8_scale);
   const DeviceCopy<std::uint8_t> codes_dev(codes), scales_dev(scales);
+  const DeviceCopy<float> tile_scales_dev(tile_scales);
   const DeviceCopy<float> d_dev(static_cast<std::size_t>(g.total) * n);
   const std::size_t h_size = static_cast<std::size_t>(g.total) * n / 2;
   const DeviceCopy<std::uint16_t> h_dev(h_size);
@@ -573,7 +597,13 @@ std::vector<float> run_packed_gemm(
   const PackedRows& asked = rows != nullptr ? *rows : no_rows;
   const DeviceCopy<float> row_scale_dev(asked.row_scale), divisor_dev(asked.divisor),
       multiplier_dev(asked.multiplier), bias_dev(asked.bias);
-  PackedMatrices w{codes_dev.ptr, scales_dev.ptr, divisor_dev.ptr, multiplier_dev.ptr, n, k};
+  // (fp8_block128's fp32 scales through `scales`, as the wgmma backend hands them over)
+  PackedMatrices w{codes_dev.ptr,
+                   fp8 ? reinterpret_cast<std::uint8_t*>(tile_scales_dev.ptr) : scales_dev.ptr,
+                   divisor_dev.ptr,
+                   multiplier_dev.ptr,
+                   n,
+                   k};
 
   const GemmOutput output = rows != nullptr ? GemmOutput::bf16_rows : GemmOutput::fp32_sums;
   PackedGroupedGemm gemm(c.precision, g.count(), n, k, sms, 0, tile, epilogue, output);
@@ -594,7 +624,7 @@ std::vector<float> run_packed_gemm(
                                        : nullptr);
     a_ptr.push_back(a_dev.ptr + first * k);
     a8_ptr.push_back(e4m3 ? a8_dev.ptr + first * k : nullptr);
-    a8_scale_ptr.push_back(e4m3 ? a8_scale_dev.ptr + first * k / 32 : nullptr);
+    a8_scale_ptr.push_back(e4m3 ? a8_scale_dev.ptr + first * k / (fp8 ? 128 : 32) : nullptr);
     d_ptr.push_back(d_dev.ptr + first * n);
     h_ptr.push_back(h_dev.ptr + first * n / 2);
     h8_ptr.push_back(h8_dev.ptr + first * n / 2);
@@ -694,6 +724,30 @@ TEST(GpuGroupedGemm, PackedWeightsMatchAFloat64GemmOfTheDecodedValues) {
     EXPECT_EQ(std::memcmp(wide.data(), widest.data(), all.size() * sizeof(float)), 0)
         << "256 token rows give other bits than 128: " << to_string(c.precision);
   }
+}
+
+// fp8_block128 on the E4M3 tile (its buckets of a few rows per expert): E4M3 weights with fp32
+// scales per 128 x 128 (not powers of two) times FP8 token rows with one per 1 x 128, against
+// float64 over the decoded values (run_packed_gemm's E4M3 bound: a wrong tile scale, token scale or
+// k128 block is off by far more), N past its last 128-row tile, one k128 block (each split-K pair
+// one k tile) and three; the same bits on 3 persistent CTAs as on all. The tile is its only one,
+// and it needs K a multiple of 128 (the tokens' scales).
+TEST(GpuGroupedGemm, Fp8BlockWeightsOnTheE4m3TileMatchAFloat64GemmOfTheDecodedValues) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a GPU";
+  using cuda::experts::wgmma::PackedGroupedGemm;
+  using cuda::experts::wgmma::PackedTokenTile;
+  const Precision fp8 = Precision::fp8_block128;
+  for (const PackedCase& c :
+       {PackedCase{fp8, 320, 1024}, PackedCase{fp8, 256, 128}, PackedCase{fp8, 128, 384}}) {
+    const std::vector<float> all = run_packed_gemm(c, sm_count(), PackedTokenTile::t16_e4m3);
+    const std::vector<float> three = run_packed_gemm(c, 3, PackedTokenTile::t16_e4m3);
+    EXPECT_EQ(std::memcmp(all.data(), three.data(), all.size() * sizeof(float)), 0)
+        << "3 persistent CTAs give other bits than one per SM: N=" << c.n << " K=" << c.k;
+  }
+  for (const PackedTokenTile tile :
+       {PackedTokenTile::t16, PackedTokenTile::t64, PackedTokenTile::t128, PackedTokenTile::t256})
+    EXPECT_THROW(PackedGroupedGemm(fp8, 1, 256, 1024, 1, 0, tile), Error) << tile_name(tile);
+  EXPECT_THROW(PackedGroupedGemm(fp8, 1, 256, 192, 1, 0, PackedTokenTile::t16_e4m3), Error);
 }
 
 // FC2 of the staged combine (GemmOutput::bf16_rows) on nvfp4's 16-row tile: the same GEMM's fp32

@@ -203,6 +203,32 @@ TEST(GpuKnobs, PackedPrecisionsRun16RowTilesOnFewRowsEachMatchingTheReference) {
   }
 }
 
+// fp8_block128's block_m 64 runs the packed GEMM's E4M3 tile (16 token rows,
+// core::wgmma_16_row_tile: the wire's FP8 rows times E4M3 weights, each k tile's sum promoted by
+// both fp32 scales; FC1's sums to the activate kernel, FC2's to the home kernel) in every bucket,
+// also where an expert gets 500 rows (T = 1000: 32 token tiles); 128 runs CUTLASS's blockwise GEMM.
+// Both match the reference in every bucket under both combines, and so does the default table (64
+// in decode only here).
+TEST(GpuKnobs, Fp8Block128RunsTheE4m3TileAtBlockM64MatchingTheReference) {
+  if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
+  const Precision p = Precision::fp8_block128;
+  LayerOptions options;
+  options.expert_math = ExpertMath::wgmma;
+  const LayerConfig defaults = make_config(kFp8Shape, p, 0, 1, options);
+  EXPECT_EQ(defaults.knobs(TokenBucket::decode).block_m, 64);
+  EXPECT_EQ(defaults.knobs(TokenBucket::medium).block_m, 128);
+  EXPECT_FALSE(has_persistent_round(defaults, TokenBucket::decode))
+      << "fp8_block128's E4M3 tile has no persistent round";
+  for (const std::int32_t rows : {64, 128}) {
+    const Knobs k = knobs_with(kFp8Shape, p, [rows](Knobs& kn) { kn.block_m = rows; });
+    const std::string what = "fp8_block128 block_m=" + std::to_string(rows);
+    run_rounds(kFp8Shape, p, ExpertMath::wgmma, every_bucket(k), what);
+    run_rounds(kFp8Shape, p, ExpertMath::wgmma, every_bucket(k), what + " in_kernel_reduce",
+               Combine::in_kernel_reduce);
+  }
+  run_rounds(kFp8Shape, p, ExpertMath::wgmma, {}, "fp8_block128 default knobs");
+}
+
 // token_back in the E4M3 tile's buckets (mxfp8 and mxfp4, block_m 64; kShape's decode bucket):
 // epilogue_warps, FC2's epilogue sends each row home (no home kernel), and dispatch_warps, FC2
 // stores fp32 rows that the home kernel ships. Both match the reference under both combines and,

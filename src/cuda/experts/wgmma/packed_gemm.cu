@@ -302,13 +302,14 @@ __global__ void __launch_bounds__(TokenTile<kTokens>::kThreads, 1) packed_gemm_k
   }
 }
 
-// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kE2m1: MXFP4
-// weights, whose E2M1 codes the converter warpgroup turns into the E4M3 codes of the same values
-// (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by an E8M0). kSendsHome
+// `weight_codes`: the TMA descriptor of the weights' codes (e4m3::weight_codes_map). kW: the
+// weights' precision: mxfp8; mxfp4, whose E2M1 codes the converter warpgroup turns into the E4M3
+// codes of the same values (exact: E2M1's are E4M3 values, and both formats scale blocks of 32 by
+// an E8M0); or fp8_block128 (fp32 scales per 128 x 128 weights and 1 x 128 tokens). kSendsHome
 // (FC2, args.home): the results go home instead of to D, and the kernel is the round's FC2 step
 // (the home kernel's frame, fc2_round: it joins the round, and the last CTA publishes done).
-template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
-__global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
+template <int kTokens, bool kActivates, Precision kW, bool kSendsHome>
+__global__ void __launch_bounds__(e4m3::kThreads<kW>, 1)
     packed_e4m3_gemm_kernel(Args args, const __grid_constant__ CUtensorMap weight_codes) {
   // Sending home, the kernel joins the round as the home kernel did: nothing at all when this
   // rank's round already failed; the fc2 phase's end stamped, its begin where fc1's ended.
@@ -317,12 +318,12 @@ __global__ void __launch_bounds__(e4m3::kThreads<kE2m1>, 1)
     start = join_round(args.home.step.state, RoundPhase::fc2, Stamps::end_only);
   const PhaseEnd phase_end{start};
   if (kSendsHome && start.skip) return;
-  using S = e4m3::Smem<kTokens, kActivates, kE2m1, kSendsHome>;
+  using S = e4m3::Smem<kTokens, kActivates, kW, kSendsHome>;
   S& s = aligned_smem<S>();
   if (threadIdx.x == 0) cute::prefetch_tma_descriptor(&weight_codes);
-  e4m3::init_ring<kTokens, kE2m1>(s);
+  e4m3::init_ring<kTokens, kW>(s);
   wait_for_previous_kernel();  // (plan wrote the problems and pointers)
-  e4m3::gemm<kTokens, kActivates, kE2m1, kSendsHome>(args, &weight_codes, s, 0);
+  e4m3::gemm<kTokens, kActivates, kW, kSendsHome>(args, &weight_codes, s, 0);
   // Sending home, once every thread's results are on their way, the last CTA publishes done to
   // every rank (a CTA without a tile takes its ticket too).
   if constexpr (kSendsHome) finish_expert_step(args.home.step, start.round);
@@ -332,7 +333,7 @@ template <Precision P, int kTokens, bool kActivates, bool kE4m3, bool kSendsHome
 constexpr std::size_t smem_bytes() {
   std::size_t bytes = 1024;  // the dynamic allocation's alignment
   if constexpr (kE4m3)
-    bytes += sizeof(e4m3::Smem<kTokens, kActivates, P == Precision::mxfp4, kSendsHome>);
+    bytes += sizeof(e4m3::Smem<kTokens, kActivates, P, kSendsHome>);
   else
     bytes += sizeof(Smem<P, kTokens, kActivates>);
   return bytes;
@@ -343,25 +344,32 @@ constexpr std::size_t smem_bytes() {
 template <Precision P, int kTokens, bool kActivates, bool kE4m3, bool kSendsHome>
 constexpr auto kernel_of() {
   if constexpr (kE4m3)
-    return packed_e4m3_gemm_kernel<kTokens, kActivates, P == Precision::mxfp4, kSendsHome>;
+    return packed_e4m3_gemm_kernel<kTokens, kActivates, P, kSendsHome>;
   else
     return packed_gemm_kernel<P, kTokens, kActivates>;
 }
 
 // Calls f(precision, token rows, activates, e4m3, sends home) with each as a compile-time
-// constant; the E4M3 kernel only for mxfp8's and mxfp4's t16_e4m3, the 16-row decoding tile only
-// for nvfp4's t16 (the constructor refuses them for other precisions); sending home only on the
-// E4M3 tile and without an epilogue (run() refuses it elsewhere).
+// constant; the E4M3 kernel only for t16_e4m3 (mxfp8, mxfp4, fp8_block128), the 16-row decoding
+// tile only for nvfp4's t16, the decoding tiles only for the packed precisions (the constructor
+// refuses the rest); sending home only on mxfp8's and mxfp4's E4M3 tile without an epilogue (run()
+// refuses it elsewhere).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_home, F f) {
-  with_packed_precision(p, [&](auto precision) {
+  const auto with_precision = [&](auto g) {
+    if (p == Precision::fp8_block128)
+      g(std::integral_constant<Precision, Precision::fp8_block128>{});
+    else
+      with_packed_precision(p, g);
+  };
+  with_precision([&](auto precision) {
     constexpr Precision kP = decltype(precision)::value;
     if constexpr (kP != Precision::bf16) {
       const auto with_tokens = [&](auto epilogue) {
         using std::integral_constant;
         if (tile == PackedTokenTile::t16_e4m3) {
-          if constexpr (kP == Precision::mxfp8 || kP == Precision::mxfp4) {
-            if constexpr (!decltype(epilogue)::value) {
+          if constexpr (kP != Precision::nvfp4) {
+            if constexpr (!decltype(epilogue)::value && kP != Precision::fp8_block128) {
               if (sends_home) {
                 f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
                   std::true_type{});
@@ -371,6 +379,8 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_h
             f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
               std::false_type{});
           }
+        } else if constexpr (kP == Precision::fp8_block128) {
+          return;  // (the E4M3 tile only)
         } else if (tile == PackedTokenTile::t16) {
           if constexpr (kP == Precision::nvfp4)
             f(precision, integral_constant<int, 16>{}, epilogue, std::false_type{},
@@ -400,8 +410,11 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_h
 }  // namespace
 
 const char* PackedGroupedGemm::cannot_take(Precision precision, int groups, int n, int k) {
-  if (!packed_with_block_scales(precision))
-    return "precision must be mxfp8, mxfp4 or nvfp4 (packed weights with block scales)";
+  if (!packed_with_block_scales(precision) && precision != Precision::fp8_block128)
+    return "precision must be mxfp8, mxfp4, nvfp4 (packed weights with block scales) or "
+           "fp8_block128 (E4M3 weights with 128 x 128 block scales)";
+  if (precision == Precision::fp8_block128 && k % formats::kFp8Block128 != 0)
+    return "fp8_block128 needs K a multiple of 128 (the tokens' 1 x 128 scales)";
   if (groups < 1 || groups > kMaxGroups) return "groups must be 1..1024";
   if (n < 1) return "N must be positive";
   if (k < kTileK || k % kTileK != 0) return "K must be a positive multiple of 64 (the k tile)";
@@ -439,10 +452,14 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
         ErrorCode::internal,
         "packed grouped GEMM: bf16 rows are FC2's on the 16-row decoding tile (t16) only (an "
         "activating FC1 stores h, the other tiles their sums)");
-  if (tile == PackedTokenTile::t16_e4m3 && precision != Precision::mxfp8 &&
-      precision != Precision::mxfp4)
+  if (tile == PackedTokenTile::t16_e4m3 && precision == Precision::nvfp4)
     throw Error(ErrorCode::unsupported,
-                "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8 or mxfp4 weights only");
+                "packed grouped GEMM: the E4M3 tile (t16_e4m3) takes mxfp8, mxfp4 or fp8_block128 "
+                "weights (nvfp4 runs t16)");
+  if (precision == Precision::fp8_block128 && tile != PackedTokenTile::t16_e4m3)
+    throw Error(ErrorCode::unsupported,
+                "packed grouped GEMM: fp8_block128 runs the E4M3 tile (t16_e4m3) only (its other "
+                "token counts run CUTLASS's blockwise GEMM)");
   if (tile == PackedTokenTile::t16 && precision != Precision::nvfp4)
     throw Error(
         ErrorCode::unsupported,
@@ -451,7 +468,7 @@ PackedGroupedGemm::PackedGroupedGemm(Precision precision, int groups, int n, int
   sm_count_ = grid_sms(device, sm_count);
   // Both kernels of an E4M3 FC2 (D, or sending home: run() picks by its `home`)
   for (const bool sends_home : {false, true}) {
-    if (sends_home && (!e4m3_tokens() || epilogue_)) break;
+    if (sends_home && !sends_home_kernel()) break;
     with_kernel(precision, tile, epilogue_.has_value(), sends_home,
                 [&](auto p, auto tokens, auto activating, auto e4m3, auto home) {
                   constexpr Precision kP = decltype(p)::value;
@@ -493,10 +510,10 @@ PackedGroupedGemm::~PackedGroupedGemm() {
 
 PackedGemmArgs PackedGroupedGemm::args(const PackedMatrices& weights,
                                        const PackedFc2Home* home) const {
-  if (home != nullptr && (!e4m3_tokens() || epilogue_))
+  if (home != nullptr && !sends_home_kernel())
     throw Error(ErrorCode::internal,
-                "packed grouped GEMM: only the E4M3 tile's FC2 (t16_e4m3, no FC1 epilogue) sends "
-                "its rows home");
+                "packed grouped GEMM: only mxfp8's and mxfp4's E4M3 tile's FC2 (t16_e4m3, no FC1 "
+                "epilogue) sends its rows home");
   return PackedGemmArgs{arrays_,
                         weights,
                         groups_,
@@ -529,7 +546,7 @@ void PackedGroupedGemm::run(const PackedMatrices& weights, cudaStream_t stream,
                       decltype(e4m3)::value, decltype(sends_home)::value>();
         const KernelShape shape{sm_count_, smem_[decltype(sends_home)::value],
                                 decltype(e4m3)::value
-                                    ? e4m3::kThreads<decltype(p)::value == Precision::mxfp4>
+                                    ? e4m3::kThreads<decltype(p)::value>
                                     : TokenTile<decltype(tokens)::value>::kThreads};
         if constexpr (decltype(e4m3)::value)
           launch_chained(kernel, shape, stream, args, codes_map(weights));

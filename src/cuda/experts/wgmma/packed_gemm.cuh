@@ -26,7 +26,8 @@
 #include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cuda_host_adapter.hpp"  // cuTensorMapEncodeTiled through the runtime
 #include "epmoe/errors.hpp"
-#include "formats/codec.hpp"  // the MXFP8 block codec of FC2's input
+#include "formats/codec.hpp"              // the MXFP8 block codec of FC2's input
+#include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/activation.hpp"
 #include "math/expert_row.hpp"  // math::biased
 #include "protocol/wire.hpp"    // activation_format
@@ -462,7 +463,7 @@ struct GemmStart {
 };
 
 // The groups' tile prefix (s.tile_end), from each group's M in device memory, by the whole CTA
-// (kThreads: kGemmThreads, or the E4M3 kernel's e4m3::kThreads<kE2m1>), made visible to every role
+// (kThreads: kGemmThreads, or the E4M3 kernel's e4m3::kThreads<kW>), made visible to every role
 // with the ring's barriers initialized before it.
 template <int kTokens, int kThreads, class S>
 __device__ __forceinline__ GemmStart tile_prefix(S& s, const Args& args) {
@@ -504,8 +505,9 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
   return tile_prefix<kTokens, kThreads>(s, args);
 }
 
-// ---- the E4M3 tile of mxfp8 and mxfp4 (t16_e4m3): E4M3 weights (mxfp4's converted from E2M1)
-// times 16 MXFP8 token rows, nothing decoded to bf16
+// ---- the E4M3 tile of mxfp8, mxfp4 and fp8_block128 (t16_e4m3): E4M3 weights (mxfp4's
+// converted from E2M1) times 16 MXFP8 token rows (fp8_block128: FP8 rows with an fp32 scale per
+// 128), nothing decoded to bf16
 //
 // The same tiles and ring as packed_gemm_kernel, twice its math warpgroups; both operands are E4M3
 // codes in shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores
@@ -518,20 +520,22 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
 //             the `full` barrier counts its bytes; load_weight_codes), the tokens' rows of codes
 //             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
 //             each weight row's block scale codes, each token row's two block scale values (8
-//             bytes); `full` completes when the TMA bytes and every thread's copies have landed
-//             (mxfp4: the TMA load's E2M1 codes land in Smem::e2m1, counted by `landed`)
+//             bytes; fp8_block128: the tile's one fp32 weight scale of the k tile, by thread 0,
+//             and each token row's one, 4 bytes); `full` completes when the TMA bytes and every
+//             thread's copies have landed (mxfp4: the TMA load's E2M1 codes land in
+//             Smem::e2m1, counted by `landed`)
 //   converter mxfp4 only, the warpgroup after the producer: per landed k tile, each thread one
 //             weight row's 64 E2M1 codes to the E4M3 codes of the same values (byte permutes,
 //             e2m1x8_to_e4m3) into the stage's swizzled layout, then its arrival on `full`
 //   math      the next four warpgroups, pair `half` and warpgroup wg of it: rows 64 wg .. + 63 over
 //             the k tiles kt with kt % 2 == half (split K: two pairs of warpgroups at once); per
-//             k tile both k32 blocks' WGMMAs into their own block sums, waited for, then sums +=
-//             block sums x weight scale x token scale (only the 8-column groups of token rows
-//             that exist); a stage goes back once the pair's next k tile's WGMMAs have retired
-//             (every warp of the warpgroup issued them, so each is past its promotion of the
-//             stage's scales); at the tile's end pair 1 hands its sums to pair 0 through shared
-//             memory, and pair 0 runs the same epilogues, an activating FC1 storing h as MXFP8
-//             codes and scale values
+//             k tile both k32 blocks' WGMMAs into their own block sums (fp8_block128: into one),
+//             waited for, then sums += block sums x weight scale x token scale (only the
+//             8-column groups of token rows that exist); a stage goes back once the pair's next k
+//             tile's WGMMAs have retired (every warp of the warpgroup issued them, so each is past
+//             its promotion of the stage's scales); at the tile's end pair 1 hands its sums to pair
+//             0 through shared memory, and pair 0 runs the same epilogues, an activating FC1
+//             storing h as MXFP8 codes and scale values
 namespace e4m3 {
 
 constexpr int kBlockK = formats::kMxfp8Block;  // an MX block: one k32 WGMMA
@@ -541,21 +545,27 @@ constexpr int kBlocks = kTileK / kBlockK;      // per k tile
 // session 26); pair 1 hands its sums to pair 0 through shared memory for the epilogue.
 constexpr int kSplitK = 2;
 constexpr int kMathGroups = 2 * kSplitK;
-// MXFP4 weights (kE2m1) add a converter warpgroup after the producer: E2M1 codes to E4M3 codes.
-template <bool kE2m1>
-inline constexpr int kConverterThreads = kE2m1 ? kWarpgroup : 0;
-template <bool kE2m1>
-inline constexpr int kThreads =
-    kProducerThreads + kConverterThreads<kE2m1> + kMathGroups* kWarpgroup;
+// The weights' precision kW: mxfp8 (E4M3 codes, an E8M0 scale per 32 along K), mxfp4 (E2M1
+// codes, the same scales: kE2m1) or fp8_block128 (E4M3 codes, an fp32 scale per 128 x 128 tile:
+// kBlock128, whose token rows are FP8 with an fp32 scale per 128 along K, the wire's rows).
+template <Precision kW>
+inline constexpr bool kE2m1 = kW == Precision::mxfp4;
+template <Precision kW>
+inline constexpr bool kBlock128 = kW == Precision::fp8_block128;
+// MXFP4 weights add a converter warpgroup after the producer: E2M1 codes to E4M3 codes.
+template <Precision kW>
+inline constexpr int kConverterThreads = kE2m1<kW> ? kWarpgroup : 0;
+template <Precision kW>
+inline constexpr int kThreads = kProducerThreads + kConverterThreads<kW> + kMathGroups* kWarpgroup;
 using Code = cutlass::float_e4m3_t;
 using Atom = GMMA::Layout_K_SW64_Atom<Code>;  // 8 rows x 64 codes, 64-byte swizzle
 
-template <int kTokens, bool kE2m1>
+template <int kTokens, Precision kW>
 struct Tile {
   static_assert(kTokens == 16, "t16_e4m3: 16 token rows");
   // ~165 KB at 16 token rows (20 measured 0-3 % slower); MXFP4's 4 KB of E2M1 codes more per
   // stage: 12 (~181 KB)
-  static constexpr int kStages = kE2m1 ? 12 : 16;
+  static constexpr int kStages = kE2m1<kW> ? 12 : 16;
   using Op =
       decltype(SM90::GMMA::ss_op_selector<Code, Code, float, Shape<_64, Int<kTokens>, Int<kBlockK>>,
                                           GMMA::Major::K, GMMA::Major::K>());
@@ -564,15 +574,17 @@ struct Tile {
   using LayoutX = decltype(tile_to_shape(Atom{}, Shape<Int<kTokens>, Int<kTileK>, Int<kStages>>{}));
 };
 
-template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome>
+template <int kTokens, bool kActivates, Precision kW, bool kSendsHome>
 struct Smem {
-  static constexpr int kStages = Tile<kTokens, kE2m1>::kStages;
+  static constexpr int kStages = Tile<kTokens, kW>::kStages;
   alignas(1024) std::uint8_t w[kStages][kRows * kTileK];  // weight codes (LayoutW)
   // MXFP4: the k tile's E2M1 codes as TMA lands them, [128 rows][32 bytes], and their barriers
-  alignas(128) std::uint8_t e2m1[kE2m1 ? kStages : 1][kE2m1 ? kRows * kTileK / 2 : 16];
-  alignas(8) std::uint64_t landed[kE2m1 ? kStages : 1];
+  alignas(128) std::uint8_t e2m1[kE2m1<kW> ? kStages : 1][kE2m1<kW> ? kRows * kTileK / 2 : 16];
+  alignas(8) std::uint64_t landed[kE2m1<kW> ? kStages : 1];
   alignas(1024) std::uint8_t x[kStages][kTokens * kTileK];  // token codes (LayoutX)
-  alignas(16) float x_scales[kStages][kTokens][kBlocks];    // token row, block: the scale's value
+  // token row, block: the scale's value (fp8_block128: the k tile's one at [row][0])
+  alignas(16) float x_scales[kStages][kTokens][kBlocks];
+  // each weight row's word of scale codes (fp8_block128: the tile's fp32 scale at [0])
   std::uint32_t scale_words[kStages][kRows];
   alignas(8) std::uint64_t full[kStages];
   alignas(8) std::uint64_t empty[kStages];
@@ -640,15 +652,17 @@ namespace e4m3 {
 // CTA's k tiles through the ring before this GEMM), and leaves the ring after its last.
 
 // ---- producer: every tile's k tiles into the ring, kStages ahead of the math warpgroups
-template <int kTokens, bool kActivates, bool kE2m1, class S>
+template <int kTokens, bool kActivates, Precision kW, class S>
 __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* weight_codes, S& s,
                                         const GemmStart& g, int ring_start) {
-  using T = Tile<kTokens, kE2m1>;
+  using T = Tile<kTokens, kW>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   const auto [tid, n, k, groups, weight_blocks, tiles] = g;
   RingPosition ring = ring_at<kStages>(ring_start);
-  const std::int64_t scale_row_bytes = k / kBlockK;  // weights: one E8M0 per block
+  const std::int64_t scale_row_bytes = k / kBlockK;  // MX weights: one E8M0 per block
+  // the tokens' scales per row: one per MX block, or per 128 (fp8_block128)
+  const std::int64_t token_scales = k / (kBlock128<kW> ? formats::kFp8Block128 : kBlockK);
   const int k_tiles = k / kTileK;
   constexpr int kChunksPerRow = kTileK / 16;  // a byte per code
   constexpr int kRowStep = kProducerThreads / kChunksPerRow;
@@ -662,8 +676,13 @@ __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* wei
     // Each thread's sources at k tile 0 and places in stage 0, once per tile. Past N a weight
     // row's scales are row N - 1's (its codes TMA's zeros), never stored; token rows past the
     // tile's are not loaded.
-    const std::uint8_t* scale_src = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
-                                               weight_row<kActivates>(tid, at.n0 / kRows, n));
+    // (fp8_block128: the tile's scales along K, at [group][n0 / 128][0]; kActivates is not)
+    const std::uint8_t* scale_src =
+        kBlock128<kW> ? reinterpret_cast<const std::uint8_t*>(
+                            reinterpret_cast<const float*>(args.w.scales) +
+                            formats::fp8_block128_tile(n, k, at.g, at.n0 * std::int64_t{k}))
+                      : matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                   weight_row<kActivates>(tid, at.n0 / kRows, n));
     const std::uint8_t* token_src =
         args.arrays.a8[at.g] + static_cast<std::int64_t>(at.m0 + tid / kChunksPerRow) * k + unit;
     int token_dst[kTokenChunks];
@@ -673,12 +692,12 @@ __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* wei
     const int token_chunks =
         min(kTokenChunks, (rows - tid / kChunksPerRow + kRowStep - 1) / kRowStep);
     const float* token_scale_src =
-        args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * (k / kBlockK);
+        args.arrays.a8_scale[at.g] + static_cast<std::int64_t>(at.m0 + tid) * token_scales;
     for (int kt = 0; kt < k_tiles; ++kt) {
       Barrier::wait(&s.empty[ring.stage], ring.phase ^ 1u);  // a fresh barrier: at once
       if (tid == 0) {  // the weight codes: one TMA load, counted in bytes by `full` / `landed`
         using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-        if constexpr (kE2m1) {
+        if constexpr (kE2m1<kW>) {
           TxBarrier::arrive_and_expect_tx(&s.landed[ring.stage], kRows * kTileK / 2);
           load_weight_codes<kActivates>(weight_codes, &s.landed[ring.stage], &s.e2m1[ring.stage][0],
                                         kt * kTileK / 2, at);
@@ -688,13 +707,25 @@ __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* wei
                                         kt * kTileK, at);
         }
       }
-      copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * kBlocks);
+      if constexpr (kBlock128<kW>) {  // the k tile's weight scale, and each token row's
+        constexpr int kTilesPerBlock = formats::kFp8Block128 / kTileK;
+        if (tid == 0)
+          cp_async_4(&s.scale_words[ring.stage][0], scale_src + 4 * (kt / kTilesPerBlock));
+      } else {
+        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * kBlocks);
+      }
 #pragma unroll
       for (int i = 0; i < kTokenChunks; ++i)
         if (i < token_chunks)
           cp_async_16(&s.x[ring.stage][token_dst[i]],
                       token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
-      if (tid < rows) cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * kBlocks);
+      if constexpr (kBlock128<kW>) {
+        if (tid < rows)
+          cp_async_4(&s.x_scales[ring.stage][tid][0],
+                     token_scale_src + kt / (formats::kFp8Block128 / kTileK));
+      } else {
+        if (tid < rows) cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * kBlocks);
+      }
       cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
       ring.advance<kStages>();
     }
@@ -705,9 +736,9 @@ __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* wei
 // ---- converter (mxfp4): each landed k tile's E2M1 codes of weight row `row` (32 bytes) to E4M3
 // codes in the stage's LayoutW (4 chunks of 16), then the stage's `full` (after a proxy fence:
 // WGMMA reads shared memory through the async proxy)
-template <int kTokens, bool kE2m1, class S>
+template <int kTokens, Precision kW, class S>
 __device__ __forceinline__ void convert(S& s, const GemmStart& g, int ring_start) {
-  using T = Tile<kTokens, kE2m1>;
+  using T = Tile<kTokens, kW>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   const int tid = g.tid, tiles = g.tiles;
@@ -742,16 +773,16 @@ __device__ __forceinline__ void convert(S& s, const GemmStart& g, int ring_start
 
 // ---- math: warpgroup 1 + 2 half + wg (after the converter, if any) multiplies weight rows
 // 64 wg .. 64 wg + 63 of each tile, over k tiles kt with kt % 2 == half; pair 0 runs the epilogue
-template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome, class S>
+template <int kTokens, bool kActivates, Precision kW, bool kSendsHome, class S>
 __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart& g,
                                          int ring_start) {
-  using T = Tile<kTokens, kE2m1>;
+  using T = Tile<kTokens, kW>;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kStages = T::kStages;
   const auto [tid, n, k, groups, weight_blocks, tiles] = g;
   const std::int64_t scale_row_bytes = k / kBlockK;  // weights: one E8M0 per block
   const int k_tiles = k / kTileK;
-  const int math_tid = tid - kProducerThreads - kConverterThreads<kE2m1>,
+  const int math_tid = tid - kProducerThreads - kConverterThreads<kW>,
             math_wg = math_tid / kWarpgroup;
   const int wg = math_wg % 2, half = math_wg / 2;
   const int wg_tid = math_tid % kWarpgroup;
@@ -790,19 +821,22 @@ __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart
     if constexpr (kSendsHome)
       if (half == 0 && wg_tid < min(rows, kTokens))
         my_home = args.home.homes[args.home.step.in.pair_offset[at.g] + at.m0 + wg_tid];
-    const std::uint8_t* scale_rows[2];
+    const std::uint8_t* scale_rows[2] = {};  // (MX: where each weight row's scale words start)
+    if constexpr (!kBlock128<kW>) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      scale_rows[h] = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
-                                 weight_row<kActivates>(row0 + 8 * h, at.n0 / kRows, n));
+      for (int h = 0; h < 2; ++h)
+        scale_rows[h] = matrix_row(args.w.scales, scale_row_bytes, at.g, n,
+                                   weight_row<kActivates>(row0 + 8 * h, at.n0 / kRows, n));
+    }
 #pragma unroll
     for (int i = 0; i < size(accum); ++i) accum(i) = 0.0f;
 
-    // WGMMA of block kb of the k tile in `stage` into `sums` (its own sums: ScaleOut::Zero)
-    const auto issue = [&](auto& sums, int stage, int kb) {
+    // WGMMA of block kb of the k tile in `stage` into `sums` (its own sums: ScaleOut::Zero; or
+    // added to them: fp8_block128's second block, whose scales are the first's)
+    const auto issue = [&](auto& sums, int stage, int kb, bool adds = false) {
       warpgroup_fence_operand(sums);
       warpgroup_arrive();
-      mma.accumulate_ = GMMA::ScaleOut::Zero;
+      mma.accumulate_ = adds ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
       cute::gemm(mma, tCrW(_, _, kb, stage), tCrX(_, _, kb, stage), sums);
       warpgroup_commit_batch();
     };
@@ -813,15 +847,20 @@ __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart
       float weight_scale[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const std::uintptr_t scale_at =
-            reinterpret_cast<std::uintptr_t>(scale_rows[h] + kt * kBlocks);
-        const std::uint32_t codes =
-            s.scale_words[stage][row0 + 8 * h] >> (8 * (scale_at & 3) + 8 * kb);
-        weight_scale[h] = formats::e8m0_to_float(static_cast<std::uint8_t>(codes));
+        if constexpr (kBlock128<kW>) {  // the tile's one scale
+          weight_scale[h] = formats::bits_float(s.scale_words[stage][0]);
+        } else {
+          const std::uintptr_t scale_at =
+              reinterpret_cast<std::uintptr_t>(scale_rows[h] + kt * kBlocks);
+          const std::uint32_t codes =
+              s.scale_words[stage][row0 + 8 * h] >> (8 * (scale_at & 3) + 8 * kb);
+          weight_scale[h] = formats::e8m0_to_float(static_cast<std::uint8_t>(codes));
+        }
       }
       const auto columns = [&](int j) {  // token rows col0 + 8 j and + 1
         const float4 both = *reinterpret_cast<const float4*>(&s.x_scales[stage][col0 + 8 * j][0]);
-        const float token_scale[2] = {kb == 0 ? both.x : both.y, kb == 0 ? both.z : both.w};
+        const float token_scale[2] = {kb == 0 || kBlock128<kW> ? both.x : both.y,
+                                      kb == 0 || kBlock128<kW> ? both.z : both.w};
 #pragma unroll
         for (int c = 0; c < 2; ++c)
 #pragma unroll
@@ -854,17 +893,21 @@ __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart
     // at a time (bench/RESULTS.md, session 26); at 64 rows it had made ptxas serialize the WGMMAs
     // (C7514 / C7517, session 23). A k tile's stage goes back once the next k tile's WGMMAs have
     // retired: every warp of the warpgroup issued them, so each is past its reads of the stage's
-    // scales.
+    // scales. fp8_block128's two blocks share their scales: one sum of both, promoted once (as
+    // DeepGEMM promotes per 128, WGMMA's FP8 sums over 64 here).
     static_assert(kBlocks == 2, "a k tile: two k32 blocks, both in flight");
     int previous = -1;  // the stage of this pair's k tile before
     for (int kt = half; kt < k_tiles; kt += kSplitK) {
       const int stage = full_stage(k_tiles_before + kt);
       issue(sums, stage, 0);
-      issue(sums1, stage, 1);
+      if constexpr (kBlock128<kW>)
+        issue(sums, stage, 1, true);
+      else
+        issue(sums1, stage, 1);
       warpgroup_wait<0>();
       if (previous >= 0) release(previous);
       promote(sums, stage, 0, kt);
-      promote(sums1, stage, 1, kt);
+      if constexpr (!kBlock128<kW>) promote(sums1, stage, 1, kt);
       previous = stage;
     }
     k_tiles_before += k_tiles;
@@ -886,16 +929,16 @@ __device__ __forceinline__ void multiply(const Args& args, S& s, const GemmStart
 // visible to every thread): `full`, a noinc arrival per producer thread and the TMA issuer's
 // expect_tx (E4M3 codes) or each converter thread's arrival (E2M1 codes); `empty`, one arrival
 // per math warpgroup that reads the stage; mxfp4's `landed`, the TMA issuer's expect_tx.
-template <int kTokens, bool kE2m1, class S>
+template <int kTokens, Precision kW, class S>
 __device__ __forceinline__ void init_ring(S& s) {
-  constexpr int kStages = Tile<kTokens, kE2m1>::kStages;
-  constexpr int kFullArrivals = kProducerThreads + (kE2m1 ? kConverterThreads<kE2m1> : 1);
+  constexpr int kStages = Tile<kTokens, kW>::kStages;
+  constexpr int kFullArrivals = kProducerThreads + (kE2m1<kW> ? kConverterThreads<kW> : 1);
   using Barrier = cutlass::arch::ClusterBarrier;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       Barrier::init(&s.full[i], kFullArrivals);
       Barrier::init(&s.empty[i], 2);
-      if constexpr (kE2m1) Barrier::init(&s.landed[i], 1);
+      if constexpr (kE2m1<kW>) Barrier::init(&s.landed[i], 1);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -906,17 +949,18 @@ __device__ __forceinline__ void init_ring(S& s) {
 // each role's branch. Returns the ring's position after it (the next GEMM's ring_start: a kernel
 // may run FC1 and FC2 through one ring without initializing it again). kSendsHome: FC2's results
 // go home (PackedFc2Home); the caller then runs finish_expert_step.
-template <int kTokens, bool kActivates, bool kE2m1, bool kSendsHome, class S>
+template <int kTokens, bool kActivates, Precision kW, bool kSendsHome, class S>
 __device__ __forceinline__ int gemm(const Args& args, const CUtensorMap* weight_codes, S& s,
                                     int ring_start) {
   static_assert(!(kActivates && kSendsHome), "FC1 activates, FC2 sends home");
-  const GemmStart g = tile_prefix<kTokens, kThreads<kE2m1>>(s, args);
+  static_assert(!(kActivates && kBlock128<kW>), "fp8_block128's FC1 leaves h to activate");
+  const GemmStart g = tile_prefix<kTokens, kThreads<kW>>(s, args);
   if (g.tid < kProducerThreads)
-    produce<kTokens, kActivates, kE2m1>(args, weight_codes, s, g, ring_start);
-  else if (g.tid < kProducerThreads + kConverterThreads<kE2m1>)
-    convert<kTokens, kE2m1>(s, g, ring_start);
+    produce<kTokens, kActivates, kW>(args, weight_codes, s, g, ring_start);
+  else if (g.tid < kProducerThreads + kConverterThreads<kW>)
+    convert<kTokens, kW>(s, g, ring_start);
   else
-    multiply<kTokens, kActivates, kE2m1, kSendsHome>(args, s, g, ring_start);
+    multiply<kTokens, kActivates, kW, kSendsHome>(args, s, g, ring_start);
   const int cta_tiles =
       g.tiles > static_cast<int>(blockIdx.x)
           ? (g.tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1

@@ -9,12 +9,19 @@
 // with fp32 accumulation, as Bf16GroupedGemm's over bf16 codes of the same values. mxfp8's and
 // mxfp4's A on their E4M3 tile is MXFP8 instead (t16_e4m3; mxfp4's weights as E4M3 codes): E4M3
 // times E4M3 in the tensor cores, each k32 block's sums times both block scales added in fp32
-// (WGMMA's FP8 sums keep fewer bits than fp32 within a block).
+// (WGMMA's FP8 sums keep fewer bits than fp32 within a block). fp8_block128's weights (E4M3 codes
+// with an fp32 scale per 128 x 128, fp8_block_weights.hpp, handed over as PackedMatrices whose
+// `scales` hold those fp32 values) run that tile only: its tokens are the wire's FP8 rows, an fp32
+// scale per 128 along K, and each k tile's two k32 WGMMAs add into one sum, promoted once by the
+// weight tile's and the token's scale.
 //
 // Why by hand: CUTLASS 4's SM90 mixed-input GEMMs take a scale group that is a multiple of the
 // tile's K (≥ 64), not MX's 32 or NVFP4's 16, and its blockwise-FP8 GEMMs a scale granularity of at
-// least 128 along K (docs/design.md §4.1). The kernel uses CuTe for the WGMMA atoms and their
-// shared memory layout; the loads, the decode and the schedule are its own (packed_gemm.cu).
+// least 128 along K (docs/design.md §4.1). fp8_block128's few rows per expert run the E4M3 tile
+// too: its tiles are device functions that one persistent kernel can chain (docs/design.md §4.3),
+// which CUTLASS's blockwise GEMM, a whole-grid kernel with its own scheduler and 128-row token
+// tiles, is not. The kernel uses CuTe for the WGMMA atoms and their shared memory layout; the
+// loads, the decode and the schedule are its own (packed_gemm.cu).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -42,7 +49,8 @@ struct PackedGemmArrays {
   const float** b13;        // an activating FC1's [N] biases (gate, then up), or nullptr
   // t16_e4m3 (the E4M3 tile of mxfp8, mxfp4): the tokens as MXFP8, E4M3 codes [M_e, K] and each
   // block's scale value (2^(s - 127), NaN for s = 0xFF) [M_e, K / 32]; an activating FC1's h the
-  // same way, [M_e, N / 2] and [M_e, N / 64]
+  // same way, [M_e, N / 2] and [M_e, N / 64]. fp8_block128's: codes [M_e, K] and an fp32 scale
+  // per 128, [M_e, K / 128] (its FC1 stores d: the activate kernel makes FC2's input)
   const std::uint8_t** a8;
   const float** a8_scale;
   std::uint8_t** h8;
@@ -99,6 +107,8 @@ struct PackedGemmArgs {
 // and k32 block, which beats decoding the weights at a few rows per expert and loses from a few
 // tens (core::wgmma_e4m3_tokens picks it per bucket); the other tiles decode the weights to bf16
 // and take bf16 rows.
+// fp8_block128 runs t16_e4m3 only (where an expert gets a few rows; CUTLASS's blockwise GEMM
+// takes the rest: grouped_gemm.hpp).
 // t16 (nvfp4 only) is the decoding tile at 16 token rows, whose CTA splits K over two pairs of
 // math warpgroups as t16_e4m3's does: NVFP4's 16-wide E4M3 block scales cannot ride an FP8 WGMMA's
 // k32 block, so its few-row tile decodes.
@@ -106,8 +116,9 @@ enum class PackedTokenTile : std::uint8_t { t64, t16_e4m3, t128, t256, t16 };
 
 class PackedGroupedGemm {
  public:
-  // `groups` groups of N x K weights in `precision` (mxfp8, mxfp4 or nvfp4), at most `sm_count`
-  // persistent CTAs. Throws Error(unsupported) with cannot_take's reason.
+  // `groups` groups of N x K weights in `precision` (mxfp8, mxfp4 or nvfp4; fp8_block128 on
+  // t16_e4m3 only), at most `sm_count` persistent CTAs. Throws Error(unsupported) with
+  // cannot_take's reason, or naming the tile a precision cannot run.
   // With `epilogue`, FC1 of an mxfp8 or mxfp4 layer that activates (PackedFc1Epilogue; N = 2I,
   // I a multiple of 64): cannot_activate's reason otherwise.
   // `output`: what it stores where it neither activates nor sends home (bf16_rows: FC2 of the
@@ -126,6 +137,10 @@ class PackedGroupedGemm {
   PackedTokenTile tile() const { return tile_; }
   GemmOutput output() const { return output_; }
   bool e4m3_tokens() const { return tile_ == PackedTokenTile::t16_e4m3; }  // (arrays' a8, h8)
+  // its FC2 may send home (run()'s `home`): mxfp8's and mxfp4's E4M3 tile without an epilogue
+  bool sends_home_kernel() const {
+    return e4m3_tokens() && !epilogue_ && precision_ != Precision::fp8_block128;
+  }
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`

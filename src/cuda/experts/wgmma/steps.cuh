@@ -32,7 +32,7 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
   for (int e = static_cast<int>(threadIdx.x); e < p.problem.local_experts; e += blockDim.x) {
     const std::uint32_t first = skip ? 0u : p.step.in.pair_offset[e];
     const int m = skip ? 0 : static_cast<int>(p.step.in.pair_offset[e + 1] - first);
-    if (p.fp8()) {
+    if (p.fp8() && !p.packed_e4m3) {  // CUTLASS's blockwise GEMMs
       const Fp8BlockWeights& w = p.fp8_weights;
       p.fp8_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.fp8_fc1.a[e] = p.scratch.a8 + first * hidden;
@@ -50,23 +50,24 @@ __device__ inline void plan_gemms(const Params& p, bool skip) {
       p.fp8_fc2.bias[e] = fc2_bias(p, e, p.fp8_fc2.zero_bias);
       continue;
     }
-    if (p.packed()) {
+    if (p.packed() || p.packed_e4m3) {
       p.packed_fc1.problems[e] = GemmProblem{m, 2 * i, h};
       p.packed_fc1.b13[e] = p.biases.b13 == nullptr ? nullptr : p.biases.b13 + e * 2 * inter;
       p.packed_fc2.problems[e] = GemmProblem{m, h, i};
       p.packed_fc2.b13[e] = nullptr;
       p.packed_fc2.d[e] = p.scratch.d + first * hidden;
       p.packed_fc2.d16[e] = fc2_rows(p) + first * hidden;
-      p.packed_fc2.row_scale[e] = p.fc1_made_h() ? nullptr : p.scratch.h_scale + first;
+      p.packed_fc2.row_scale[e] = p.fc1_made_h() || p.fp8() ? nullptr : p.scratch.h_scale + first;
       p.packed_fc2.bias[e] = p.biases.b2 == nullptr ? nullptr : p.biases.b2 + e * hidden;
-      if (p.packed_e4m3) {  // MXFP8 rows: codes and 1 x 32 scale values
-        constexpr std::int64_t kMx = formats::kMxfp8Block;
+      if (p.packed_e4m3) {  // E4M3 rows: codes and 1 x 32 (MXFP8) or 1 x 128 scale values
+        const std::int64_t block = e4m3_scale_block(p.problem);
         p.packed_fc1.a8[e] = p.scratch.a8 + first * hidden;
-        p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / kMx);
-        p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;
-        p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+        p.packed_fc1.a8_scale[e] = p.scratch.a8_scale + first * (hidden / block);
+        p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;  // (fp8_block128: activate reads it)
+        p.packed_fc1.h8[e] = p.scratch.h8 + first * inter;    // (mxfp8, mxfp4: FC1 activates)
+        p.packed_fc1.h8_scale[e] = p.scratch.h8_scale + first * (inter / block);
         p.packed_fc2.a8[e] = p.scratch.h8 + first * inter;
-        p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / kMx);
+        p.packed_fc2.a8_scale[e] = p.scratch.h8_scale + first * (inter / block);
       } else {
         p.packed_fc1.a[e] = p.scratch.a1 + first * hidden;
         p.packed_fc1.d[e] = p.scratch.d + first * 2 * inter;

@@ -78,9 +78,10 @@ struct Params {
   GroupedGemmArrays fc2;                    // the GEMMs' device arrays, written by plan (bf16)
   PackedGemmArrays packed_fc1, packed_fc2;  // (packed)
   Fp8GroupedGemmArrays fp8_fc1, fp8_fc2;    // (fp8)
-  // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4): FC1
-  // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8),
-  // and FC2 sends the results home (scratch.homes; no home kernel)
+  // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4, fp8_block128): FC1
+  // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8;
+  // fp8_block128's FC1 writes d, from which activate makes h8), and FC2 may send the results home
+  // (mxfp8, mxfp4: scratch.homes; no home kernel)
   bool packed_e4m3 = false;
   // what FC2 stores in scratch.d: fp32 sums, or (staged combine) the bf16 results, scales and b2
   // applied, which home only copies (GemmOutput)

@@ -53,6 +53,16 @@ GemmOutput packed_fc2_output(PackedTokenTile tile, GemmOutput output) {
   return tile == PackedTokenTile::t16 ? output : GemmOutput::fp32_sums;
 }
 
+// fp8_block128's weights as the E4M3 tile reads them (packed_gemm.hpp): its codes, and its fp32
+// block scales through PackedMatrices' `scales`.
+PackedWeights e4m3_tile_weights(const Fp8BlockWeights& w) {
+  const auto view = [](const Fp8BlockMatrices& m) {
+    return PackedMatrices{
+        m.codes, reinterpret_cast<std::uint8_t*>(m.scales), nullptr, nullptr, m.rows, m.cols};
+  };
+  return PackedWeights{Precision::fp8_block128, view(w.w13), view(w.w2)};
+}
+
 // The bf16 tile a bucket's knobs name (with_knobs left only tiles that ship: core::wgmma_has_tile).
 Bf16Tile bf16_tile(const Knobs& k) {
   return k.block_n == 256 ? Bf16Tile::m128_n256_k64 : Bf16Tile::m128_n128_k64;
@@ -141,7 +151,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
   const int h = static_cast<int>(problem_.hidden), i = static_cast<int>(problem_.intermediate);
   const int sms = grid_sms(device, k.num_sms);
   BucketRun run;
-  if (fp8()) {
+  if (fp8() && !rows16) {  // (fp8_block128's few rows per expert run the packed GEMM's E4M3 tile)
     const Fp8Gemms& g = find_or_make(
         fp8_gemms_, [&](const Fp8Gemms& p) { return p.fc1->sm_count() == sms; },
         [&] {
@@ -152,7 +162,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         });
     run.fp8_fc1 = g.fc1.get();
     run.fp8_fc2 = g.fc2.get();
-  } else if (packed()) {
+  } else if (packed() || fp8()) {
     const PackedTokenTile rows16_tile =
         problem_.precision == Precision::nvfp4 ? PackedTokenTile::t16 : PackedTokenTile::t16_e4m3;
     const PackedTokenTile tile = rows16             ? rows16_tile
@@ -174,8 +184,7 @@ WgmmaBackend::BucketRun WgmmaBackend::make_bucket_run(const Knobs& k, int device
         });
     run.packed_fc1 = g.fc1.get();
     run.packed_fc2 = g.fc2.get();
-    run.fc2_sends_home =
-        tile == PackedTokenTile::t16_e4m3 && k.token_back == TokenBack::epilogue_warps;
+    run.fc2_sends_home = g.fc2->sends_home_kernel() && k.token_back == TokenBack::epilogue_warps;
   } else {
     // bf16: FC1 activates in its epilogue (fc1_epilogue_activates; can_implement refused any layer
     // Bf16GluGroupedGemm cannot take), FC2 on the bucket's tile
@@ -217,7 +226,8 @@ int WgmmaBackend::gemm_sms(TokenBucket bucket) const {
 
 bool WgmmaBackend::runs_e4m3_tile(TokenBucket bucket) const {
   const BucketRun& run = runs_[bucket_index(bucket)];
-  return run.packed_fc1 != nullptr && run.packed_fc1->e4m3_tokens();
+  return run.packed_fc1 != nullptr && run.packed_fc1->e4m3_tokens() &&
+         packed_fc1_activates(problem_);
 }
 
 WgmmaBackend::E4m3Round WgmmaBackend::e4m3_round(const ExpertStep& step, TokenBucket bucket) const {
@@ -271,12 +281,13 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
   p.problem = problem_;
   p.biases = biases_.biases();
   p.scratch = scratch_;
-  if (p.fp8()) {
+  if (p.fp8() && run.fp8_fc1 != nullptr) {
     p.fp8_weights = fp8_weights_->weights();
     p.fp8_fc1 = run.fp8_fc1->arrays();
     p.fp8_fc2 = run.fp8_fc2->arrays();
-  } else if (p.packed()) {
-    p.packed_weights = packed_weights_->weights();
+  } else if (p.packed() || p.fp8()) {
+    p.packed_weights =
+        p.fp8() ? e4m3_tile_weights(fp8_weights_->weights()) : packed_weights_->weights();
     p.packed_fc1 = run.packed_fc1->arrays();
     p.packed_fc2 = run.packed_fc2->arrays();
     p.packed_e4m3 = run.packed_fc1->e4m3_tokens();
@@ -300,7 +311,7 @@ void WgmmaBackend::launch_fc1(const ExpertStep& step, TokenBucket bucket,
     run.glu_fc1->run(stream);  // its epilogue activates: no activate kernel
     return;
   }
-  if (p.fp8())
+  if (run.fp8_fc1 != nullptr)
     run.fp8_fc1->run(stream);
   else
     run.packed_fc1->run(p.packed_weights.w13, stream);
@@ -316,9 +327,9 @@ void WgmmaBackend::launch_fc2(const ExpertStep& step, TokenBucket bucket,
     run.packed_fc2->run(p.packed_weights.w2, stream, &home);
     return;
   }
-  if (fp8())
+  if (run.fp8_fc2 != nullptr)
     run.fp8_fc2->run(stream);
-  else if (packed())
+  else if (run.packed_fc2 != nullptr)
     run.packed_fc2->run(p.packed_weights.w2, stream);
   else
     run.fc2->run(stream);

@@ -4,7 +4,8 @@
 // tensor_core, with Hopper's tensor-core path (its check rule allows more outliers:
 // reference::outlier_fraction). bf16 and fp8_block128 run CUTLASS's (grouped_gemm.hpp: TMA);
 // MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
-// packed in their format into shared memory, exactly, for each k tile.
+// packed in their format into shared memory, exactly, for each k tile, and so does fp8_block128
+// where block_m is 64 (its E4M3 tile of 16 token rows: core::wgmma_16_row_tile).
 // A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
 // activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates), three where FC2
 // also sends home (mxfp8's and mxfp4's E4M3 tile with token_back=epilogue_warps, PackedFc2Home:
@@ -24,17 +25,18 @@
 // activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
 // layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
 // the rows' codes straight from the wire). Each takes the format's bytes.
-// Knobs, per token bucket: token_back picks, in the E4M3 tile's buckets, whether its FC2 sends the
-// rows home (epilogue_warps) or leaves them to the home kernel (dispatch_warps); block_n = 256 runs
-// bf16's FC2 GEMM on 128 x 256 tiles, anything else on 128 x 128 (E4M3: always 128 x 128; the
-// packed GEMM: always 128 weight rows); block_m picks bf16's activating FC1's tile (GluTile: 64 x
-// 128 ping-pong or 128 x 128 cooperative) and the packed GEMM's token rows (PackedTokenTile: 64,
-// 128 or 256; 64 runs a tile of 16 rows where an expert gets a few rows, core::wgmma_16_row_tile:
-// mxfp8's and mxfp4's the E4M3 tile, nvfp4's the decoding one); num_sms sizes the GEMMs' persistent
-// grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps' grids. with_knobs
-// already moved the knobs onto a tile this backend has (core::wgmma_has_tile); no knob sets a
-// pipeline depth (CUTLASS's automatic carveout picks it). Buckets with the same tile and SM count
-// share their GEMMs.
+// Knobs, per token bucket: token_back picks, in mxfp8's and mxfp4's E4M3 tile's buckets, whether
+// its FC2 sends the rows home (epilogue_warps) or leaves them to the home kernel (dispatch_warps);
+// block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on 128 x 128 (E4M3: always
+// 128 x 128; the packed GEMM: always 128 weight rows); block_m picks bf16's activating FC1's tile
+// (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the packed GEMM's token rows
+// (PackedTokenTile: 64, 128 or 256; 64 runs a tile of 16 rows where an expert gets a few rows,
+// core::wgmma_16_row_tile: mxfp8's and mxfp4's the E4M3 tile, nvfp4's the decoding one;
+// fp8_block128's 64 is always its E4M3 tile, its 128 CUTLASS's blockwise GEMM); num_sms sizes the
+// GEMMs' persistent grids (CUTLASS's hw_info.sm_count, the packed GEMM's CTAs) and the steps'
+// grids. with_knobs already moved the knobs onto a tile this backend has (core::wgmma_has_tile); no
+// knob sets a pipeline depth (CUTLASS's automatic carveout picks it). Buckets with the same tile
+// and SM count share their GEMMs.
 #pragma once
 
 #include <memory>
@@ -76,7 +78,8 @@ class WgmmaBackend final : public ExpertBackend {
   int gemm_sms(TokenBucket bucket) const;
 
   // The persistent round (docs/design.md §4.3) runs a bucket's E4M3 tile (mxfp8 and mxfp4 where
-  // core::wgmma_e4m3_tokens holds: runs_e4m3_tile) in its own kernel, with plan_gemms and
+  // core::wgmma_e4m3_tokens holds: runs_e4m3_tile; not fp8_block128's, whose FC1 leaves h to the
+  // activate kernel) in its own kernel, with plan_gemms and
   // gather_rows before it (steps.cuh): what that kernel takes for a round. FC2 sends home, or
   // (token_back=dispatch_warps) stages its rows for send_rows_home.
   struct E4m3Round {
