@@ -559,7 +559,8 @@ std::vector<float> run_packed_gemm(
   const int row_tiles = (n + formats::kFp8Block128 - 1) / formats::kFp8Block128;
   std::vector<float> tile_scales(fp8 ? static_cast<std::size_t>(g.count()) * row_tiles * k / 128
                                      : 0);
-  for (auto& v : tile_scales) v = std::ldexp(1.0f + byte(rng) / 256.0f, byte(rng) % 9 - 4);
+  for (auto& v : tile_scales)
+    v = std::ldexp(1.0f + static_cast<float>(byte(rng)) / 256.0f, byte(rng) % 9 - 4);
   std::vector<std::uint8_t> codes(weights * bits / 8), scales(fp8 ? 0 : weights / block);
   for (auto& v : codes) {
     v = static_cast<std::uint8_t>(byte(rng));
@@ -571,8 +572,9 @@ std::vector<float> run_packed_gemm(
   const auto decoded = [&](std::size_t at) {  // weight `at` of [groups, N, K]
     if (fp8) {
       const std::size_t group = at / (static_cast<std::size_t>(n) * k), row = at / k % n;
-      const std::size_t tile = (group * row_tiles + row / 128) * (k / 128) + at % k / 128;
-      return static_cast<double>(formats::fp8_block128_decode_value(codes[at], tile_scales[tile]));
+      const std::size_t scale_at = (group * row_tiles + row / 128) * (k / 128) + at % k / 128;
+      return static_cast<double>(
+          formats::fp8_block128_decode_value(codes[at], tile_scales[scale_at]));
     }
     const std::uint8_t s = scales[at / block];
     if (c.precision == Precision::mxfp8)
