@@ -310,8 +310,8 @@ TEST(DefaultKnobTable, DecodeUsesBlockM64AndPrefillBlockM128Or256ForRealShapes) 
 // medium): qwen3 (128 experts, top 8) in decode and small at world 1 and 2 (1, 8; 2, 16 rows), not
 // in medium (64 at world 1) nor in small at world 4 (32); mixtral (8 experts, top 2) in decode up
 // to world 4 (4 x 16 x 2 / 8 = 16), not at world 8 (32). mxfp4 as mxfp8; never another precision or
-// another block_m (fp8_block128 runs an E4M3 tile of its own at block_m 64, without the E4M3 tile's
-// token_back choice or persistent round).
+// another block_m (fp8_block128 runs the E4M3 tile at block_m 64 whatever its rows, with the
+// token_back choice but no persistent round).
 TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerExpert) {
   const LayerShape qwen3 = known_models()[0].layer_shape(8192);
   ASSERT_EQ(qwen3.num_experts, 128);
@@ -349,10 +349,12 @@ TEST(DefaultKnobTable, MxPrecisionsRunTheE4m3TileOnlyWithBlockM64AndAFewRowsPerE
   k128.block_m = 128;
   EXPECT_FALSE(rows16(Precision::fp8_block128, TokenBucket::decode, k128));
   for (Precision p : kPrecisions) {
-    if (p != Precision::mxfp8 && p != Precision::mxfp4) {
+    if (p != Precision::mxfp8 && p != Precision::mxfp4 && p != Precision::fp8_block128) {
       EXPECT_FALSE(e4m3(p, 1, qwen3, TokenBucket::decode, k64)) << to_string(p);
     }
   }
+  // (fp8_block128's own E4M3 tile, either token_back, wherever block_m is 64)
+  EXPECT_TRUE(e4m3(Precision::fp8_block128, 1, qwen3, TokenBucket::medium, k64));
   for (const std::int32_t rows : {128, 256}) {
     Knobs k = k64;
     k.block_m = rows;

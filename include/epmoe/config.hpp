@@ -120,17 +120,18 @@ struct Knobs {
   // who ships FC2's rows home. epilogue_warps: the FC2 tile's epilogue stores each row into its
   // home rank's window (exact and tensor_core always, chain and persistent round); dispatch_warps:
   // FC2 leaves its rows in a local fp32 staging pool that copy warps ship home afterwards (wgmma's
-  // home kernel: always for bf16, fp8_block128, nvfp4 and the packed GEMM's decoding tiles).
-  // wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows) reads it and runs either,
-  // in the chain and in its persistent round (megakernel=true: dispatch_warps stages FC2's rows,
-  // and after a grid barrier every CTA's warps send them home). with_knobs moves it onto the mode
-  // a bucket runs.
+  // home kernel: always for bf16, nvfp4, CUTLASS's fp8_block128 GEMMs and the packed GEMM's
+  // decoding tiles). wgmma's E4M3 tile (mxfp8 and mxfp4 where an expert gets a few rows,
+  // fp8_block128 at block_m 64) reads it and runs either, in the chain and in mxfp8's and mxfp4's
+  // persistent round (megakernel=true: dispatch_warps stages FC2's rows, and after a grid barrier
+  // every CTA's warps send them home). with_knobs moves it onto the mode a bucket runs.
   TokenBack token_back = TokenBack::epilogue_warps;
   // read by expert_math=wgmma (exact and tensor_core run fixed 64-row tiles): tile rows, 64, 128
   // or 256. wgmma's cooperative GEMMs take 128; for bf16, 64 runs FC1 (whose epilogue activates)
   // on 64 x 128 ping-pong tiles (FC2 stays 128-row); for mxfp8, nvfp4 and mxfp4 it is the token
-  // rows of the packed-weight GEMM's tile (64, 128 or 256; 128 weight rows). with_knobs moves 256
-  // to 128 under wgmma for bf16 and fp8_block128, and 64 to 128 for fp8_block128.
+  // rows of the packed-weight GEMM's tile (64, 128 or 256; 128 weight rows); for fp8_block128, 64
+  // runs the packed GEMM's 16-row E4M3 tile and 128 CUTLASS's blockwise GEMM. with_knobs moves 256
+  // to 128 under wgmma for bf16 and fp8_block128.
   std::int32_t block_m = 64;
   // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs bf16's FC2 GEMM on
   // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the activating FC1: 128 columns always;
@@ -217,8 +218,8 @@ Knobs default_knobs(Precision precision, int world, const LayerShape& shape, Tok
 // Whether `bucket`'s rounds can run as the persistent round (Knobs::megakernel, docs/design.md
 // §4.3) on the CUDA executor: always under expert_math=tensor_core; under wgmma where the bucket
 // runs mxfp8's or mxfp4's E4M3 tile (its block_m 64 and at most 16 rows per expert when routing is
-// balanced: docs/tuning.md; in either token_back mode); never under exact. A layer refuses
-// megakernel=true elsewhere.
+// balanced: docs/tuning.md; in either token_back mode; not fp8_block128's); never under exact. A
+// layer refuses megakernel=true elsewhere.
 bool has_persistent_round(const LayerConfig& config, TokenBucket bucket);
 
 // Knob files (docs/tuning.md#knob-files): a layer's knobs as text, a line per bucket, keyed by

@@ -197,8 +197,7 @@ bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, 
 
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs) {
-  return (precision == Precision::mxfp8 || precision == Precision::mxfp4) &&
-         wgmma_16_row_tile(precision, world, shape, bucket, knobs);
+  return precision != Precision::nvfp4 && wgmma_16_row_tile(precision, world, shape, bucket, knobs);
 }
 
 std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
@@ -339,8 +338,9 @@ bool has_persistent_round(const LayerConfig& config, TokenBucket bucket) {
   switch (config.options().expert_math) {
     case ExpertMath::tensor_core:
       return true;
-    case ExpertMath::wgmma:  // the E4M3 tile's buckets (the backend runs it by the same rule)
-      return core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket,
+    case ExpertMath::wgmma:  // mxfp8's and mxfp4's E4M3 tile's buckets (the backend's same rule)
+      return config.precision() != Precision::fp8_block128 &&
+             core::wgmma_e4m3_tokens(config.precision(), config.world(), config.shape(), bucket,
                                      config.knobs(bucket));
     case ExpertMath::exact:
       return false;

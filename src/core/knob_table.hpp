@@ -50,7 +50,8 @@ constexpr bool wgmma_has_256_row_tile(Precision precision) {
 // representative T, as the table's other rules). The E4M3 tile promotes each k32 block's sums per
 // token row, which costs more than the decode from a few tens of rows per expert (qwen3 at world 1
 // on one H200, bench/RESULTS.md session 23: 7-17 % faster at up to 4 rows, 8 % slower at 32). The
-// wgmma backend asks it per bucket; no knob sets it.
+// wgmma backend asks it per bucket; no knob sets it. fp8_block128 runs an E4M3 tile wherever its
+// block_m is 64 (wgmma_16_row_tile), and this holds there too.
 inline constexpr std::int64_t kWgmmaE4m3MaxRows = 16;
 bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
@@ -58,8 +59,8 @@ bool wgmma_e4m3_tokens(Precision precision, int world, const LayerShape& shape, 
 // tile: wgmma_e4m3_tokens) and nvfp4 (whose 16-row tile decodes its weights, its CTA splitting K
 // over two pairs of math warpgroups); and fp8_block128 wherever block_m is 64 (its E4M3 tile: the
 // table picks 64 for it only where an expert gets at most kWgmmaE4m3MaxRows rows, and it has no
-// 64-row tile). fp8_block128's tile stores FC1's sums for the activate kernel and FC2's for the
-// home kernel: no token_back=epilogue_warps, no persistent round (wgmma_e4m3_tokens is false).
+// 64-row tile; wgmma_e4m3_tokens holds there too). fp8_block128's FC1 stores its sums for the
+// activate kernel, so its tile has no persistent round (has_persistent_round).
 bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, TokenBucket bucket,
                        const Knobs& knobs);
 
@@ -71,7 +72,7 @@ bool wgmma_16_row_tile(Precision precision, int world, const LayerShape& shape, 
 //     home;
 //   wgmma: dispatch_warps (CUTLASS's GEMMs and the packed GEMM's decoding tiles end in fp32), but
 //     in the E4M3 tile's buckets (wgmma_e4m3_tokens), whose FC2 does either, in the chain and in
-//     the persistent round.
+//     mxfp8's and mxfp4's persistent round.
 std::optional<TokenBack> only_token_back(Precision precision, int world, const LayerShape& shape,
                                          TokenBucket bucket, const LayerOptions& options,
                                          const Knobs& knobs);

@@ -205,10 +205,12 @@ TEST(GpuKnobs, PackedPrecisionsRun16RowTilesOnFewRowsEachMatchingTheReference) {
 
 // fp8_block128's block_m 64 runs the packed GEMM's E4M3 tile (16 token rows,
 // core::wgmma_16_row_tile: the wire's FP8 rows times E4M3 weights, each k tile's sum promoted by
-// both fp32 scales; FC1's sums to the activate kernel, FC2's to the home kernel) in every bucket,
-// also where an expert gets 500 rows (T = 1000: 32 token tiles); 128 runs CUTLASS's blockwise GEMM.
-// Both match the reference in every bucket under both combines, and so does the default table (64
-// in decode only here).
+// both fp32 scales; FC1's sums to the activate kernel; FC2 sending the rows home,
+// token_back=epilogue_warps, or leaving its sums to the home kernel, dispatch_warps) in every
+// bucket, also where an expert gets 500 rows (T = 1000: 32 token tiles); 128 runs CUTLASS's
+// blockwise GEMM. Each matches the reference in every bucket under both combines, and so does the
+// default table (64 in decode only here); both token_back modes give the same bits staged (each
+// result is bf16(sum + b2) of the same sum).
 TEST(GpuKnobs, Fp8Block128RunsTheE4m3TileAtBlockM64MatchingTheReference) {
   if (test::gpus_up_to(2) < 1) GTEST_SKIP() << "needs a GPU";
   const Precision p = Precision::fp8_block128;
@@ -219,13 +221,23 @@ TEST(GpuKnobs, Fp8Block128RunsTheE4m3TileAtBlockM64MatchingTheReference) {
   EXPECT_EQ(defaults.knobs(TokenBucket::medium).block_m, 128);
   EXPECT_FALSE(has_persistent_round(defaults, TokenBucket::decode))
       << "fp8_block128's E4M3 tile has no persistent round";
-  for (const std::int32_t rows : {64, 128}) {
-    const Knobs k = knobs_with(kFp8Shape, p, [rows](Knobs& kn) { kn.block_m = rows; });
-    const std::string what = "fp8_block128 block_m=" + std::to_string(rows);
-    run_rounds(kFp8Shape, p, ExpertMath::wgmma, every_bucket(k), what);
+  Outputs out[2];
+  for (const auto& [rows, mode] :
+       {std::pair{64, TokenBack::epilogue_warps}, std::pair{64, TokenBack::dispatch_warps},
+        std::pair{128, TokenBack::dispatch_warps}}) {
+    const Knobs k = knobs_with(kFp8Shape, p, [rows, mode](Knobs& kn) {
+      kn.block_m = rows;
+      kn.token_back = mode;
+    });
+    EXPECT_EQ(with_knobs(defaults, k).knobs(TokenBucket::decode).token_back, mode);
+    const std::string what =
+        "fp8_block128 block_m=" + std::to_string(rows) + " token_back=" + to_string(mode);
+    const Outputs staged = run_rounds(kFp8Shape, p, ExpertMath::wgmma, every_bucket(k), what);
+    if (rows == 64) out[static_cast<int>(mode)] = staged;
     run_rounds(kFp8Shape, p, ExpertMath::wgmma, every_bucket(k), what + " in_kernel_reduce",
                Combine::in_kernel_reduce);
   }
+  expect_same_bits(out[0], out[1], "fp8_block128: FC2 sending home against the home kernel");
   run_rounds(kFp8Shape, p, ExpertMath::wgmma, {}, "fp8_block128 default knobs");
 }
 

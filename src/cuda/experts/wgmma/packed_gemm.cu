@@ -352,8 +352,8 @@ constexpr auto kernel_of() {
 // Calls f(precision, token rows, activates, e4m3, sends home) with each as a compile-time
 // constant; the E4M3 kernel only for t16_e4m3 (mxfp8, mxfp4, fp8_block128), the 16-row decoding
 // tile only for nvfp4's t16, the decoding tiles only for the packed precisions (the constructor
-// refuses the rest); sending home only on mxfp8's and mxfp4's E4M3 tile without an epilogue (run()
-// refuses it elsewhere).
+// refuses the rest); sending home only on the E4M3 tile without an epilogue (run() refuses it
+// elsewhere).
 template <class F>
 void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_home, F f) {
   const auto with_precision = [&](auto g) {
@@ -369,7 +369,7 @@ void with_kernel(Precision p, PackedTokenTile tile, bool activates, bool sends_h
         using std::integral_constant;
         if (tile == PackedTokenTile::t16_e4m3) {
           if constexpr (kP != Precision::nvfp4) {
-            if constexpr (!decltype(epilogue)::value && kP != Precision::fp8_block128) {
+            if constexpr (!decltype(epilogue)::value) {
               if (sends_home) {
                 f(precision, integral_constant<int, 16>{}, epilogue, std::true_type{},
                   std::true_type{});
@@ -512,8 +512,8 @@ PackedGemmArgs PackedGroupedGemm::args(const PackedMatrices& weights,
                                        const PackedFc2Home* home) const {
   if (home != nullptr && !sends_home_kernel())
     throw Error(ErrorCode::internal,
-                "packed grouped GEMM: only mxfp8's and mxfp4's E4M3 tile's FC2 (t16_e4m3, no FC1 "
-                "epilogue) sends its rows home");
+                "packed grouped GEMM: only the E4M3 tile's FC2 (t16_e4m3, no FC1 epilogue) sends "
+                "its rows home");
   return PackedGemmArgs{arrays_,
                         weights,
                         groups_,

@@ -79,8 +79,8 @@ struct PackedFc1Epilogue {
 // kernel: each result plus its b2 to its pair's home slot (staged: bf16 into the home rank's
 // combine row; in_kernel_reduce: weight x result added to the home rank's accumulator), the round
 // joined and its done published to every rank (finish_expert_step) as that kernel does, so the
-// results are the same bits. For mxfp8 and mxfp4 only, whose sums are the values (no row or weight
-// scale to divide by).
+// results are the same bits. For the E4M3 tile only, whose sums are the values (no row or weight
+// scale to divide by: MX's block scales and fp8_block128's fp32 ones are in its promotion).
 struct PackedFc2Home {
   ExpertStep step;
   const float* b2;                  // [groups, N], or nullptr
@@ -137,10 +137,8 @@ class PackedGroupedGemm {
   PackedTokenTile tile() const { return tile_; }
   GemmOutput output() const { return output_; }
   bool e4m3_tokens() const { return tile_ == PackedTokenTile::t16_e4m3; }  // (arrays' a8, h8)
-  // its FC2 may send home (run()'s `home`): mxfp8's and mxfp4's E4M3 tile without an epilogue
-  bool sends_home_kernel() const {
-    return e4m3_tokens() && !epilogue_ && precision_ != Precision::fp8_block128;
-  }
+  // its FC2 may send home (run()'s `home`): the E4M3 tile without an epilogue
+  bool sends_home_kernel() const { return e4m3_tokens() && !epilogue_; }
 
   // Queues the GEMM over `weights` (rows = N, cols = K, one matrix per group) and whatever
   // arrays() holds when it runs (no host synchronisation), after the previous kernel on `stream`

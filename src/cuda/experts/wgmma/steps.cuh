@@ -153,7 +153,7 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
       return;
     }
     for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      if (p.packed() && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
+      if (p.packed_e4m3 && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
         p.scratch.homes[pair] = home_slot(t, round, in.pairs[pair]);
       const std::uint8_t* payload = wire_payload(pair);
       const auto* codes = reinterpret_cast<const uint4*>(payload);

@@ -35,8 +35,8 @@ struct Scratch {
   float* a8_scale;   // [max_pairs, H / block]
   std::uint8_t* h8;  // [max_pairs, I] FC2's operand: h at its quantization point
   float* h8_scale;   // [max_pairs, I / block]
-  // mxfp8, mxfp4: each pair's home slot, for the E4M3 tile's FC2, which sends the results home
-  // itself (PackedFc2Home; plan_and_gather writes them in the buckets that run it)
+  // mxfp8, mxfp4, fp8_block128: each pair's home slot, for the E4M3 tile's FC2, which sends the
+  // results home itself (PackedFc2Home; plan_and_gather writes them in the buckets that run it)
   protocol::HomeSlot* homes;  // [max_pairs]
 };
 
@@ -81,7 +81,7 @@ struct Params {
   // this bucket's packed GEMMs multiply E4M3 codes (t16_e4m3: mxfp8, mxfp4, fp8_block128): FC1
   // reads the received rows' codes and block scales (a8), its epilogue writes h the same way (h8;
   // fp8_block128's FC1 writes d, from which activate makes h8), and FC2 may send the results home
-  // (mxfp8, mxfp4: scratch.homes; no home kernel)
+  // (scratch.homes; no home kernel)
   bool packed_e4m3 = false;
   // what FC2 stores in scratch.d: fp32 sums, or (staged combine) the bf16 results, scales and b2
   // applied, which home only copies (GemmOutput)

@@ -27,8 +27,7 @@ Scratch slice_scratch(std::uint8_t* base, const ExpertProblem& e, std::size_t pa
     s.h16 = cursor.take<std::uint16_t>(pairs * i);
     s.h_scale = cursor.take<float>(pairs);
   }
-  if (block != 0 && !runs_e4m3(e))
-    s.homes = cursor.take<protocol::HomeSlot>(pairs);  // mxfp8, mxfp4
+  if (block != 0) s.homes = cursor.take<protocol::HomeSlot>(pairs);  // mxfp8, mxfp4, fp8_block128
   if (block != 0 && !runs_e4m3(e) && base != nullptr) {
     // mxfp8, mxfp4: the E4M3 operands inside the bf16 ones (n codes and n / 32 floats: 1.125 n of 2
     // n bytes; the rows' scales 16-byte aligned, as the kernels read them)
