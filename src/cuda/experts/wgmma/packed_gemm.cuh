@@ -513,9 +513,9 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
 // codes in shared memory (WGMMA SS; a 64-byte swizzle: a k tile is 64 codes) and the tensor cores
 // multiply the codes: each k tile is two k32 WGMMAs, one MX block of both operands each, whose sums
 // the math warpgroups add to fp32 sums times the weight row's block scale times the token's
-// (promotion, as DeepGEMM's FP8 GEMMs do per 128). The block scales are powers of two, so that
+// (promotion, as DeepGEMM's FP8 GEMMs do per 128). MX's block scales are powers of two, so that
 // product is the exact product of the decoded values' sums but for WGMMA's FP8 accumulation within
-// a block.
+// a block; fp8_block128's fp32 scales add one rounding of their product and one of the sum's.
 //   producer  warpgroup 0: each k tile's 128 weight rows of codes by TMA (one thread issues it and
 //             the `full` barrier counts its bytes; load_weight_codes), the tokens' rows of codes
 //             (16-byte cp.async into the swizzled layout WGMMA reads), the 4-byte word holding
