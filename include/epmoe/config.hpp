@@ -135,8 +135,8 @@ struct Knobs {
   std::int32_t block_m = 64;
   // read by expert_math=wgmma: tile columns, 64, 128 or 256. 256 runs bf16's FC2 GEMM on
   // 128 x 256 x 64 tiles, anything else 128 x 128 x 64 (the activating FC1: 128 columns always;
-  // fp8_block128: 128 x 128 x 128 only; not read for mxfp8, nvfp4, mxfp4); with_knobs moves 64 to
-  // 128, and 256 to 128 for fp8_block128.
+  // fp8_block128's blockwise GEMM: 128 x 128 x 128 only; not read for mxfp8, nvfp4, mxfp4, nor by
+  // fp8_block128's 16-row tile); with_knobs moves 64 to 128, and 256 to 128 for fp8_block128.
   std::int32_t block_n = 128;
   // read by the CUDA executor: warps per CTA of the chain's dispatch kernel, which quantizes each
   // token's row and pushes it to its owner ranks (a CTA per token at a time): 1..16. (The

@@ -538,8 +538,9 @@ __device__ __forceinline__ GemmStart start_gemm(S& s, const Args& args) {
 //             storing h as MXFP8 codes and scale values
 namespace e4m3 {
 
-constexpr int kBlockK = formats::kMxfp8Block;  // an MX block: one k32 WGMMA
-constexpr int kBlocks = kTileK / kBlockK;      // per k tile
+constexpr int kBlockK = formats::kMxfp8Block;                      // an MX block: one k32 WGMMA
+constexpr int kBlocks = kTileK / kBlockK;                          // per k tile
+constexpr int kTilesPerBlock128 = formats::kFp8Block128 / kTileK;  // fp8_block128's 1 x 128
 // Two pairs of math warpgroups split each tile's k tiles (even, odd), so four of them keep an SM's
 // tensor cores and promotions busy (one pair at a time left them mostly waiting; bench/RESULTS.md,
 // session 26); pair 1 hands its sums to pair 0 through shared memory for the epilogue.
@@ -707,23 +708,20 @@ __device__ __forceinline__ void produce(const Args& args, const CUtensorMap* wei
                                         kt * kTileK, at);
         }
       }
-      if constexpr (kBlock128<kW>) {  // the k tile's weight scale, and each token row's
-        constexpr int kTilesPerBlock = formats::kFp8Block128 / kTileK;
-        if (tid == 0)
-          cp_async_4(&s.scale_words[ring.stage][0], scale_src + 4 * (kt / kTilesPerBlock));
-      } else {
-        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * kBlocks);
-      }
 #pragma unroll
       for (int i = 0; i < kTokenChunks; ++i)
         if (i < token_chunks)
           cp_async_16(&s.x[ring.stage][token_dst[i]],
                       token_src + static_cast<std::int64_t>(i) * kRowStep * k + kt * kTileK);
       if constexpr (kBlock128<kW>) {
-        if (tid < rows)
-          cp_async_4(&s.x_scales[ring.stage][tid][0],
-                     token_scale_src + kt / (formats::kFp8Block128 / kTileK));
+        // the k tile's 128-block: the tile's one weight scale (thread 0) and each token row's
+        const int block = kt / kTilesPerBlock128;
+        if (tid == 0)
+          cp_async_4(&s.scale_words[ring.stage][0],
+                     reinterpret_cast<const float*>(scale_src) + block);
+        if (tid < rows) cp_async_4(&s.x_scales[ring.stage][tid][0], token_scale_src + block);
       } else {
+        copy_scale_word(&s.scale_words[ring.stage][tid], scale_src + kt * kBlocks);
         if (tid < rows) cp_async_8(&s.x_scales[ring.stage][tid][0], token_scale_src + kt * kBlocks);
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(&s.full[ring.stage]);
