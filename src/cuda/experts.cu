@@ -71,13 +71,14 @@ experts::ExpertStep expert_step(const RoundParams& p) {
       p.scratch.pair_offset, p.scratch.chunk_offset, p.scratch.pairs,  p.layout.max_tokens,
       p.scratch.x,           p.scratch.x16,          p.scratch.x_scale};
   step.home = experts::TokenBackTarget{p.layout, p.peer_windows, p.rank, p.combine, p.top_k};
+  step.sink = experts::PairSink{p.scratch.pairs, p.scratch.expert_fill};
   return step;
 }
 
 void launch_experts(const RoundParams& p, const ExpertShapes& s, TokenBucket bucket,
                     const experts::ExpertBackend& backend, cudaStream_t stream) {
   launch_route(p, s.route, stream);
-  launch_bucket(p, s.bucket, stream);
+  if (!backend.buckets_pairs()) launch_bucket(p, s.bucket, stream);
   const experts::ExpertStep step = expert_step(p);
   backend.launch_fc1(step, bucket, stream);
   backend.launch_fc2(step, bucket, stream);

@@ -21,6 +21,7 @@
 
 #include "cuda/device_common.cuh"
 #include "cuda/experts/inputs.hpp"
+#include "cuda/experts/pair_list.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/row_codec.cuh"
 #include "protocol/wire.hpp"
@@ -28,6 +29,7 @@
 namespace epmoe::cuda {
 
 using experts::kChunkRows;
+using experts::locate_row;
 
 // A receive row that is not this round's or names a token, slot or expert that cannot exist
 // (protocol::received_row_valid): a protocol violation by its writer, reported by one thread of
@@ -38,14 +40,6 @@ __device__ inline void reject_row(const RoundParams& p, std::uint32_t round, int
   const DeviceSession session(p.layout, DevicePeers{p.peer_windows}, p.rank, round);
   fail_round(p, session, protocol::WaitOutcome{protocol::WaitStatus::violation, src, row_round, 0},
              Phase::dispatch_counts);
-}
-
-// Received row `item` of this round: which source rank, which of its rows.
-__device__ inline void locate_row(const std::uint32_t* rows_from, std::uint32_t item, int& src,
-                                  std::uint32_t& row) {
-  src = 0;
-  row = item;
-  while (row >= rows_from[src]) row -= rows_from[src++];
 }
 
 // The last route CTA: pairs and chunks per expert -> exclusive offsets (an inclusive scan of the
@@ -192,9 +186,9 @@ __device__ inline void bucket_step(const RoundParams& p) {
   const PhaseEnd phase_end{start};
   if (start.skip) return;
   std::uint32_t rows_from[kMaxWorld];
-  std::uint32_t total = 0;
-  for (int src = 0; src < p.world; ++src) total += rows_from[src] = p.state->rows_from[src];
+  const std::uint32_t total = experts::received_rows(p.state, p.world, rows_from);
   const std::uint8_t* window = p.peer_windows[p.rank];
+  const experts::PairSink sink{p.scratch.pairs, p.scratch.expert_fill};
   // A warp takes 32 / top_k rows at once, top_k lanes each (a lane per entry: a row has at most
   // top_k <= 32), so qwen3's top-8 rows keep every lane's atomic in flight, not a quarter of them.
   const int lane = static_cast<int>(threadIdx.x % 32), top_k = static_cast<int>(p.top_k);
@@ -213,9 +207,7 @@ __device__ inline void bucket_step(const RoundParams& p) {
     if (slot < entries_in_row) {
       const auto* entries =
           reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset());
-      const int e = entries[slot].local_expert;
-      const std::uint32_t at = p.scratch.pair_offset[e] + atomicAdd(&p.scratch.expert_fill[e], 1u);
-      p.scratch.pairs[at] = experts::pack_pair(src, slot, r);
+      experts::append_pair(sink, p.scratch.pair_offset, entries[slot].local_expert, src, slot, r);
     }
   }
 }

@@ -53,8 +53,14 @@ class ExpertBackend {
   virtual std::size_t weight_bytes() const = 0;
   virtual std::size_t scratch_bytes() const = 0;
 
-  // Steps 5-6 of a round (docs/design.md §3), on the caller's stream, after route and bucket, with
-  // the kernels (grids, tiles) the backend built at creation for `bucket`'s knobs.
+  // Whether the backend's first FC1 kernel groups the round's pairs by expert itself
+  // (ExpertStep::sink, as bucket does, while it copies each received row into its operand): the
+  // round then launches no bucket kernel (one kernel boundary less per round).
+  virtual bool buckets_pairs() const { return false; }
+
+  // Steps 5-6 of a round (docs/design.md §3), on the caller's stream, after route and bucket (or
+  // route alone: buckets_pairs), with the kernels (grids, tiles) the backend built at creation for
+  // `bucket`'s knobs.
   virtual void launch_fc1(const ExpertStep& step, TokenBucket bucket,
                           cudaStream_t stream) const = 0;
   virtual void launch_fc2(const ExpertStep& step, TokenBucket bucket,

@@ -82,11 +82,20 @@ inline ExpertProblem expert_problem(const LayerConfig& config) {
                        o.swiglu_limit};
 }
 
+// Where the pair list is written (bucket's output): the list itself and each local expert's fill
+// count, zeroed by dispatch every round. A backend that groups the pairs itself
+// (ExpertBackend::buckets_pairs) writes them here, as bucket would.
+struct PairSink {
+  std::uint32_t* pairs;        // [max_pairs], ExpertInputs::pairs
+  std::uint32_t* expert_fill;  // [E_local]
+};
+
 // Everything a backend's launches receive from the round.
 struct ExpertStep {
   RoundState* state;  // the round number, the failed flag, the experts-done ticket
   ExpertInputs in;
   TokenBackTarget home;
+  PairSink sink;
 };
 
 }  // namespace epmoe::cuda::experts

@@ -11,13 +11,15 @@
 namespace epmoe::cuda::experts::wgmma {
 namespace {
 
-// CTA 0 first plans the GEMMs (plan_gemms); then every CTA gathers the pairs' rows (gather_rows).
+// CTA 0 first plans the GEMMs (plan_gemms: route placed every expert's part of the pair list);
+// then every CTA groups the received rows' pairs by expert and gathers each row into FC1's operand
+// at its pairs' places (bucket_and_gather_rows: the chain runs no bucket kernel for this backend).
 __global__ void __launch_bounds__(kThreads) plan_and_gather_kernel(Params p) {
   const RoundStart start = join_round(p.step.state, RoundPhase::fc1);
   const PhaseEnd phase_end{start};
   if (blockIdx.x == 0) plan_gemms(p, start.skip);
   if (start.skip) return;
-  gather_rows<kThreads>(p, start.round);
+  bucket_and_gather_rows<kThreads>(p, start.round);
 }
 
 // The round's pairs, a warp per pair, grid-stride (no CTA barrier between them):

@@ -6,6 +6,7 @@
 
 #include "cuda/experts/common.cuh"
 #include "cuda/experts/packed_weights.cuh"  // e4m3x2_scaled_to_bf16x2
+#include "cuda/experts/pair_list.cuh"
 #include "cuda/experts/wgmma/steps.hpp"
 #include "formats/quantized_weights.hpp"  // fp8_block128_tile
 #include "math/expert_row.hpp"            // math::biased, math::unscaled
@@ -113,69 +114,122 @@ __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t cou
   strided_vectors<kAhead>(row, count, lane, 32, use);
 }
 
-// One warp per pair, 16-byte copies (H is a multiple of 64; lane_vectors' loads in flight),
-// grid-stride over the round's pairs (`round`: whose receive rows): the staged bf16 row, or (E4M3
-// operands) the received row's wire payload itself, its E4M3 codes and its block scales as fp32
-// values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4,
-// which also write the pair's home slot for FC2), or (MXFP8 rows in a bucket whose GEMMs take bf16
-// rows) that payload decoded to bf16 codes, exact (an E4M3 value times a power of two). Route
-// checked the rows and staged nothing for them. kCtaThreads: the CTA's threads (blockDim.x);
-// kAhead: loads in flight per lane (the persistent E4M3 round takes 1: more made it spill).
+// One received row into FC1's operand at `count` pairs' places, to(k) for k < count (called by
+// every lane with the same k, once per 16-byte vector: it may shuffle; kOnePlace: count is 1), by
+// one warp with 16-byte copies (H is a multiple of 64; lane_vectors' loads in flight), the row
+// loaded once: the staged bf16 row (x16's row `x_row`), or (E4M3 operands) the received row's wire
+// payload itself, its E4M3 codes and its block scales as fp32 values (fp8_block128's 1 x 128 fp32
+// scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or (MXFP8 rows in a bucket whose GEMMs
+// take bf16 rows) that payload decoded to bf16 codes, exact (an E4M3 value times a power of two).
+// Route checked the rows and staged nothing for them. kAhead: loads in flight per lane. (The
+// places are shuffled in per store, not held in an array: an array of kMaxTopK places took the
+// kernel from 80 to 157 registers.)
+template <int kAhead, bool kOnePlace, class To>
+__device__ inline void gather_row(const Params& p, const std::uint8_t* payload, std::uint32_t x_row,
+                                  int count, To to, int lane) {
+  const std::int64_t hidden = p.problem.hidden;
+  // store(pair) at every place
+  const auto to_every_place = [&](auto store) {
+    if constexpr (kOnePlace) {
+      store(static_cast<std::size_t>(to(0)));
+    } else {
+#pragma unroll 1
+      for (int k = 0; k < count; ++k) store(static_cast<std::size_t>(to(k)));
+    }
+  };
+  if (const int block = e4m3_scale_block(p.problem); block != 0) {
+    const auto* codes = reinterpret_cast<const uint4*>(payload);
+    if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
+      lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) {
+        // 16 codes of one MX block
+        const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
+        const uint4 lo = mxfp8x8_to_bf16(c.x, c.y, scale), hi = mxfp8x8_to_bf16(c.z, c.w, scale);
+        to_every_place([&](std::size_t pair) {
+          auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + pair * hidden);
+          dst[2 * v] = lo;
+          dst[2 * v + 1] = hi;
+        });
+      });
+      return;
+    }
+    lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) {
+      to_every_place(
+          [&](std::size_t pair) { reinterpret_cast<uint4*>(p.scratch.a8 + pair * hidden)[v] = c; });
+    });
+    const std::int64_t blocks = hidden / block;
+    for (std::int64_t b = lane; b < blocks; b += 32) {
+      const float scale = p.fp8() ? reinterpret_cast<const float*>(payload + hidden)[b]
+                                  : formats::e8m0_to_float(payload[hidden + b]);  // (MXFP8)
+      to_every_place([&](std::size_t pair) { p.scratch.a8_scale[pair * blocks + b] = scale; });
+    }
+    return;
+  }
+  const auto* src = reinterpret_cast<const uint4*>(p.step.in.x16 + x_row * hidden);
+  lane_vectors<kAhead>(src, hidden / 8, lane, [&](std::int64_t v, uint4 c) {
+    to_every_place(
+        [&](std::size_t pair) { reinterpret_cast<uint4*>(p.scratch.a1 + pair * hidden)[v] = c; });
+  });
+}
+
+// This rank's receive row of `packed`'s pair this round, past its header and entries.
+__device__ inline const std::uint8_t* pair_payload(const Params& p, std::uint32_t round,
+                                                   std::uint32_t packed) {
+  const TokenBackTarget& t = p.step.home;
+  return t.peer_windows[t.rank] + t.layout.recv_row(round, pair_src(packed), pair_row(packed)) +
+         protocol::wire_payload_offset(t.top_k);
+}
+
+// The round's pairs into FC1's operand, one warp per pair (gather_row with one place), grid-stride
+// over the pair list bucket wrote (`round`: whose receive rows); the E4M3 tile's buckets also get
+// each pair's home slot, for FC2 sending home. The persistent E4M3 round runs it after its bucket
+// step. kCtaThreads: the CTA's threads (blockDim.x); kAhead: loads in flight per lane (the
+// persistent E4M3 round takes 1: more made it spill).
 template <int kCtaThreads, int kAhead = kLoads>
 __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
   const std::uint32_t pairs = in.pair_offset[p.problem.local_experts];
-  const std::int64_t hidden = p.problem.hidden;
-  const std::int64_t vectors = hidden / 8;
   const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (const int block = e4m3_scale_block(p.problem); block != 0) {
-    const TokenBackTarget& t = p.step.home;
-    const std::int64_t blocks = hidden / block;
-    const auto wire_payload = [&](std::uint32_t pair) {  // the pair's received row
-      const std::uint32_t packed = in.pairs[pair];
-      return t.peer_windows[t.rank] + t.layout.recv_row(round, pair_src(packed), pair_row(packed)) +
-             protocol::wire_payload_offset(t.top_k);
-    };
-    if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
-      for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs;
-           pair += gridDim.x * warps) {
-        const std::uint8_t* payload = wire_payload(pair);
-        auto* dst =
-            reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-        lane_vectors<kAhead>(reinterpret_cast<const uint4*>(payload), hidden / 16, lane,
-                             [&](std::int64_t v, uint4 codes) {  // 16 codes of one MX block
-                               const float scale =
-                                   formats::e8m0_to_float(payload[hidden + 16 * v / block]);
-                               dst[2 * v] = mxfp8x8_to_bf16(codes.x, codes.y, scale);
-                               dst[2 * v + 1] = mxfp8x8_to_bf16(codes.z, codes.w, scale);
-                             });
-      }
-      return;
-    }
-    for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-      if (p.packed_e4m3 && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
-        p.scratch.homes[pair] = home_slot(t, round, in.pairs[pair]);
-      const std::uint8_t* payload = wire_payload(pair);
-      const auto* codes = reinterpret_cast<const uint4*>(payload);
-      auto* dst = reinterpret_cast<uint4*>(p.scratch.a8 + static_cast<std::size_t>(pair) * hidden);
-      lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
-      float* scale = p.scratch.a8_scale + static_cast<std::size_t>(pair) * blocks;
-      if (p.fp8()) {
-        const auto* scales = reinterpret_cast<const float*>(payload + hidden);
-        for (std::int64_t b = lane; b < blocks; b += 32) scale[b] = scales[b];
-      } else {
-        const std::uint8_t* codes8 = payload + hidden;  // (MXFP8: H / 32 E8M0 codes)
-        for (std::int64_t b = lane; b < blocks; b += 32)
-          scale[b] = formats::e8m0_to_float(codes8[b]);
-      }
-    }
-    return;
-  }
   for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
-    const auto* src = reinterpret_cast<const uint4*>(
-        in.x16 + static_cast<std::size_t>(x_row_of_pair(in, in.pairs[pair])) * hidden);
-    auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + static_cast<std::size_t>(pair) * hidden);
-    lane_vectors<kAhead>(src, vectors, lane, [&](std::int64_t v, uint4 c) { dst[v] = c; });
+    const std::uint32_t packed = in.pairs[pair];
+    if (p.packed_e4m3 && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
+      p.scratch.homes[pair] = home_slot(p.step.home, round, packed);
+    gather_row<kAhead, true>(
+        p, pair_payload(p, round, packed), x_row_of_pair(in, packed), 1, [&](int) { return pair; },
+        static_cast<int>(lane));
+  }
+}
+
+// bucket and the gather in one step, one warp per received row, grid-stride (the chain's first
+// kernel of the wgmma backend: ExpertBackend::buckets_pairs): the row's entries appended to their
+// experts' parts of the pair list (a lane per entry, with its home slot in the E4M3 tile's
+// buckets), then the row copied once into FC1's operand at each of its pairs' places. Route has
+// counted, checked and placed every expert's part (pair_offset). kCtaThreads: blockDim.x.
+template <int kCtaThreads>
+__device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t round) {
+  const ExpertInputs& in = p.step.in;
+  const TokenBackTarget& t = p.step.home;
+  std::uint32_t rows_from[kMaxWorld];
+  const std::uint32_t total = received_rows(p.step.state, t.layout.world, rows_from);
+  const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (std::uint32_t item = blockIdx.x * warps + warp; item < total; item += gridDim.x * warps) {
+    int src;
+    std::uint32_t r;
+    locate_row(rows_from, item, src, r);
+    const std::uint8_t* row = t.peer_windows[t.rank] + t.layout.recv_row(round, src, r);
+    const auto* header = reinterpret_cast<const protocol::WireRowHeader*>(row);
+    const int count = header->num_entries;  // (checked by route: at most top_k)
+    std::uint32_t at = 0;
+    if (static_cast<int>(lane) < count) {
+      const protocol::WireEntry entry =
+          reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset())[lane];
+      at = append_pair(p.step.sink, in.pair_offset, entry.local_expert, src, static_cast<int>(lane),
+                       r);
+      if (p.packed_e4m3) p.scratch.homes[at] = protocol::home_slot(src, *header, entry);
+    }
+    gather_row<kLoads, false>(
+        p, row + protocol::wire_payload_offset(t.top_k),
+        static_cast<std::uint32_t>(src * in.max_tokens) + r, count,
+        [&](int k) { return __shfl_sync(0xffffffffu, at, k); }, static_cast<int>(lane));
   }
 }
 

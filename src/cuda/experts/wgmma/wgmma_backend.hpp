@@ -11,7 +11,9 @@
 // also sends home (mxfp8's and mxfp4's E4M3 tile with token_back=epilogue_warps, PackedFc2Home:
 // no home kernel):
 //   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
-//             arrays; every CTA: each pair's staged row into the expert-contiguous FC1 operand
+//             arrays; every CTA, a warp per received row: its pairs appended to the pair list
+//             (bucket's step: the round launches no bucket kernel, buckets_pairs) and the row
+//             copied once to each pair's place in the expert-contiguous FC1 operand
 //   FC1       grouped GEMM: [pairs, 2I] fp32; or, with its epilogue (Bf16GluGroupedGemm), b13,
 //             the activation and FC2's input quantization point: h16
 //   activate  (all but bf16) scales, b13, the activation, FC2's input quantization
@@ -61,6 +63,8 @@ class WgmmaBackend final : public ExpertBackend {
   ~WgmmaBackend() override;
 
   const char* name() const override { return "wgmma_grouped"; }
+  // its first kernel groups the pairs while it gathers the rows (plan_and_gather)
+  bool buckets_pairs() const override { return true; }
   StagedRows staged_rows() const override {
     // the precisions with E4M3 operands (fp8_block128; mxfp8 and mxfp4, whose gather writes either
     // operand from the MXFP8 wire rows: Params::packed_e4m3) take their rows as received
