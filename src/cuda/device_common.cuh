@@ -197,15 +197,24 @@ __device__ inline RoundStart start_round(const RoundParams& p, RoundPhase phase)
 
 // Every CTA calls this once when its part of the kernel is done (all its stores issued); returns
 // true in exactly one thread of the last CTA, after every other CTA's stores are visible system
-// wide. That thread then publishes the round's message and re-arms the ticket.
+// wide (kSystem) or GPU wide. That thread then publishes the round's message and re-arms the
+// ticket. System scope where that message goes to other ranks (a count, done); GPU scope where only
+// this GPU reads what the last CTA writes (route's offsets), a cheaper fence.
+template <bool kSystem = true>
 __device__ inline bool last_cta_done(std::uint32_t* ticket) {
+  const auto fence = [] {
+    if constexpr (kSystem)
+      __threadfence_system();
+    else
+      __threadfence();
+  };
   __syncthreads();
   bool last = false;
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    fence();
     last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     if (last) {
-      __threadfence_system();
+      fence();
       *ticket = 0;
     }
   }

@@ -173,8 +173,9 @@ __device__ inline void route_step(const RoundParams& p) {
   // offsets.
   if (__syncthreads_or(rejected)) return;
 
-  // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in.
-  const bool mine = last_cta_done(&p.state->tickets[kRouteTicket]);
+  // Pairs per expert -> offsets, by the last CTA once every CTA's counts are in (only this GPU
+  // reads them: GPU scope).
+  const bool mine = last_cta_done<false>(&p.state->tickets[kRouteTicket]);
   if (threadIdx.x == 0) last = mine;
   __syncthreads();
   if (last) write_offsets(p);
