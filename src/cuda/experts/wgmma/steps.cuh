@@ -114,16 +114,16 @@ __device__ __forceinline__ void lane_vectors(const Vector* row, std::int64_t cou
   strided_vectors<kAhead>(row, count, lane, 32, use);
 }
 
-// One received row into FC1's operand at `count` pairs' places, to(k) for k < count (called by
-// every lane with the same k, once per 16-byte vector: it may shuffle; kOnePlace: count is 1), by
-// one warp with 16-byte copies (H is a multiple of 64; lane_vectors' loads in flight), the row
-// loaded once: the staged bf16 row (x16's row `x_row`), or (E4M3 operands) the received row's wire
-// payload itself, its E4M3 codes and its block scales as fp32 values (fp8_block128's 1 x 128 fp32
-// scales; MXFP8's 1 x 32 E8M0 codes decoded: mxfp8, mxfp4), or (MXFP8 rows in a bucket whose GEMMs
-// take bf16 rows) that payload decoded to bf16 codes, exact (an E4M3 value times a power of two).
-// Route checked the rows and staged nothing for them. kAhead: loads in flight per lane. (The
-// places are shuffled in per store, not held in an array: an array of kMaxTopK places took the
-// kernel from 80 to 157 registers.)
+// One received row into FC1's operand at `count` pairs' places, to(k) for k < count (called per
+// 16-byte vector by the lanes that hold it, so not by every lane alike where H / 16 is not a
+// multiple of 32: it must not shuffle; kOnePlace: count is 1), by one warp with 16-byte copies (H
+// is a multiple of 64; lane_vectors' loads in flight), the row loaded once: the staged bf16 row
+// (x16's row `x_row`), or (E4M3 operands) the received row's wire payload itself, its E4M3 codes
+// and its block scales as fp32 values (fp8_block128's 1 x 128 fp32 scales; MXFP8's 1 x 32 E8M0
+// codes decoded: mxfp8, mxfp4), or (MXFP8 rows in a bucket whose GEMMs take bf16 rows) that payload
+// decoded to bf16 codes, exact (an E4M3 value times a power of two). Route checked the rows and
+// staged nothing for them. kAhead: loads in flight per lane. (The places are read per store, not
+// held in an array: an array of kMaxTopK places took the kernel from 80 to 157 registers.)
 template <int kAhead, bool kOnePlace, class To>
 __device__ inline void gather_row(const Params& p, const std::uint8_t* payload, std::uint32_t x_row,
                                   int count, To to, int lane) {
@@ -202,12 +202,14 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
 // bucket and the gather in one step, one warp per received row, grid-stride (the chain's first
 // kernel of the wgmma backend: ExpertBackend::buckets_pairs): the row's entries appended to their
 // experts' parts of the pair list (a lane per entry, with its home slot in the E4M3 tile's
-// buckets), then the row copied once into FC1's operand at each of its pairs' places. Route has
-// counted, checked and placed every expert's part (pair_offset). kCtaThreads: blockDim.x.
+// buckets), then the row copied once into FC1's operand at each of its pairs' places (which the
+// lanes leave in shared memory for the whole warp). Route has counted, checked and placed every
+// expert's part (pair_offset). kCtaThreads: blockDim.x.
 template <int kCtaThreads>
 __device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
   const TokenBackTarget& t = p.step.home;
+  __shared__ std::uint32_t places[kCtaThreads / 32][kMaxTopK];
   std::uint32_t rows_from[kMaxWorld];
   const std::uint32_t total = received_rows(p.step.state, t.layout.world, rows_from);
   const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -218,18 +220,20 @@ __device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t rou
     const std::uint8_t* row = t.peer_windows[t.rank] + t.layout.recv_row(round, src, r);
     const auto* header = reinterpret_cast<const protocol::WireRowHeader*>(row);
     const int count = header->num_entries;  // (checked by route: at most top_k)
-    std::uint32_t at = 0;
     if (static_cast<int>(lane) < count) {
       const protocol::WireEntry entry =
           reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset())[lane];
-      at = append_pair(p.step.sink, in.pair_offset, entry.local_expert, src, static_cast<int>(lane),
-                       r);
+      const std::uint32_t at = append_pair(p.step.sink, in.pair_offset, entry.local_expert, src,
+                                           static_cast<int>(lane), r);
       if (p.packed_e4m3) p.scratch.homes[at] = protocol::home_slot(src, *header, entry);
+      places[warp][lane] = at;
     }
+    __syncwarp();
     gather_row<kLoads, false>(
         p, row + protocol::wire_payload_offset(t.top_k),
         static_cast<std::uint32_t>(src * in.max_tokens) + r, count,
-        [&](int k) { return __shfl_sync(0xffffffffu, at, k); }, static_cast<int>(lane));
+        [&](int k) { return places[warp][k]; }, static_cast<int>(lane));
+    __syncwarp();  // (every lane past its reads of `places` before the next row writes them)
   }
 }
 
