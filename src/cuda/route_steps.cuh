@@ -186,8 +186,8 @@ __device__ inline void bucket_step(const RoundParams& p) {
   const RoundStart start = start_round(p, RoundPhase::route);
   const PhaseEnd phase_end{start};
   if (start.skip) return;
-  std::uint32_t rows_from[kMaxWorld];
-  const std::uint32_t total = experts::received_rows(p.state, p.world, rows_from);
+  const std::uint32_t* rows_from = p.state->rows_from;
+  const std::uint32_t total = experts::received_rows(p.state, p.world);
   const std::uint8_t* window = p.peer_windows[p.rank];
   const experts::PairSink sink{p.scratch.pairs, p.scratch.expert_fill};
   // A warp takes 32 / top_k rows at once, top_k lanes each (a lane per entry: a row has at most

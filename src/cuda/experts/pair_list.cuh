@@ -18,12 +18,12 @@ __device__ inline void locate_row(const std::uint32_t* rows_from, std::uint32_t 
   while (row >= rows_from[src]) row -= rows_from[src++];
 }
 
-// This round's received rows per source rank (route's counts, once its wait passed) into
-// rows_from; returns their sum.
-__device__ inline std::uint32_t received_rows(const RoundState* state, int world,
-                                              std::uint32_t (&rows_from)[kMaxWorld]) {
+// This round's received rows in all (route's counts per source rank, state->rows_from, once its
+// wait passed; read there, not copied: a copy of kMaxWorld counts per thread took 256 bytes of
+// local memory).
+__device__ inline std::uint32_t received_rows(const RoundState* state, int world) {
   std::uint32_t total = 0;
-  for (int src = 0; src < world; ++src) total += rows_from[src] = state->rows_from[src];
+  for (int src = 0; src < world; ++src) total += state->rows_from[src];
   return total;
 }
 

@@ -140,16 +140,18 @@ __device__ inline void gather_row(const Params& p, const std::uint8_t* payload, 
   if (const int block = e4m3_scale_block(p.problem); block != 0) {
     const auto* codes = reinterpret_cast<const uint4*>(payload);
     if (p.packed() && !p.packed_e4m3) {  // MXFP8 rows as bf16 (mxfp8, mxfp4)
-      lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) {
-        // 16 codes of one MX block
-        const float scale = formats::e8m0_to_float(payload[hidden + 16 * v / block]);
-        const uint4 lo = mxfp8x8_to_bf16(c.x, c.y, scale), hi = mxfp8x8_to_bf16(c.z, c.w, scale);
-        to_every_place([&](std::size_t pair) {
-          auto* dst = reinterpret_cast<uint4*>(p.scratch.a1 + pair * hidden);
-          dst[2 * v] = lo;
-          dst[2 * v + 1] = hi;
-        });
-      });
+      // 8 codes per lane and vector, so that each lane's 16 bf16 bytes lie next to its
+      // neighbours': a warp's store is 512 contiguous bytes (16 codes per lane stored 32-byte
+      // strided halves, twice the stores' sectors at every place)
+      lane_vectors<kAhead>(reinterpret_cast<const uint2*>(payload), hidden / 8, lane,
+                           [&](std::int64_t v, uint2 c) {  // 8 codes of one MX block
+                             const float scale =
+                                 formats::e8m0_to_float(payload[hidden + 8 * v / block]);
+                             const uint4 bf16 = mxfp8x8_to_bf16(c.x, c.y, scale);
+                             to_every_place([&](std::size_t pair) {
+                               reinterpret_cast<uint4*>(p.scratch.a1 + pair * hidden)[v] = bf16;
+                             });
+                           });
       return;
     }
     lane_vectors<kAhead>(codes, hidden / 16, lane, [&](std::int64_t v, uint4 c) {
@@ -210,8 +212,8 @@ __device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t rou
   const ExpertInputs& in = p.step.in;
   const TokenBackTarget& t = p.step.home;
   __shared__ std::uint32_t places[kCtaThreads / 32][kMaxTopK];
-  std::uint32_t rows_from[kMaxWorld];
-  const std::uint32_t total = received_rows(p.step.state, t.layout.world, rows_from);
+  const std::uint32_t* rows_from = p.step.state->rows_from;
+  const std::uint32_t total = received_rows(p.step.state, t.layout.world);
   const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (std::uint32_t item = blockIdx.x * warps + warp; item < total; item += gridDim.x * warps) {
     int src;
