@@ -182,9 +182,9 @@ __device__ inline const std::uint8_t* pair_payload(const Params& p, std::uint32_
 }
 
 // The round's pairs into FC1's operand, one warp per pair (gather_row with one place), grid-stride
-// over the pair list bucket wrote (`round`: whose receive rows); the E4M3 tile's buckets also get
-// each pair's home slot, for FC2 sending home. The persistent E4M3 round runs it after its bucket
-// step. kCtaThreads: the CTA's threads (blockDim.x); kAhead: loads in flight per lane (the
+// over the pair list bucket wrote (`round`: whose receive rows), with each pair's home slot where
+// FC2 sends the results home (Params::fc2_sends_home). The persistent E4M3 round runs it after its
+// bucket step. kCtaThreads: the CTA's threads (blockDim.x); kAhead: loads in flight per lane (the
 // persistent E4M3 round takes 1: more made it spill).
 template <int kCtaThreads, int kAhead = kLoads>
 __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
@@ -193,7 +193,7 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
   const std::uint32_t warps = kCtaThreads / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (std::uint32_t pair = blockIdx.x * warps + warp; pair < pairs; pair += gridDim.x * warps) {
     const std::uint32_t packed = in.pairs[pair];
-    if (p.packed_e4m3 && lane == 0)  // (the E4M3 tile's FC2 sends the results home: their slots)
+    if (p.fc2_sends_home && lane == 0)  // (FC2 sends the results home: their slots)
       p.scratch.homes[pair] = home_slot(p.step.home, round, packed);
     gather_row<kAhead, true>(
         p, pair_payload(p, round, packed), x_row_of_pair(in, packed), 1, [&](int) { return pair; },
@@ -203,10 +203,10 @@ __device__ inline void gather_rows(const Params& p, std::uint32_t round) {
 
 // bucket and the gather in one step, one warp per received row, grid-stride (the chain's first
 // kernel of the wgmma backend: ExpertBackend::buckets_pairs): the row's entries appended to their
-// experts' parts of the pair list (a lane per entry, with its home slot in the E4M3 tile's
-// buckets), then the row copied once into FC1's operand at each of its pairs' places (which the
-// lanes leave in shared memory for the whole warp). Route has counted, checked and placed every
-// expert's part (pair_offset). kCtaThreads: blockDim.x.
+// experts' parts of the pair list (a lane per entry, with its home slot where FC2 sends home:
+// Params::fc2_sends_home), then the row copied once into FC1's operand at each of its pairs' places
+// (which the lanes leave in shared memory for the whole warp). Route has counted, checked and
+// placed every expert's part (pair_offset). kCtaThreads: blockDim.x.
 template <int kCtaThreads>
 __device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t round) {
   const ExpertInputs& in = p.step.in;
@@ -227,7 +227,7 @@ __device__ inline void bucket_and_gather_rows(const Params& p, std::uint32_t rou
           reinterpret_cast<const protocol::WireEntry*>(row + protocol::wire_entries_offset())[lane];
       const std::uint32_t at = append_pair(p.step.sink, in.pair_offset, entry.local_expert, src,
                                            static_cast<int>(lane), r);
-      if (p.packed_e4m3) p.scratch.homes[at] = protocol::home_slot(src, *header, entry);
+      if (p.fc2_sends_home) p.scratch.homes[at] = protocol::home_slot(src, *header, entry);
       places[warp][lane] = at;
     }
     __syncwarp();

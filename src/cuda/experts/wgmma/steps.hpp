@@ -83,6 +83,9 @@ struct Params {
   // fp8_block128's FC1 writes d, from which activate makes h8), and FC2 may send the results home
   // (scratch.homes; no home kernel)
   bool packed_e4m3 = false;
+  // this bucket's FC2 sends the results home from its epilogue (a 16-row tile with
+  // token_back=epilogue_warps: PackedFc2Home): plan_and_gather writes each pair's home slot
+  bool fc2_sends_home = false;
   // what FC2 stores in scratch.d: fp32 sums, or (staged combine) the bf16 results, scales and b2
   // applied, which home only copies (GemmOutput)
   GemmOutput fc2_output = GemmOutput::fp32_sums;

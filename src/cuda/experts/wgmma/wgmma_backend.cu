@@ -290,6 +290,7 @@ Params WgmmaBackend::params(const ExpertStep& step, const BucketRun& run) const 
     p.packed_fc1 = run.packed_fc1->arrays();
     p.packed_fc2 = run.packed_fc2->arrays();
     p.packed_e4m3 = run.packed_fc1->e4m3_tokens();
+    p.fc2_sends_home = run.fc2_sends_home;
   } else {
     p.weights = weights_->weights();
     p.glu_fc1 = run.glu_fc1->arrays();

@@ -4,12 +4,13 @@
 // tensor_core, with Hopper's tensor-core path (its check rule allows more outliers:
 // reference::outlier_fraction). bf16 and fp8_block128 run CUTLASS's (grouped_gemm.hpp: TMA);
 // MXFP8, MXFP4 and NVFP4 run PackedGroupedGemm (packed_gemm.hpp), which decodes the weights held
-// packed in their format into shared memory, exactly, for each k tile, and so does fp8_block128
-// where block_m is 64 (its E4M3 tile of 16 token rows: core::wgmma_16_row_tile).
-// A round is five launches on the caller's stream (steps.cu), four where FC1's epilogue applies the
-// activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates), three where FC2
-// also sends home (mxfp8's and mxfp4's E4M3 tile with token_back=epilogue_warps, PackedFc2Home:
-// no home kernel):
+// packed in their format into registers, exactly, for each k tile, or (its E4M3 tile) multiplies
+// their E4M3 codes; fp8_block128 runs that E4M3 tile where block_m is 64 (16 token rows:
+// core::wgmma_16_row_tile).
+// A round is five launches on the caller's stream (steps.cu), one less where FC1's epilogue applies
+// the activation (bf16: fc1_epilogue_activates; mxfp8, mxfp4: packed_fc1_activates: no activate
+// kernel) and one less where FC2 sends home (the E4M3 tile with token_back=epilogue_warps,
+// PackedFc2Home: no home kernel):
 //   plan and gather  CTA 0: each expert's M, and the operand pointers, into the GEMMs' device
 //             arrays; every CTA, a warp per received row: its pairs appended to the pair list
 //             (bucket's step: the round launches no bucket kernel, buckets_pairs) and the row
@@ -27,8 +28,9 @@
 // activating FC1); MXFP8, MXFP4, NVFP4 packed (packed_weights.hpp, tensor_core's and exact's
 // layout); fp8_block128 as E4M3 codes with its block scales, for E4M3 GEMMs (fp8_block_weights.hpp;
 // the rows' codes straight from the wire). Each takes the format's bytes.
-// Knobs, per token bucket: token_back picks, in mxfp8's and mxfp4's E4M3 tile's buckets, whether
-// its FC2 sends the rows home (epilogue_warps) or leaves them to the home kernel (dispatch_warps);
+// Knobs, per token bucket: token_back picks, in the E4M3 tile's buckets (mxfp8's, mxfp4's and
+// fp8_block128's), whether its FC2 sends the rows home (epilogue_warps) or leaves them to the home
+// kernel (dispatch_warps);
 // block_n = 256 runs bf16's FC2 GEMM on 128 x 256 tiles, anything else on 128 x 128 (E4M3: always
 // 128 x 128; the packed GEMM: always 128 weight rows); block_m picks bf16's activating FC1's tile
 // (GluTile: 64 x 128 ping-pong or 128 x 128 cooperative) and the packed GEMM's token rows
